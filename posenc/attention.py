@@ -1,0 +1,81 @@
+"""Attention kernels. They see an encoding only through ``ScoreBias``: is there a bias or not.
+
+- no bias: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / memory-efficient);
+- a bias: SDPA with a float mask, the causal mask folded in as -inf. Short sequences
+  build the (1, H, T, T) mask once per forward and share it across layers; long ones
+  (evaluation far beyond the training length) chunk the queries so no H x T x T tensor
+  is ever materialised: memory grows as H · chunk · T.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+#: above this many positions a biased attention is computed in query chunks
+DENSE_BIAS_MAX_LEN = 2048
+#: query rows per chunk in the chunked path
+QUERY_CHUNK = 512
+
+
+def causal_mask_bias(bias: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """Fold the causal mask into an additive bias: -inf where key is after query.
+
+    bias: (H, Tq, Tk), q_pos: (Tq,), k_pos: (Tk,) -> (H, Tq, Tk) in bias's dtype.
+    """
+    future = k_pos[None, :] > q_pos[:, None]  # (Tq, Tk)
+    return bias.masked_fill(future, float("-inf"))
+
+
+@dataclass
+class ScoreBias:
+    """An encoding's additive score bias for one forward pass, shared by every layer.
+
+    fn(q_pos, k_pos) -> (H, Tq, Tk); dense is the whole causal float mask (1, H, T, T)
+    when the sequence is short enough to hold it, else None and attention chunks.
+    """
+
+    fn: Callable[[Tensor, Tensor], Tensor]
+    pos: Tensor  # (T,)
+    dense: Tensor | None = None
+
+    @classmethod
+    def build(
+        cls, fn: Callable[[Tensor, Tensor], Tensor], pos: Tensor, dtype: torch.dtype
+    ) -> ScoreBias:
+        dense = None
+        if pos.shape[0] <= DENSE_BIAS_MAX_LEN:
+            dense = causal_mask_bias(fn(pos, pos), pos, pos).to(dtype)[None]  # (1, H, T, T)
+        return cls(fn=fn, pos=pos, dense=dense)
+
+
+def causal_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None = None, dropout_p: float = 0.0
+) -> Tensor:
+    """Causal softmax attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
+    if bias is None:
+        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if bias.dense is not None:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.dense, dropout_p=dropout_p)
+    return chunked_biased_attention(q, k, v, bias, dropout_p)
+
+
+def chunked_biased_attention(
+    q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias, dropout_p: float = 0.0, chunk: int = QUERY_CHUNK
+) -> Tensor:
+    """Biased causal attention over query chunks: chunk i attends to keys [0, end_i) only,
+    with its (H, chunk, end_i) slice of the bias computed on the fly."""
+    T = q.shape[-2]
+    out = torch.empty_like(q)
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)
+        q_pos, k_pos = bias.pos[start:end], bias.pos[:end]
+        mask = causal_mask_bias(bias.fn(q_pos, k_pos), q_pos, k_pos).to(q.dtype)  # (H, c, end)
+        out[:, :, start:end] = F.scaled_dot_product_attention(
+            q[:, :, start:end], k[:, :, :end], v[:, :, :end], attn_mask=mask[None], dropout_p=dropout_p
+        )
+    return out

@@ -1,0 +1,103 @@
+"""The `posenc` command. Typer owns the command words; Hydra owns everything after them.
+
+`posenc train ARGS` hands ARGS to a ``@hydra.main`` function, so overrides, ``-m`` sweeps,
+launchers and ``--config-dir`` all work as Hydra users expect. A mistake a user can make
+prints one line, ``error: ...``, and exits 1; ``--debug`` or ``HYDRA_FULL_ERROR=1`` shows
+the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from posenc.errors import UserError
+
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="posenc: which positional encoding should a transformer LM use, and why?\n\n"
+    "Trains small decoder-only transformers that differ only in their positional encoding "
+    "and compares them on perplexity, convergence and length extrapolation.",
+)
+console = Console()
+err_console = Console(stderr=True)
+
+HYDRA_ARGS = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True,
+                                   "help_option_names": []}}
+
+
+def user_wants_traceback(args: list[str]) -> bool:
+    return "--debug" in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def fail(message: str) -> None:
+    """Print one `error:` line to stderr and exit 1."""
+    err_console.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)
+
+
+def run_guarded(func, debug: bool):
+    """Run func() turning any user mistake into one `error:` line (unless debug)."""
+    from posenc.errors_hydra import explain
+
+    try:
+        return func()
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        fail("interrupted")
+    except Exception as e:  # noqa: BLE001 - every exception becomes one line unless --debug
+        if debug:
+            raise
+        fail(explain(e))
+
+
+@app.command(**HYDRA_ARGS)
+def train(ctx: typer.Context) -> None:
+    """Train one model (or a sweep with -m). Arguments are Hydra overrides:
+
+    posenc train encoding=learned trainer.max_steps=100
+
+    posenc train -m encoding=rope,nope encoding.base=500,10000
+    """
+    args = [a for a in ctx.args if a != "--debug"]
+    if "--help" in args or "-h" in args:
+        console.print(ctx.get_help())
+        console.print()
+    from posenc import entry
+
+    debug = user_wants_traceback(ctx.args)
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we decide how to print them
+    run_guarded(lambda: entry.hydra_train(args), debug)
+    if entry.FAILED_JOBS:
+        fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
+
+
+@app.command()
+def encodings() -> None:
+    """List the encodings and their options (from conf/encoding/*.yaml)."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from posenc.configs import encoding_catalogue
+
+    table = Table(title="positional encodings", title_justify="left")
+    table.add_column("encoding=", style="bold cyan")
+    table.add_column("what it is")
+    table.add_column("options (encoding.<key>=…, default)")
+    for name, doc, options in encoding_catalogue():
+        table.add_row(name, escape(doc), escape("\n".join(f"{k}={v}" for k, v in options.items())) or "—")
+    console.print(table)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

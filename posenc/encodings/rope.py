@@ -1,0 +1,99 @@
+"""Rotary position embedding (Su et al., 2021, "RoFormer", §3.2-3.4).
+
+Each pair of query/key dimensions is rotated by an angle proportional to the position:
+
+    R^d_{Θ,m} x = (x_{2i} cos mθ_i - x_{2i+1} sin mθ_i,  x_{2i} sin mθ_i + x_{2i+1} cos mθ_i)_i
+    θ_i = base^(-2i/d),  i = 0 .. d/2 - 1
+
+so that <R_m q, R_n k> = <q, R_{n-m} k> depends on positions only through m - n.
+
+``style="interleaved"`` pairs (x[2i], x[2i+1]) as in the paper; ``style="half"`` pairs
+(x[i], x[i + d/2]) as GPT-NeoX and LLaMA do (the same maths after a fixed permutation).
+``fraction`` < 1 rotates only the first fraction·head_dim dimensions (partial rotary,
+GPT-NeoX/GPT-J) and leaves the rest untouched.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.encodings.base import PositionalEncoding
+
+STYLES = ("interleaved", "half")
+
+
+def rope_inv_freq(rot_dim: int, base: float) -> Tensor:
+    """θ_i = base^(-2i/d) for i = 0 .. d/2-1 (d = rot_dim), float32."""
+    return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
+    """Rotate the first 2·cos.shape[-1] dims of x by the angles whose cos/sin are given.
+
+    x: (..., T, head_dim); cos, sin: (T, rot_dim/2) float32 -> same shape and dtype as x.
+    Computed in float32 and cast back (torchtitan), since bf16 angles lose position.
+    """
+    rot_dim = 2 * cos.shape[-1]
+    xr, x_pass = x[..., :rot_dim].float(), x[..., rot_dim:]
+    if style == "interleaved":
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]  # (..., T, rot/2) each
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    else:  # half
+        x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2 :]
+        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    return torch.cat((out.type_as(x), x_pass), dim=-1) if x_pass.shape[-1] else out.type_as(x)
+
+
+class RoPE(PositionalEncoding):
+    """Rotary embedding of q and k; cos/sin cached as non-persistent buffers grown on demand."""
+
+    rotates = True
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        name: str = "rope",
+        base: float = 10000.0,
+        fraction: float = 1.0,
+        style: str = "interleaved",
+    ) -> None:
+        super().__init__(d_model, n_head, name)
+        if style not in STYLES:
+            raise ValueError(f"encoding.style must be one of {', '.join(STYLES)}, got '{style}'")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"encoding.fraction must be in (0, 1], got {fraction}")
+        if base <= 1.0:
+            raise ValueError(f"encoding.base must be > 1, got {base}")
+        rot_dim = int(fraction * self.head_dim) // 2 * 2  # rotate whole pairs only
+        if rot_dim == 0:
+            raise ValueError(
+                f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
+                f"dimensions; use a larger fraction"
+            )
+        self.base = float(base)
+        self.fraction = float(fraction)
+        self.style = style
+        self.rot_dim = rot_dim
+        self.register_buffer("inv_freq", rope_inv_freq(rot_dim, self.base), persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0, rot_dim // 2), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, rot_dim // 2), persistent=False)
+
+    def angles(self, pos: Tensor) -> Tensor:
+        """m·θ_i for every position m in pos: (T,) -> (T, rot_dim/2), float32."""
+        return pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
+
+    def prepare(self, length: int) -> None:
+        super().prepare(length)
+        if self.cos_cached.shape[0] < length:
+            n = max(length, 2 * self.cos_cached.shape[0])
+            theta = self.angles(torch.arange(n, device=self.inv_freq.device))
+            self.cos_cached, self.sin_cached = torch.cos(theta), torch.sin(theta)
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
+        return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
+
+    def options(self) -> dict[str, object]:
+        return {"base": self.base, "fraction": self.fraction, "style": self.style}

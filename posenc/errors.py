@@ -1,0 +1,5 @@
+"""Errors a user can cause. The CLI prints them as one line, ``error: ...``, and exits 1."""
+
+
+class UserError(Exception):
+    """A mistake the user can fix; its message says what to do instead."""

@@ -1,0 +1,63 @@
+"""Device, precision and peak-FLOP facts, so the trainer and the benchmark agree on them."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from functools import partial
+
+import torch
+
+from posenc.errors import UserError
+
+#: dense bf16 peak FLOP/s by device name fragment (vendor datasheets, SXM parts)
+PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "4090": 165e12}
+PRECISIONS = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def resolve_device(spec: str) -> torch.device:
+    """auto | cpu | cuda | cuda:N -> a device that exists, or a UserError saying why not."""
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        device = torch.device(spec)
+    except RuntimeError:
+        raise UserError(f"device='{spec}' is not a device — use auto, cpu, cuda or cuda:N") from None
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise UserError("device=cuda was asked for but CUDA is not available here — use device=cpu or device=auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise UserError(f"device={spec}: only {torch.cuda.device_count()} CUDA device(s) here — pick one of 0..{torch.cuda.device_count() - 1}")
+    elif device.type != "cpu":
+        raise UserError(f"device='{spec}' is not supported — use auto, cpu, cuda or cuda:N")
+    return device
+
+
+def resolve_precision(spec: str, device: torch.device) -> str:
+    """auto -> bf16 on CUDA (fp16 where bf16 is unsupported), fp32 on CPU."""
+    if spec == "auto":
+        if device.type == "cuda":
+            return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+        return "fp32"
+    if spec not in PRECISIONS:
+        raise UserError(f"trainer.precision='{spec}' is not one of auto, {', '.join(PRECISIONS)}")
+    return spec
+
+
+def autocast_context(precision: str, device: torch.device):
+    """A zero-argument factory of the autocast context for this precision (fp32: none)."""
+    if precision == "fp32":
+        return nullcontext
+    return partial(torch.autocast, device_type=device.type, dtype=PRECISIONS[precision])
+
+
+def peak_flops(device: torch.device, override: float | None = None) -> float | None:
+    """Peak bf16 FLOP/s of the device, for MFU; None where unknown (CPU, unlisted GPU)."""
+    if override:
+        return float(override)
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for fragment, flops in PEAK_BF16_FLOPS.items():
+        if fragment in name:
+            return flops
+    return None

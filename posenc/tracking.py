@@ -1,0 +1,122 @@
+"""One interface over the run's own files and Weights & Biases.
+
+Every log step becomes one JSON object in ``metrics.jsonl`` (with ``step`` and ``tokens``)
+and, when ``logger=wandb``, the same dict in W&B with ``tokens`` as the x-axis. W&B never
+blocks a run: no key or no network falls back to offline with one warning.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger("posenc")
+
+
+def _json_safe(value: Any) -> Any:
+    """JSON has no NaN or inf: write null so every reader can parse the file."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class Tracker:
+    """Writes metrics.jsonl / summary.json in ``run_dir`` and mirrors them to W&B if enabled."""
+
+    def __init__(self, run_dir: Path, enabled: bool = True) -> None:
+        self.run_dir = Path(run_dir)
+        self.enabled = enabled
+        self.wandb_run = None
+        self._metrics = open(self.run_dir / "metrics.jsonl", "a") if enabled else None
+
+    def start_wandb(
+        self,
+        config: dict,
+        project: str,
+        mode: str = "offline",
+        group: str | None = None,
+        job_type: str = "train",
+        tags: list[str] | None = None,
+        name: str | None = None,
+        run_id: str | None = None,
+        entity: str | None = None,
+    ) -> None:
+        """Start a W&B run in this run dir. Online without a key or network degrades to offline."""
+        if mode == "disabled" or not self.enabled:
+            return
+        import wandb
+
+        if mode == "online" and not (os.environ.get("WANDB_API_KEY") or _has_netrc_key()):
+            log.warning("W&B: no API key found (run `wandb login`); logging offline instead")
+            mode = "offline"
+        kwargs = dict(project=project, entity=entity, group=group, job_type=job_type, tags=tags or [],
+                      name=name, config=config, dir=str(self.run_dir), id=run_id, resume="allow")
+        settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, init_timeout=30)
+        try:
+            self.wandb_run = wandb.init(mode=mode, settings=settings, **kwargs)
+        except Exception as e:  # network trouble or a server refusal: never lose the run
+            if mode == "offline":
+                log.warning("W&B could not start (%s); continuing without it", e)
+                return
+            log.warning("W&B online failed (%s); logging offline instead", e)
+            self.wandb_run = wandb.init(mode="offline", settings=settings, **kwargs)
+        self.wandb_run.define_metric("tokens")
+        self.wandb_run.define_metric("*", step_metric="tokens")
+
+    @property
+    def wandb_id(self) -> str | None:
+        return self.wandb_run.id if self.wandb_run is not None else None
+
+    def log(self, metrics: dict[str, float], step: int, tokens: int) -> None:
+        if not self.enabled:
+            return
+        row = {"step": step, "tokens": tokens, **{k: _json_safe(v) for k, v in metrics.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+        if self.wandb_run is not None:
+            self.wandb_run.log({"tokens": tokens, **metrics}, step=step)
+
+    def summary(self, summary: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        write_json_atomic(self.run_dir / "summary.json", summary)
+        if self.wandb_run is not None:
+            for k, v in summary.items():
+                if isinstance(v, (int, float, str, bool)) or v is None:
+                    self.wandb_run.summary[k] = v
+
+    def finish(self, exit_code: int = 0) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
+            self._metrics = None
+        if self.wandb_run is not None:
+            try:
+                self.wandb_run.finish(exit_code=exit_code)
+            finally:
+                self.wandb_run = None
+
+
+def _has_netrc_key() -> bool:
+    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write JSON via a temp file and rename, so a reader never sees half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
