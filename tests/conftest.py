@@ -1,0 +1,43 @@
+"""Shared test helpers: a tiny model/budget, and running the real `posenc` CLI."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# a model and budget small enough for a whole run in a few seconds on 2 CPU cores
+TINY = [
+    "model.n_layer=1", "model.n_head=2", "model.d_model=32",
+    "trainer.seq_len=32", "trainer.batch_size=4", "trainer.max_steps=4",
+    "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.eval_batches=2",
+    "trainer.warmup_steps=1", "trainer.checkpoint_interval=2", "logger=none",
+]
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(WANDB_MODE="offline", WANDB_SILENT="true", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
+               COLUMNS="120", PYTHONUNBUFFERED="1")
+    env.pop("HYDRA_FULL_ERROR", None)
+    return env
+
+
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`posenc ARGS` in a subprocess, as a user would type it, in directory cwd."""
+    return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env or cli_env())
+
+
+def run_dirs(cwd: Path) -> list[Path]:
+    """Every run directory (one holding .hydra/) under cwd/outputs."""
+    return sorted(p.parent for p in (cwd / "outputs").rglob(".hydra"))
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
