@@ -1,7 +1,9 @@
-"""Attention kernels. They see an encoding only through ``ScoreBias``: is there a bias or not.
+"""Attention kernels. They see an encoding only through what it offers: no bias, a bias, or a
+bias it can also compute on the fly (a FlexAttention ``score_mod``).
 
 - no bias: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / memory-efficient);
-- a bias: SDPA with a float mask, the causal mask folded in as -inf. Short sequences
+- a bias on CUDA, offered as a score_mod: FlexAttention with a causal BlockMask (posenc.flex);
+- a bias otherwise: SDPA with a float mask, the causal mask folded in as -inf. Short sequences
   build the (1, H, T, T) mask once per forward and share it across layers; long ones
   (evaluation far beyond the training length) chunk the queries so no H x T x T tensor
   is ever materialised: memory grows as H · chunk · T.
@@ -15,6 +17,9 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from posenc.encodings.base import PositionalEncoding
+from posenc.flex import FlexBias, flex_bias, warn_once
 
 #: above this many positions a biased attention is computed in query chunks
 DENSE_BIAS_MAX_LEN = 2048
@@ -53,12 +58,30 @@ class ScoreBias:
         return cls(fn=fn, pos=pos, dense=dense)
 
 
+def attention_bias(
+    encoding: PositionalEncoding, pos: Tensor, length: int, dtype: torch.dtype, dropout_p: float
+) -> ScoreBias | FlexBias | None:
+    """How the encoding's bias reaches attention in this forward, chosen from what the encoding
+    offers and the device (DESIGN.md, "Attention paths"); None when it has no bias."""
+    if not encoding.has_bias:
+        return None
+    if pos.device.type == "cuda":
+        if dropout_p > 0:
+            warn_once("FlexAttention has no attention dropout; with model.dropout > 0 a biased "
+                      "encoding trains with SDPA and a float mask (slower, O(H·T²) memory per layer)")
+        elif (flex := flex_bias(encoding, pos, length)) is not None:
+            return flex
+    return ScoreBias.build(encoding.bias, pos, dtype)
+
+
 def causal_attention(
-    q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | None = None, dropout_p: float = 0.0
+    q: Tensor, k: Tensor, v: Tensor, bias: ScoreBias | FlexBias | None = None, dropout_p: float = 0.0
 ) -> Tensor:
     """Causal softmax attention. q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
     if bias is None:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+    if isinstance(bias, FlexBias):
+        return bias.attend(q, k, v)
     if bias.dense is not None:
         return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.dense, dropout_p=dropout_p)
     return chunked_biased_attention(q, k, v, bias, dropout_p)

@@ -78,6 +78,22 @@ def train(ctx: typer.Context) -> None:
         fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
 
 
+@app.command(**HYDRA_ARGS)
+def bench(ctx: typer.Context) -> None:
+    """Time training steps per encoding at one shape, against a plain nanoGPT-style reference.
+    Arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it:
+
+    posenc bench bench.encodings=[nope,rope,t5_bias] model=base trainer.seq_len=1024
+    """
+    from posenc.bench_cli import run_bench
+
+    if "--help" in ctx.args or "-h" in ctx.args:
+        console.print(ctx.get_help())
+        return
+    run_guarded(lambda: run_bench([a for a in ctx.args if a != "--debug"], console, err_console),
+                user_wants_traceback(ctx.args))
+
+
 @app.command()
 def encodings() -> None:
     """List the encodings and their options (from conf/encoding/*.yaml)."""

@@ -61,3 +61,20 @@ def peak_flops(device: torch.device, override: float | None = None) -> float | N
         if fragment in name:
             return flops
     return None
+
+
+def enable_fast_matmul(device: torch.device) -> None:
+    """TF32 for fp32 matmuls and convolutions on CUDA (Ampere and later): ~8x the fp32
+    throughput for the parts autocast leaves in fp32, at a precision training does not notice."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        torch.set_float32_matmul_precision("high")
+
+
+def to_device(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """CPU batch -> device. On CUDA through pinned memory with non_blocking=True, so the copy
+    overlaps the previous step's kernels instead of stalling the host."""
+    if device.type != "cuda":
+        return tuple(t.to(device) for t in tensors)
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)

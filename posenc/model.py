@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.attention import ScoreBias, causal_attention
+from posenc.attention import ScoreBias, attention_bias, causal_attention
 from posenc.encodings.base import PositionalEncoding
 
 
@@ -137,15 +137,13 @@ class GPT(nn.Module):
         """
         T = idx.shape[1]
         if pos is None:
-            pos = torch.arange(T, device=idx.device)
-            self.encoding.prepare(T)
+            pos, length = torch.arange(T, device=idx.device), T
         else:
-            self.encoding.prepare(int(pos.max()) + 1)  # custom positions: one sync, by request
+            length = int(pos.max()) + 1  # custom positions: one sync, by request
+        self.encoding.prepare(length)
         x = self.encoding.embed(self.wte(idx), pos)  # (B, T, C)
         x = self.drop(x)
-        bias = None
-        if self.encoding.has_bias:
-            bias = ScoreBias.build(self.encoding.bias, pos, x.dtype)
+        bias = attention_bias(self.encoding, pos, length, x.dtype, self.drop.p if self.training else 0.0)
         for block in self.blocks:
             x = block(x, self.encoding, pos, bias)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)

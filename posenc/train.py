@@ -24,7 +24,8 @@ from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
 from posenc.evaluate import evaluate_loss, loss_metrics
-from posenc.hardware import autocast_context, peak_flops, resolve_device, resolve_precision
+from posenc.hardware import (autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision,
+                             to_device)
 from posenc.model import GPT
 from posenc.progress import TrainProgress
 from posenc.tracking import Tracker, write_json_atomic
@@ -109,6 +110,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.trainer.precision, device)
     autocast = autocast_context(precision, device)
+    enable_fast_matmul(device)
     seed_everything(cfg.seed)
     t = cfg.trainer
 
@@ -155,8 +157,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             while step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)
                 for _ in range(t.grad_accum):
-                    x, y = batches.next()
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    x, y = to_device(batches.next(), device)
                     with autocast():
                         _, loss = step_model(x, y)
                     (loss / t.grad_accum).backward()

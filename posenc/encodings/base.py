@@ -14,6 +14,8 @@ Attention never asks *which* encoding it has, only whether ``has_bias`` is true.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -58,6 +60,22 @@ class PositionalEncoding(nn.Module):
         """q_pos: (Tq,), k_pos: (Tk,) -> (H, Tq, Tk) additive score bias, or None."""
         return None
 
+    # --- what a fast kernel may use instead of ``bias`` ------------------------------
+    def relative_bias(self, distance: Tensor) -> Tensor | None:
+        """For a bias that depends on positions only through the distance n = i - j of query
+        i and key j: distance (R,) long, n >= 0 -> (H, R) table b_h(n), differentiable in the
+        encoding's parameters. None (the default) for any other bias, or no bias."""
+        return None
+
+    def score_mod(self, pos: Tensor, length: int) -> ScoreMod | None:
+        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` that computes
+        it on the fly, never as an H x T x T tensor; None where the encoding offers none.
+
+        pos: (T,) positions; length: largest position + 1 (what ``prepare`` was given). The
+        default derives it from ``relative_bias``; override for a bias of another form."""
+        table = self.relative_bias(torch.arange(length, device=pos.device))  # (H, length)
+        return None if table is None else relative_score_mod(table, pos)
+
     def prepare(self, length: int) -> None:
         """Called once per forward, before any hook, with the number of positions needed
         (largest position + 1) as a Python int: refuse what cannot be encoded and grow any
@@ -89,6 +107,22 @@ class NoPE(PositionalEncoding):
 
 class PositionOutOfRange(ValueError):
     """A position beyond what the encoding can represent (e.g. learned beyond max_len)."""
+
+
+#: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def relative_score_mod(table: Tensor, pos: Tensor) -> ScoreMod:
+    """score + table[h, pos[i] - pos[j]]: a per-head bias over relative distance, looked up
+    per score. table: (H, R), pos: (T,). The future (j > i) is masked by the caller's causal
+    BlockMask; its distance is clamped to 0 only so that the lookup stays in range."""
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        n = (pos[q_idx] - pos[kv_idx]).clamp(min=0)
+        return score + table[h, n]
+
+    return mod
 
 
 def positions(length: int, device: torch.device | str | None = None) -> Tensor:

@@ -80,6 +80,12 @@ class T5Bias(PositionalEncoding):
         values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (Tq, Tk, H)
         return values.permute(2, 0, 1)  # (H, Tq, Tk)
 
+    def relative_bias(self, distance: Tensor) -> Tensor:
+        """b_h(n) = W[bucket(-n), h] for distances n = i - j >= 0: (R,) -> (H, R)."""
+        return self.relative_attention_bias(
+            relative_position_bucket(-distance, self.bidirectional, self.num_buckets, self.max_distance)
+        ).T
+
     def options(self) -> dict[str, object]:
         return {
             "num_buckets": self.num_buckets,
