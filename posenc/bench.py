@@ -186,6 +186,26 @@ def compose(overrides: list[str]) -> DictConfig:
         return hydra_compose("config", overrides=["+bench=default", *overrides])
 
 
+def encoding_config(overrides: list[str], name: str) -> DictConfig:
+    """The config for one encoding of the list. An ``encoding.KEY=V`` override applies to the
+    encodings that have KEY (``encoding.base=500`` changes rope, not nope)."""
+    own = [o for o in overrides if not o.lstrip("+~").startswith("encoding.")]
+    cfg = compose([*own, f"encoding={name}"])
+    keys = [o for o in overrides if o not in own and o.split("=", 1)[0].split(".", 1)[1] in cfg.encoding]
+    return compose([*own, f"encoding={name}", *keys]) if keys else cfg
+
+
+def check_encoding_overrides(overrides: list[str], names: list[str]) -> None:
+    """An ``encoding.KEY`` that no encoding in the list has is a typo: say so."""
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key.startswith("encoding.") and not any(
+            key.split(".", 1)[1] in compose([f"encoding={n}"]).encoding for n in names
+        ):
+            raise UserError(f"no encoding in bench.encodings={names} has the option '{key}' — "
+                            f"see `posenc encodings` for each one's options")
+
+
 def validate(b: DictConfig) -> None:
     for key in ("steps", "rounds", "batch_size", "seq_len"):
         if b[key] <= 0:
@@ -196,10 +216,11 @@ def validate(b: DictConfig) -> None:
 
 def bench(overrides: list[str], progress: Callable[[str], None] = lambda _: None) -> dict:
     """Time every encoding (and the reference) at one shape; return the JSON-ready results."""
-    cfg = compose(overrides)
+    cfg = compose([o for o in overrides if not o.lstrip("+~").startswith("encoding.")])
     b = cfg.bench
     validate(b)
     names = list(b.encodings) if b.encodings else group_options("encoding")
+    check_encoding_overrides(overrides, names)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.trainer.precision, device)
     autocast = autocast_context(precision, device)
@@ -219,7 +240,7 @@ def bench(overrides: list[str], progress: Callable[[str], None] = lambda _: None
             m = cfg.model
             model, options = PlainGPT(vocab, T, m.n_layer, m.n_head, m.d_model), {}
         else:
-            model = build_model(compose([*overrides, f"encoding={name}"]), vocab)
+            model = build_model(encoding_config(overrides, name), vocab)
             options = model.encoding.options()
             try:
                 model.encoding.check_length(T)
