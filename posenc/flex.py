@@ -21,6 +21,11 @@ from torch import Tensor
 
 from posenc.encodings.base import PositionalEncoding, ScoreMod
 
+try:
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+except ImportError:  # torch < 2.5
+    create_block_mask = flex_attention = None
+
 _WARNED: set[str] = set()
 
 
@@ -29,16 +34,6 @@ def warn_once(message: str) -> None:
     if message not in _WARNED:
         _WARNED.add(message)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
-
-
-@functools.cache
-def _flex_module():
-    """torch.nn.attention.flex_attention, or None where this torch lacks it."""
-    try:
-        from torch.nn.attention import flex_attention
-    except ImportError:
-        return None
-    return flex_attention
 
 
 def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
@@ -50,13 +45,13 @@ def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
 @functools.lru_cache(maxsize=16)
 def causal_block_mask(length: int, device: torch.device):
     """The causal BlockMask for length x length, shared by every layer and step."""
-    return _flex_module().create_block_mask(causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device=device)
+    return create_block_mask(causal, B=None, H=None, Q_LEN=length, KV_LEN=length, device=device)
 
 
 @functools.cache
 def compiled_flex_attention():
-    """flex_attention compiled once: uncompiled it materialises the scores (slow, O(T^2))."""
-    return torch.compile(_flex_module().flex_attention, dynamic=False)
+    """flex_attention compiled once. Uncompiled it materialises the scores (slow, O(T²) memory)."""
+    return torch.compile(flex_attention, dynamic=False)
 
 
 @dataclass
@@ -68,13 +63,15 @@ class FlexBias:
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
-        return compiled_flex_attention()(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask)
+        # inside a compiled model the outer compile fuses flex_attention; in eager, our compiled copy
+        attend = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+        return attend(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask)
 
 
 def flex_bias(encoding: PositionalEncoding, pos: Tensor, length: int) -> FlexBias | None:
     """The FlexAttention form of the encoding's bias, or None (with one warning saying why)
     where it cannot be had, so that the caller falls back to SDPA with a float mask."""
-    if _flex_module() is None:
+    if flex_attention is None:
         warn_once("FlexAttention is not available in this torch; biased attention falls back to "
                   "SDPA with a float mask (slower, O(H·T²) memory per layer) — upgrade torch to >= 2.5")
         return None
