@@ -216,10 +216,12 @@ def validate(b: DictConfig) -> None:
 
 def bench(overrides: list[str], progress: Callable[[str], None] = lambda _: None) -> dict:
     """Time every encoding (and the reference) at one shape; return the JSON-ready results."""
+    chosen = [o.split("=", 1)[1].split(",") for o in overrides if o.startswith("encoding=")]
+    overrides = [o for o in overrides if not o.startswith("encoding=")]  # `encoding=a,b` selects, as bench.encodings
     cfg = compose([o for o in overrides if not o.lstrip("+~").startswith("encoding.")])
     b = cfg.bench
     validate(b)
-    names = list(b.encodings) if b.encodings else group_options("encoding")
+    names = chosen[-1] if chosen else list(b.encodings) if b.encodings else group_options("encoding")
     check_encoding_overrides(overrides, names)
     device = resolve_device(cfg.device)
     precision = resolve_precision(cfg.trainer.precision, device)
