@@ -39,9 +39,9 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     if style == "interleaved":
         x1, x2 = xr[..., 0::2], xr[..., 1::2]  # (..., T, rot/2) each
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
-    else:  # half
-        x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2 :]
-        out = torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+    else:  # half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x·cos + flip(x)·(-sin, sin)
+        x2d = xr.unflatten(-1, (2, -1))  # (..., T, 2, rot/2): the halves x1, x2
+        out = torch.addcmul(x2d * cos[:, None, :], x2d.flip(-2), torch.stack((-sin, sin), dim=-2)).flatten(-2)
     return torch.cat((out.type_as(x), x_pass), dim=-1) if x_pass.shape[-1] else out.type_as(x)
 
 
