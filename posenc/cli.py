@@ -83,7 +83,7 @@ def bench(ctx: typer.Context) -> None:
     """Time training steps per encoding at one shape, against a plain nanoGPT-style reference.
     Arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it:
 
-    posenc bench bench.encodings=[nope,rope,t5_bias] model=base trainer.seq_len=1024
+    posenc bench encoding=nope,rope,t5_bias model=base trainer.seq_len=1024 --json bench.json
     """
     from posenc.bench_cli import run_bench
 

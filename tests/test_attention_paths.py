@@ -167,3 +167,25 @@ def test_compiled_bf16_model_matches_eager_on_cuda(name):
     loss.backward()
     assert torch.isfinite(loss)
     torch.testing.assert_close(compiled.float(), eager.float(), atol=5e-2, rtol=5e-2)
+
+
+@pytest.mark.parametrize("style", ["interleaved", "half"])
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_fast_rope_is_the_papers_rotation(style, fraction):
+    """Whatever kernel rotate uses (one complex product, flip + addcmul), each pair (a, b) of
+    q and k becomes (a cos mθ_i - b sin mθ_i, a sin mθ_i + b cos mθ_i) (RoFormer eq. 13)."""
+    from posenc.encodings.rope import RoPE
+
+    rope = RoPE(H * HD, H, base=100.0, fraction=fraction, style=style)
+    q, k, v, pos = rotated_qkv(PositionalEncoding(H * HD, H))  # unrotated
+    rope.prepare(T)
+    theta = pos[:, None].double() * rope.inv_freq.double()  # (T, rot/2)
+    half = rope.rot_dim // 2
+    first = torch.arange(half) * 2 if style == "interleaved" else torch.arange(half)
+    second = first + 1 if style == "interleaved" else first + half
+    for x, rotated in zip((q, k), rope.rotate(q, k, pos)):
+        a, b = x[..., first], x[..., second]
+        expected = x.clone()
+        expected[..., first] = a * theta.cos() - b * theta.sin()
+        expected[..., second] = a * theta.sin() + b * theta.cos()
+        torch.testing.assert_close(rotated, expected, atol=1e-5, rtol=1e-5)  # rotated in fp32
