@@ -28,6 +28,12 @@ def rope_inv_freq(rot_dim: int, base: float) -> Tensor:
     return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
 
 
+def rotated_part(x: Tensor, rot_dim: int) -> Tensor:
+    """x[..., :rot_dim], without recording a no-op slice when that is all of x (its backward
+    would allocate a zeros tensor and copy the gradient into it, for every q and k)."""
+    return x if rot_dim == x.shape[-1] else x[..., :rot_dim]
+
+
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     """Rotate the first 2·cos.shape[-1] dims of x by the angles whose cos/sin are given.
 
@@ -35,7 +41,7 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     Computed in float32 and cast back (torchtitan), since bf16 angles lose position.
     """
     rot_dim = 2 * cos.shape[-1]
-    xr, x_pass = x[..., :rot_dim].float(), x[..., rot_dim:]
+    xr, x_pass = rotated_part(x, rot_dim).float(), x[..., rot_dim:]
     if style == "interleaved":
         x1, x2 = xr[..., 0::2], xr[..., 1::2]  # (..., T, rot/2) each
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -53,7 +59,7 @@ def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
     of six plus a copy: in eager mode (CPU) it makes interleaved RoPE the cheapest style.
     """
     rot_dim = 2 * freqs.shape[-1]
-    xr = x[..., :rot_dim].float()
+    xr = rotated_part(x, rot_dim).float()
     if xr.stride(-1) != 1 or any(s % 2 for s in xr.stride()[:-1]) or xr.storage_offset() % 2:
         xr = xr.contiguous()  # view_as_complex needs (re, im) pairs adjacent in memory
     out = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (-1, 2))) * freqs).flatten(-2)
