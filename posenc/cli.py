@@ -78,6 +78,25 @@ def train(ctx: typer.Context) -> None:
         fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
 
 
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+    """Perplexity of a trained run at eval.lengths × its training length. Overrides follow:
+
+    posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64
+
+    posenc eval outputs/…/run encoding.scaling=yarn encoding.scaling_factor=4
+    """
+    from posenc.eval_run import eval_run
+
+    args = [a for a in ctx.args if a != "--debug"]
+    run_guarded(lambda: eval_run(run_dir, args), user_wants_traceback(ctx.args))
+
+
+from posenc.cli_plot import plot_app  # noqa: E402  (a sub-app: `posenc plot decay|extrapolation`)
+
+app.add_typer(plot_app, name="plot")
+
+
 @app.command()
 def encodings() -> None:
     """List the encodings and their options (from conf/encoding/*.yaml)."""

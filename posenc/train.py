@@ -20,6 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from posenc import extrapolation
 from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
@@ -193,6 +194,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 if step % t.checkpoint_interval == 0 or step == t.max_steps:
                     save_checkpoint(run_dir, model, optimizer, scheduler, batches, step, tokens, cfg, tracker.wandb_id)
 
+        lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
+        if cfg.eval.get("at_end", True):
+            lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
+            tracker.log(extrapolation.metrics(lengths), step=step, tokens=tokens)
         wall = time.time() - started
         summary = {
             "status": "completed",
@@ -206,12 +211,17 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "encoding": encoding_summary(model.encoding),
             "device": str(device),
             "precision": precision,
+            **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
         tracker.summary(summary)
         exit_code = 0
         return summary
     finally:
         tracker.finish(exit_code)
+
+
+def _log_length(r: extrapolation.LengthResult) -> None:
+    log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
 
 
 class TrainingDiverged(RuntimeError):
