@@ -94,7 +94,7 @@ class GPT(nn.Module):
             raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
         if attention == "linear" and encoding.has_bias:
             raise ValueError(
-                f"model.attention=linear has no score matrix to add encoding '{encoding.name}''s bias to "
+                f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
                 f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
             )
         self.vocab_size = vocab_size
