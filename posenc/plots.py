@@ -15,6 +15,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
 
 from posenc.errors import UserError  # noqa: E402
@@ -94,11 +95,19 @@ def plot_extrapolation(paths: list[Path], out: Path) -> Path:
         ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    ax.set_xlabel("evaluation length (tokens, log scale)")
+    lengths = sorted({n for points in curves.values() for n in points})
+    seq_lens = {s["seq_len"] for _, s in found}
+    ax.set_xticks(lengths)  # the evaluated lengths themselves, with the multiple when unambiguous
+    ax.set_xticklabels([f"{n}\n({n / next(iter(seq_lens)):g}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity (log scale)")
     ax.set_title("Length extrapolation: perplexity beyond the training length")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", framealpha=0.9)
     return _save(fig, out)
 
 
