@@ -51,7 +51,8 @@ def run_job(cfg: DictConfig) -> float | None:
                                                        "overrides": list(hc.overrides.task)})
         FAILED_JOBS.append(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {message}")
         return None
-    print_summary(summary, run_dir)
+    if distributed.is_main():
+        print_summary(summary, run_dir)
     return summary.get("val/loss")
 
 

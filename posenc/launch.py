@@ -9,10 +9,13 @@
 
 from __future__ import annotations
 
+import json
+import warnings
 from datetime import datetime
 from pathlib import Path
 
 import yaml
+from hydra.experimental.callback import Callback
 
 from posenc import distributed
 from posenc.checkpoint import checkpoint_path
@@ -80,6 +83,10 @@ def prepare_args(args: list[str], cwd: Path | None = None) -> list[str]:
     multirun = any(a in MULTIRUN_FLAGS for a in args)
     fixed = _value(args, "hydra.run.dir") is not None
     out = list(args)
+    if multirun:  # submitit jobs fail in their own processes: the sweep's summaries tell
+        out.append("+hydra.callbacks.sweep_failures._target_=posenc.launch.SweepFailures")
+    # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
+    warnings.filterwarnings("ignore", message=r"(?s).*ConfigStore schema with the same name")
     run_dir = resume_dir(args, cwd) if not fixed else None
     if run_dir is not None:
         out.append(f"hydra.run.dir={_quote(str(run_dir))}")
@@ -93,3 +100,19 @@ def prepare_args(args: list[str], cwd: Path | None = None) -> list[str]:
         if not distributed.is_main():
             out += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
     return out
+
+
+class SweepFailures(Callback):
+    """At the end of a sweep, read the jobs' summary.json files: a launcher that runs jobs in
+    other processes (submitit) cannot report their failures to the CLI any other way."""
+
+    def on_multirun_end(self, config, **kwargs) -> None:
+        from posenc import entry
+
+        if entry.FAILED_JOBS:  # jobs ran in this process and reported themselves
+            return
+        for summary in sorted(Path(config.hydra.sweep.dir).glob("*/summary.json")):
+            result = json.loads(summary.read_text())
+            if result.get("status") == "failed":
+                entry.FAILED_JOBS.append(f"{summary.parent.name} ({' '.join(result.get('overrides', []))}): "
+                                         f"{result.get('error')}")
