@@ -81,6 +81,8 @@ def prepare_args(args: list[str], cwd: Path | None = None) -> list[str]:
     """Hydra overrides with the run dir fixed where resume or torchrun need it."""
     cwd = cwd or Path.cwd()
     multirun = any(a in MULTIRUN_FLAGS for a in args)
+    if multirun:  # Hydra's parser wants the flag before the overrides; users put it anywhere
+        args = ["-m", *(a for a in args if a not in MULTIRUN_FLAGS)]
     fixed = _value(args, "hydra.run.dir") is not None
     out = list(args)
     if multirun:  # submitit jobs fail in their own processes: the sweep's summaries tell
