@@ -50,6 +50,12 @@ def unavailable(what: str) -> UserError:
 
 
 def check(what: str) -> None:
-    """Fail fast when online use is impossible (offline mode is left to the cache lookup)."""
-    if not offline() and not reachable():
+    """Fail fast when online use is impossible; in offline mode make sure the libraries, which
+    read HF_HUB_OFFLINE once at import, look in the cache only and never retry the network."""
+    if offline():
+        import datasets
+        from huggingface_hub import constants
+
+        constants.HF_HUB_OFFLINE = datasets.config.HF_HUB_OFFLINE = True
+    elif not reachable():
         raise unavailable(what)
