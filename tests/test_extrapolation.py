@@ -73,7 +73,7 @@ def test_rope_decay_bound_decays_with_distance():
 
 
 def test_posenc_eval_at_16x_and_plot(workdir):
-    r = run_cli("train", "-m", *TINY, "encoding=rope,learned", "eval.lengths=[1,16]", cwd=workdir)
+    r = run_cli("train", "-m", *TINY, "eval.at_end=true", "encoding=rope,learned", "eval.lengths=[1,16]", cwd=workdir)
     assert r.returncode == 0, r.stderr[-2000:]
     rope_dir, learned_dir = sorted(run_dirs(workdir), key=lambda p: "learned" in p.name)
     summary = json.loads((rope_dir / "summary.json").read_text())
