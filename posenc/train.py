@@ -20,6 +20,7 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.convergence import convergence_metrics
 from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
@@ -27,7 +28,8 @@ from posenc.evaluate import evaluate_loss, loss_metrics
 from posenc.hardware import autocast_context, peak_flops, resolve_device, resolve_precision
 from posenc.model import GPT
 from posenc.progress import TrainProgress
-from posenc.tracking import Tracker, write_json_atomic
+from posenc.sweep import wandb_group
+from posenc.tracking import Tracker, read_jsonl, write_json_atomic
 
 log = logging.getLogger("posenc")
 
@@ -137,8 +139,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     try:
         if logger_cfg.name == "wandb":
             tracker.start_wandb(
-                config=OmegaConf.to_container(cfg, resolve=True),
-                project=logger_cfg.project, mode=logger_cfg.mode, group=logger_cfg.group,
+                config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
+                project=logger_cfg.project, mode=logger_cfg.mode, group=wandb_group(logger_cfg.group),
                 job_type=logger_cfg.job_type, tags=[model.encoding.name, *list(logger_cfg.tags or [])],
                 name=run_dir.name, entity=logger_cfg.entity,
             )
@@ -151,6 +153,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         step, tokens = 0, 0
         val: dict[str, float] = {}
         window_start, window_tokens = time.time(), 0
+        loop_start = window_start  # elapsed_s in every row: seconds of training, for convergence
         with TrainProgress(t.max_steps) as progress:
             while step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)
@@ -184,12 +187,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                     if step % t.eval_interval == 0 or step == t.max_steps:
                         val = evaluate()
                         metrics.update(val)
-                    tracker.log(metrics, step=step, tokens=tokens)
+                    tracker.log({**metrics, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
                     progress.update(step, train_loss, val.get("val/ppl"), tps)
                     window_start, window_tokens = time.time(), 0
                 elif step % t.eval_interval == 0:
                     val = evaluate()
-                    tracker.log(val, step=step, tokens=tokens)
+                    tracker.log({**val, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
                 if step % t.checkpoint_interval == 0 or step == t.max_steps:
                     save_checkpoint(run_dir, model, optimizer, scheduler, batches, step, tokens, cfg, tracker.wandb_id)
 
@@ -207,6 +210,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "device": str(device),
             "precision": precision,
         }
+        summary.update(convergence_metrics(read_jsonl(run_dir / "metrics.jsonl"), t.get("convergence_targets")))
         tracker.summary(summary)
         exit_code = 0
         return summary
