@@ -108,19 +108,25 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
     """Tokens to first reach each target validation loss: a cluster of bars per target,
     one bar per group; a group some seed never got there has no bar and says so."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    table = {(g.label, t): aggregate([(r.summary or {}).get(f"convergence/tokens_to_loss@{t:g}") for r in g.completed])
+             for g in groups for t in targets}
+    targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
+    if not targets:
+        ax.text(0.5, 0.5, "no group reached any target loss\n(set trainer.convergence_targets higher)",
+                ha="center", va="center", transform=ax.transAxes)
     width = 0.8 / max(1, len(groups))
     x = np.arange(len(targets))
     for j, group in enumerate(groups):
-        stats = [aggregate([(r.summary or {}).get(f"convergence/tokens_to_loss@{t:g}") for r in group.completed])
-                 for t in targets]
+        stats = [table[(group.label, t)] for t in targets]
         heights = [s.mean if s.mean is not None else 0.0 for s in stats]
         errors = [s.std if s.std is not None else 0.0 for s in stats]
         offsets = x - 0.4 + width * (j + 0.5)
         ax.bar(offsets, heights, width, yerr=errors, capsize=2, label=group.label, color=f"C{j}")
         for xo, s in zip(offsets, stats):
             if s.mean is None:
-                ax.text(xo, 0, "not\nreached", ha="center", va="bottom", fontsize=6, rotation=90, color=f"C{j}")
+                ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
     ax.set_xticks(x, [f"val/loss ≤ {t:g}" for t in targets])
+    ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter())
     ax.set_ylabel("tokens to first reach it (lower = faster)")
     ax.set_title(title)
