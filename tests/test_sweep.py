@@ -42,8 +42,9 @@ def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Pa
     assert "| encoding | runs | val/loss |" in (sweep / "report.md").read_text()
 
 
-def test_a_sweep_over_two_bases_leaves_two_runs(workdir: Path):
-    result = run_cli("train", "-m", "encoding=rope", "encoding.base=100,10000", *TINY, cwd=workdir)
+def test_a_sweep_over_two_bases_leaves_two_runs_in_one_wandb_group(workdir: Path):
+    result = run_cli("train", "-m", "encoding=rope", "encoding.base=100,10000", *TINY, "logger=wandb",
+                     "logger.mode=offline", cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     runs = run_dirs(workdir)
     assert len(runs) == 2
@@ -51,6 +52,11 @@ def test_a_sweep_over_two_bases_leaves_two_runs(workdir: Path):
     assert bases == [100, 10000]
     [sweep] = sweep_dirs(workdir)
     assert sweep.name.endswith("_sweep")  # no experiment: the default name
+    # W&B's offline run log holds the run record: both jobs carry the sweep's group
+    group = sweep_group(sweep).encode()
+    for run in runs:
+        [log] = run.glob("wandb/offline-run-*/run-*.wandb")
+        assert group in log.read_bytes()
 
     out = workdir / "report"
     result = run_cli("compare", str(sweep), "--by", "encoding.base", "--out", str(out), cwd=workdir)
