@@ -84,12 +84,13 @@ def compare(
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
     metric: str = typer.Option("val/ppl", "--metric", help="the metric plotted against the swept value"),
     out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the sweep directory"),
+    target: list[float] = typer.Option(None, "--target", help="val/loss for tokens-to-loss (repeatable); default: the runs' own"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Compare runs: a table (mean ± std over seeds), PNG plots, report.md and report.html."""
     from posenc.report import compare as compare_runs
 
-    run_guarded(lambda: compare_runs(paths, by, metric, out, console), debug)
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console), debug)
 
 
 @app.command()

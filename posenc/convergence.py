@@ -17,7 +17,7 @@ from collections.abc import Iterable, Sequence
 
 #: targets for the byte-level tiny model: unigram bytes sit near 3.3 nats, and a few hundred
 #: steps of the tiny model reach ~1.5-2
-DEFAULT_TARGETS: tuple[float, ...] = (2.5, 2.0, 1.75, 1.5)
+DEFAULT_TARGETS: tuple[float, ...] = (2.5, 2.25, 2.0, 1.75)
 
 
 def target_key(target: float, unit: str = "tokens") -> str:

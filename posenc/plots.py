@@ -16,6 +16,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
+from posenc.convergence import target_key
 from posenc.runs import Group, aggregate, format_value  # noqa: E402
 
 DPI = 110
@@ -54,6 +55,8 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     for target in targets:
         if target >= lowest:
             ax.axhline(target, color="grey", linestyle=":", linewidth=0.8)
+            ax.annotate(f"target {target:g}", (1, target), xycoords=("axes fraction", "data"), ha="right",
+                        va="bottom", fontsize=7, color="grey")
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("validation loss (nats / token)")
@@ -71,7 +74,7 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
     """Final metric against the swept value: a line over a numeric key (log-x when it spans
     decades, e.g. RoPE's base), bars over categories."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    stats = [(g, aggregate([(r.summary or {}).get(metric) for r in g.completed])) for g in groups]
+    stats = [(g, aggregate(g.values(metric))) for g in groups]
     stats = [(g, s) for g, s in stats if s.mean is not None]
     numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
     if stats and len(numeric) >= 1:
@@ -108,7 +111,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
     """Tokens to first reach each target validation loss: a cluster of bars per target,
     one bar per group; a group some seed never got there has no bar and says so."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    table = {(g.label, t): aggregate([(r.summary or {}).get(f"convergence/tokens_to_loss@{t:g}") for r in g.completed])
+    table = {(g.label, t): aggregate(g.values(target_key(t)))
              for g in groups for t in targets}
     targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
     if not targets:

@@ -18,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from posenc.convergence import DEFAULT_TARGETS
+from posenc.convergence import DEFAULT_TARGETS, convergence_metrics, target_key
 from posenc.plots import plot_convergence, plot_final, plot_tokens_to_target
 from posenc.runs import Group, Run, Stat, aggregate, find_runs, group_runs, varying_keys
 from posenc.sweep import read_sweep
@@ -41,21 +41,24 @@ BASE_COLUMNS = [
 RATE_COLUMN = Column("tokens_per_s", "tokens/s", "rate", lower_is_better=False)
 
 
-def columns_for(runs: Sequence[Run], metric: str) -> tuple[list[Column], list[float]]:
-    """The table's columns: quality, convergence (one per target found), extrapolation, speed."""
-    keys = {k for r in runs if r.ok for k in (r.summary or {})}
-    targets = sorted({float(k.split("@")[1]) for k in keys if k.startswith("convergence/tokens_to_loss@")},
-                     reverse=True) or list(DEFAULT_TARGETS)
+def convergence_targets(runs: Sequence[Run], asked: Sequence[float] | None) -> list[float]:
+    """--target values, else the targets the runs were trained with, else the defaults."""
+    found = {float(k.split("@")[1]) for r in runs if r.ok for k in r.summary if k.startswith(target_key(0).split("@")[0])}
+    return sorted(asked or found or DEFAULT_TARGETS, reverse=True)
+
+
+def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[float]) -> list[Column]:
+    """The table's columns: quality, convergence (one per target), extrapolation, speed."""
+    keys = {k for r in runs if r.ok for k in r.summary}
     cols = [c for c in BASE_COLUMNS if c.key in keys]
-    cols += [Column(f"convergence/tokens_to_loss@{t:g}", f"→{t:g}", "tokens") for t in targets
-             if f"convergence/tokens_to_loss@{t:g}" in keys]
+    cols += [Column(target_key(t), f"→{t:g}", "tokens") for t in targets]
     cols += [Column(k, k.removeprefix("extrapolation/"), "ppl") for k in sorted(keys, key=_length_order)
              if k.startswith("extrapolation/")]
     if metric not in {c.key for c in cols} and metric in keys:
         cols.insert(0, Column(metric, metric, "loss"))
     if RATE_COLUMN.key in keys:
         cols.append(RATE_COLUMN)
-    return cols, targets
+    return cols
 
 
 def _length_order(key: str) -> tuple:
@@ -97,14 +100,19 @@ class Comparison:
         return [r for g in self.groups for r in g.failed]
 
 
-def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str) -> Comparison:
+def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str,
+                     targets: Sequence[float] | None = None) -> Comparison:
     by = list(by) if by else varying_keys(runs)
     groups = group_runs(runs, by)
-    columns, targets = columns_for(runs, metric)
+    targets = convergence_targets(runs, targets)
+    for run in runs:
+        if run.ok:  # the same numbers train wrote, at the targets asked for now, from metrics.jsonl
+            run.summary.update(convergence_metrics(run.rows, targets))
+    columns = columns_for(runs, metric, targets)
     cells, best = {}, {}
     for col in columns:
         for g in groups:
-            stat = aggregate([(r.summary or {}).get(col.key) for r in g.completed]) if g.completed else Stat(None, None, 0, 0)
+            stat = aggregate(g.values(col.key)) if g.completed else Stat(None, None, 0, 0)
             cells[(g.label, col.key)] = stat
             if stat.mean is not None:
                 better = min if col.lower_is_better else max
@@ -113,8 +121,10 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str)
 
 
 def runs_cell(group: Group) -> str:
-    failed = len(group.failed)
-    return f"{len(group.completed)}" + (f" (+{failed} failed)" if failed else "")
+    """Completed seeds, and how many were left out: `2 (+1 failed, +1 unfinished)`."""
+    left_out = [f"+{sum(r.status == s for r in group.failed)} {s}" for s in ("failed", "unfinished")
+                if any(r.status == s for r in group.failed)]
+    return f"{len(group.completed)}" + (f" ({', '.join(left_out)})" if left_out else "")
 
 
 def is_best(c: Comparison, g: Group, col: Column) -> bool:
@@ -148,7 +158,7 @@ def markdown_table(c: Comparison) -> str:
 def failed_lines(c: Comparison, root: Path) -> list[str]:
     out = []
     for run in c.failed:
-        error = (run.summary or {}).get("error") or ("no summary.json: still running or killed" if run.status == "unfinished" else "")
+        error = run.metric("error") or ("no summary.json: still running or killed" if run.status == "unfinished" else "")
         out.append(f"{_relative(run.path, root)}: {run.status}" + (f" — {error}" if error else ""))
     return out
 
@@ -168,11 +178,11 @@ def default_out(paths: Sequence[Path]) -> Path:
 
 
 def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str = "val/ppl",
-            out: Path | None = None, console: Console | None = None) -> Path:
+            out: Path | None = None, targets: Sequence[float] | None = None, console: Console | None = None) -> Path:
     """Compare the runs under paths; print the table; write plots and reports into out."""
     console = console or Console()
     runs = find_runs(paths)
-    c = build_comparison(runs, by, metric)
+    c = build_comparison(runs, by, metric, targets)
     out = Path(out) if out else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     sweep = read_sweep(Path(paths[0])) if len(paths) == 1 else None

@@ -45,6 +45,9 @@ class Run:
     def ok(self) -> bool:
         return self.status == "completed"
 
+    def metric(self, key: str) -> Any:
+        return (self.summary or {}).get(key)
+
     def value(self, key: str) -> Any:
         """A grouping key's value: the override as typed, else the config's (a group
         name like `encoding` reads `encoding.name`)."""
@@ -71,6 +74,10 @@ class Group:
     @property
     def failed(self) -> list[Run]:
         return [r for r in self.runs if not r.ok]
+
+    def values(self, key: str) -> list:
+        """A summary key over the completed seeds (None where a seed lacks it)."""
+        return [r.metric(key) for r in self.completed]
 
 
 @dataclass(frozen=True)

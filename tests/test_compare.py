@@ -69,7 +69,7 @@ def test_dead_and_unfinished_runs_are_listed_not_averaged(sweep: Path, tmp_path:
     assert "5_learned: failed — loss is nan at step 30" in result.stdout
     assert "6_learned: unfinished" in result.stdout
     report = (sweep / "report.md").read_text()
-    assert "| learned | 2 (+2 failed) |" in report
+    assert "| learned | 2 (+1 failed, +1 unfinished) |" in report
     assert "3.1000 ± 0.1414" in report and "**2.2000 ± 0.2000**" in report
     assert "5_learned: failed" in report and "6_learned: unfinished" in report
     html = (sweep / "report.html").read_text()
