@@ -70,3 +70,25 @@ def test_every_job_of_a_sweep_shares_one_wandb_group_and_sweeps_differ():
     b = Path("outputs/sweeps/2025-01-01/10-00-00-000002_rope_bases")
     assert sweep_group(a) == "rope_bases-2025-01-01-10-00-00-000001"
     assert sweep_group(a) != sweep_group(b)
+
+
+def compose_experiment(name: str):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="posenc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[f"experiment={name}"], return_hydra_config=True)
+
+
+def test_every_experiment_composes_names_its_sweep_and_sweeps_something():
+    for name in group_options("experiment"):
+        cfg = compose_experiment(name)
+        assert cfg.name == name  # the sweep dir and W&B group carry it
+        assert cfg.hydra.sweeper.params, name
+
+
+def test_rope_bases_spans_10_to_1e6_log_spaced():
+    params = compose_experiment("rope_bases").hydra.sweeper.params
+    bases = [float(b) for b in params["encoding.base"].split(",")]
+    assert bases[0] == 10 and bases[-1] == 1e6
+    ratios = {round(b / a, 6) for a, b in zip(bases, bases[1:])}
+    assert len(ratios) == 1 and ratios.pop() > 1  # a constant factor: evenly spaced on a log axis
