@@ -88,9 +88,10 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
             label = ", ".join(f"{k}={format_value(v)}" for k, v in zip([k for j, k in enumerate(by) if j != i], rest))
             ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label or None)
         xs = [g.key[i] for g, _ in stats]
-        if min(xs) > 0 and max(xs) / min(xs) >= 100:
+        log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
+        if log_x:
             ax.set_xscale("log")
-        ax.set_xlabel(by[i])
+        ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
         if len(series) > 1:
             ax.legend(fontsize=8)
     elif stats:
@@ -102,7 +103,7 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         high = max(s.mean + s.std for _, s in stats)
         ax.set_ylim(low - 0.15 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
     ax.set_ylabel(f"final {metric}" + _unit(metric))
-    ax.set_title(title)
+    ax.set_title(f"{title}\n(mean ± 1 std over seeds)", fontsize=11)
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
