@@ -95,13 +95,12 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         if len(series) > 1:
             ax.legend(fontsize=8)
     elif stats:
-        labels = [g.label for g, _ in stats]
-        ax.bar(labels, [s.mean for _, s in stats], yerr=[s.std for _, s in stats], capsize=4,
-               color=[f"C{j}" for j in range(len(stats))])
+        # points, not bars: the y axis is zoomed on the differences, and a bar would imply zero
+        for j, (g, st) in enumerate(stats):
+            ax.errorbar([j], [st.mean], yerr=[st.std], fmt="o", markersize=8, capsize=5, color=f"C{j}")
+        ax.set_xticks(range(len(stats)), [g.label for g, _ in stats])
+        ax.set_xlim(-0.5, len(stats) - 0.5)
         ax.set_xlabel(", ".join(by) or "runs")
-        low = min(s.mean - s.std for _, s in stats)
-        high = max(s.mean + s.std for _, s in stats)
-        ax.set_ylim(low - 0.15 * (high - low + 1e-9), high + 0.1 * (high - low + 1e-9))
     ax.set_ylabel(f"final {metric}" + _unit(metric))
     ax.set_title(f"{title}\n(mean ± 1 std over seeds)", fontsize=11)
     ax.grid(alpha=0.3)

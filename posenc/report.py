@@ -79,11 +79,11 @@ def format_number(value: float, fmt: str) -> str:
     return f"{value:.4f}"
 
 
-def format_stat(stat: Stat, fmt: str) -> str:
+def format_stat(stat: Stat, fmt: str, sep: str = " ± ") -> str:
     if stat.mean is None:
         return "—" if stat.reached == 0 else f"{stat.reached}/{stat.n} seeds"
     text = format_number(stat.mean, fmt)
-    return text if stat.n < 2 else f"{text} ± {format_number(stat.std, fmt)}"
+    return text if stat.n < 2 else f"{text}{sep}{format_number(stat.std, fmt)}"
 
 
 @dataclass
@@ -133,13 +133,14 @@ def is_best(c: Comparison, g: Group, col: Column) -> bool:
 
 
 def rich_table(c: Comparison, title: str) -> Table:
-    table = Table(title=title, title_justify="left")
+    table = Table(title=title, title_justify="left", show_lines=True)
     table.add_column(", ".join(c.by) or "group", style="bold cyan")
     table.add_column("runs", justify="right")
     for col in c.columns:
         table.add_column(col.header, justify="right")
     for g in c.groups:
-        cells = [format_stat(c.cells[(g.label, col.key)], col.fmt) for col in c.columns]
+        # the std on a second line keeps the table narrow enough for a terminal
+        cells = [format_stat(c.cells[(g.label, col.key)], col.fmt, sep="\n± ") for col in c.columns]
         cells = [f"[bold green]{text}[/]" if is_best(c, g, col) else text for text, col in zip(cells, c.columns)]
         table.add_row(g.label, runs_cell(g), *cells)
     return table

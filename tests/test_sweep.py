@@ -42,7 +42,7 @@ def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Pa
     assert "| encoding | runs | val/loss |" in (sweep / "report.md").read_text()
 
 
-def test_a_sweep_over_two_bases_leaves_two_runs_in_one_wandb_group(workdir: Path):
+def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path):
     result = run_cli("train", "-m", "encoding=rope", "encoding.base=100,10000", *TINY, "logger=wandb",
                      "logger.mode=offline", cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
