@@ -73,7 +73,12 @@ def train(ctx: typer.Context) -> None:
 
     debug = user_wants_traceback(ctx.args)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we decide how to print them
-    run_guarded(lambda: entry.hydra_train(args), debug)
+    from posenc import distributed, launch
+
+    try:  # resume and torchrun fix the run dir before Hydra picks one
+        run_guarded(lambda: entry.hydra_train(launch.prepare_args(args)), debug)
+    finally:
+        distributed.shutdown()
     if entry.FAILED_JOBS:
         fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
 

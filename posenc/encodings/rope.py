@@ -66,6 +66,11 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"encoding.fraction must be in (0, 1], got {fraction}")
         if base <= 1.0:
             raise ValueError(f"encoding.base must be > 1, got {base}")
+        if fraction == 1.0 and self.head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions, but head_dim = d_model/n_head = {self.head_dim} is odd — "
+                f"choose model.d_model and model.n_head so that d_model/n_head is even"
+            )
         rot_dim = int(fraction * self.head_dim) // 2 * 2  # rotate whole pairs only
         if rot_dim == 0:
             raise ValueError(
