@@ -63,3 +63,9 @@ def convergence_metrics(rows: Iterable[dict], targets: Sequence[float] | None = 
         out[target_key(target, "seconds")] = reached[1] if reached else None
     out["convergence/val_loss_auc"] = loss_auc(curve)
     return out
+
+
+def elapsed_before(rows: Iterable[dict], step: int) -> float:
+    """Training seconds already spent up to `step` (a resumed run's clock continues from it)."""
+    return max((row["elapsed_s"] for row in rows if row.get("elapsed_s") is not None and row["step"] <= step),
+               default=0.0)

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc import distributed
 from posenc.checkpoint import GracefulStop, Resumed, TrainingDiverged, check_finite, resume_training, save_checkpoint
-from posenc.convergence import convergence_metrics
+from posenc.convergence import convergence_metrics, elapsed_before
 from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
@@ -151,7 +151,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         step, tokens = resumed.step, resumed.tokens
         val: dict[str, float] = resumed.val
         window_start, window_tokens = time.time(), 0
-        loop_start = window_start  # elapsed_s in every row: seconds of training, for convergence
+        # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
+        loop_start = window_start - (elapsed_before(read_jsonl(run_dir / "metrics.jsonl"), step)
+                                     if step and tracker.enabled else 0.0)
         with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
             while step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc.convergence import convergence_metrics, loss_auc, val_curve
+from posenc.convergence import convergence_metrics, elapsed_before, loss_auc, val_curve
 from posenc.errors import UserError
 from posenc.report import build_comparison
 from posenc.runs import find_runs
@@ -108,3 +108,9 @@ def test_loss_auc_is_the_token_weighted_mean_loss():
     fast = [{"tokens": t, "val/loss": v} for t, v in ((100, 3.0), (200, 2.1), (400, 2.0))]
     # same start, same end: the run that came down earlier has the smaller area
     assert loss_auc(val_curve(fast)) < loss_auc(val_curve(slow))
+
+
+def test_a_resumed_run_continues_its_training_clock():
+    rows = [{"step": 10, "elapsed_s": 5.0}, {"step": 20, "elapsed_s": 9.0}, {"step": 30, "elapsed_s": 14.0}]
+    assert elapsed_before(rows, 20) == 9.0  # resumed from the step-20 checkpoint: 9 s already spent
+    assert elapsed_before(rows, 0) == 0.0
