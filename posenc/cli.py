@@ -103,6 +103,21 @@ app.add_typer(plot_app, name="plot")
 
 
 @app.command()
+def compare(
+    paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
+    by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
+    metric: str = typer.Option("val/ppl", "--metric", help="the metric plotted against the swept value"),
+    out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the sweep directory"),
+    target: list[float] = typer.Option(None, "--target", help="val/loss for tokens-to-loss (repeatable); default: the runs' own"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
+) -> None:
+    """Compare runs: a table (mean ± std over seeds), PNG plots, report.md and report.html."""
+    from posenc.report import compare as compare_runs
+
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console), debug)
+
+
+@app.command()
 def encodings() -> None:
     """List the encodings and their options (from conf/encoding/*.yaml)."""
     from rich.markup import escape

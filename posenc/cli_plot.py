@@ -18,7 +18,7 @@ def decay(
 ) -> None:
     """RoFormer §3.4.3: the upper bound of the relative score against distance, per base."""
     from posenc.cli import console, fail, run_guarded
-    from posenc.plots import plot_decay
+    from posenc.plots_length import plot_decay
 
     if head_dim < 2 or head_dim % 2 or max_distance < 1 or any(b <= 1 for b in bases):
         fail("--head-dim must be even and >= 2, --max-distance >= 1, every --base > 1")
@@ -33,7 +33,7 @@ def extrapolation(
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per encoding, training length marked."""
     from posenc.cli import console, run_guarded
-    from posenc.plots import plot_extrapolation
+    from posenc.plots_length import plot_extrapolation
 
     path = run_guarded(lambda: plot_extrapolation(paths, out), debug=False)
     console.print(f"wrote [bold]{path}[/]")

@@ -16,6 +16,7 @@ from posenc import distributed
 from posenc.checkpoint import checkpoint_path
 from posenc.configs import CONFIG_PATH
 from posenc.errors_hydra import explain
+from posenc.sweep import record_sweep
 from posenc.tracking import write_json_atomic
 
 log = logging.getLogger("posenc")
@@ -35,6 +36,8 @@ def run_job(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        record_sweep(Path(hc.sweep.dir))
     try:
         summary = train(cfg, run_dir)
     except BaseException as e:

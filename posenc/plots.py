@@ -1,120 +1,149 @@
-"""PNG figures: RoPE's long-term decay (RoFormer §3.4.3) and perplexity against length.
+"""The comparison's figures, as PNG files (matplotlib, Agg: no display needed).
 
-matplotlib with the Agg backend (no display needed). Run directories are read through
-their summary.json only, so runs made on another machine plot the same.
+Every figure has labelled axes with units and a legend; a group's line is the mean over its
+completed seeds and the shaded band (or error bar) is ±1 sample std.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from posenc.errors import UserError  # noqa: E402
+from posenc.convergence import target_key
+from posenc.runs import Group, aggregate, format_value  # noqa: E402
 
-
-def rope_decay_bound(distances: np.ndarray, head_dim: int, base: float) -> np.ndarray:
-    """RoFormer §3.4.3: the relative upper bound (1/(d/2)) Σ_{j=1}^{d/2} |S_j| of the score,
-    S_j = Σ_{k=0}^{j-1} e^{i(m-n)θ_k}, θ_k = base^(-2k/d), at each distance m - n."""
-    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)  # (d/2,)
-    phases = np.exp(1j * np.outer(distances, theta))  # (R, d/2)
-    partial_sums = np.cumsum(phases, axis=1)  # S_1 .. S_{d/2}
-    return np.abs(partial_sums).mean(axis=1)
+DPI = 110
 
 
-def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) -> Path:
-    distances = np.arange(0, max_distance + 1)
-    fig, ax = plt.subplots(figsize=(7, 4.2))
-    for base in bases:
-        ax.plot(distances, rope_decay_bound(distances, head_dim, base), label=f"base = {base:g}")
-    ax.set_xlabel("relative distance m − n (tokens)")
-    ax.set_ylabel("relative upper bound  (1/(d/2)) Σ_j |S_j|")
-    ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}")
+def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(tokens, mean, std) of a metric over the group's completed seeds, at the token
+    counts every seed evaluated (same eval schedule = same points)."""
+    curves = []
+    for run in group.completed:
+        curves.append({row["tokens"]: row[metric] for row in run.rows if row.get(metric) is not None})
+    if not curves:
+        return None
+    tokens = sorted(set.intersection(*(set(c) for c in curves)))
+    if not tokens:
+        return None
+    values = np.array([[c[t] for t in tokens] for c in curves])  # (seeds, points)
+    std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(tokens))
+    return np.array(tokens), values.mean(axis=0), std
+
+
+def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: Sequence[float] = ()) -> Path:
+    """Validation loss against tokens seen: one line per group, seed spread shaded."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    lowest = np.inf
+    for group in groups:
+        curve = mean_curve(group)
+        if curve is None:
+            continue
+        tokens, mean, std = curve
+        n = len(group.completed)
+        line, = ax.plot(tokens, mean, marker="o", markersize=2.5, linewidth=1.6, label=f"{group.label} (n={n})")
+        if n > 1:
+            ax.fill_between(tokens, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+        lowest = min(lowest, float(mean.min()))
+    for target in targets:
+        if target >= lowest:
+            ax.axhline(target, color="grey", linestyle=":", linewidth=0.8)
+            ax.annotate(f"target {target:g}", (1, target), xycoords=("axes fraction", "data"), ha="right",
+                        va="bottom", fontsize=7, color="grey")
+    ax.xaxis.set_major_formatter(EngFormatter())
+    ax.set_xlabel("tokens seen")
+    ax.set_ylabel("validation loss (nats / token)")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend()
-    return _save(fig, out)
+    # the first evaluation is far above the rest; zoom on where the groups differ
+    top = max((float(c[1][min(1, len(c[1]) - 1)]) for g in groups if (c := mean_curve(g)) is not None), default=None)
+    if top is not None and np.isfinite(lowest):
+        ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
+    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8)
+    return _save(fig, path)
 
 
-def find_summaries(paths: list[Path]) -> list[tuple[Path, dict]]:
-    """(run dir, summary) for every summary.json at or below each path, with extrapolation."""
-    found = []
-    for path in paths:
-        path = Path(path)
-        if not path.exists():
-            raise UserError(f"{path} does not exist — pass run directories or sweep directories")
-        files = [path / "summary.json"] if (path / "summary.json").exists() else sorted(path.rglob("summary.json"))
-        for f in files:
-            summary = json.loads(f.read_text())
-            if summary.get("extrapolation"):
-                found.append((f.parent, summary))
-    if not found:
-        raise UserError("no run with an extrapolation evaluation found under "
-                        f"{', '.join(map(str, paths))} — train with eval.at_end=true or run `posenc eval`")
-    return found
+def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str) -> Path:
+    """Final metric against the swept value: a line over a numeric key (log-x when it spans
+    decades, e.g. RoPE's base), bars over categories."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    stats = [(g, aggregate(g.values(metric))) for g in groups]
+    stats = [(g, s) for g, s in stats if s.mean is not None]
+    numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
+    if stats and len(numeric) >= 1:
+        i = numeric[0]
+        series: dict[tuple, list] = {}
+        for g, s in stats:
+            series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, s.std))
+        for rest, points in series.items():
+            points.sort()
+            x, y, e = zip(*points)
+            label = ", ".join(f"{k}={format_value(v)}" for k, v in zip([k for j, k in enumerate(by) if j != i], rest))
+            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label or None)
+        xs = [g.key[i] for g, _ in stats]
+        log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
+        if log_x:
+            ax.set_xscale("log")
+        ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
+        if len(series) > 1:
+            ax.legend(fontsize=8)
+    elif stats:
+        # points, not bars: the y axis is zoomed on the differences, and a bar would imply zero
+        for j, (g, st) in enumerate(stats):
+            ax.errorbar([j], [st.mean], yerr=[st.std], fmt="o", markersize=8, capsize=5, color=f"C{j}")
+        ax.set_xticks(range(len(stats)), [g.label for g, _ in stats])
+        ax.set_xlim(-0.5, len(stats) - 0.5)
+        ax.set_xlabel(", ".join(by) or "runs")
+    ax.set_ylabel(f"final {metric}" + _unit(metric))
+    ax.set_title(f"{title}\n(mean ± 1 std over seeds)", fontsize=11)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
 
 
-def run_labels(summaries: list[dict]) -> list[str]:
-    """The encoding name, plus the options that tell apart runs of the same encoding."""
-    by_name: dict[str, list[dict]] = defaultdict(list)
-    for s in summaries:
-        by_name[s["encoding"]["name"]].append(s["encoding"])
-    labels = []
-    for s in summaries:
-        enc = s["encoding"]
-        group = by_name[enc["name"]]
-        differ = [k for k in enc if k != "name" and len({json.dumps(g.get(k)) for g in group}) > 1]
-        labels.append(enc["name"] + (" (" + ", ".join(f"{k}={enc[k]}" for k in differ) + ")" if differ else ""))
-    return labels
+def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], path: Path, title: str) -> Path:
+    """Tokens to first reach each target validation loss: a cluster of bars per target,
+    one bar per group; a group some seed never got there has no bar and says so."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    table = {(g.label, t): aggregate(g.values(target_key(t)))
+             for g in groups for t in targets}
+    targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
+    if not targets:
+        ax.text(0.5, 0.5, "no group reached any target loss\n(set trainer.convergence_targets higher)",
+                ha="center", va="center", transform=ax.transAxes)
+    width = 0.8 / max(1, len(groups))
+    x = np.arange(len(targets))
+    for j, group in enumerate(groups):
+        stats = [table[(group.label, t)] for t in targets]
+        heights = [s.mean if s.mean is not None else 0.0 for s in stats]
+        errors = [s.std if s.std is not None else 0.0 for s in stats]
+        offsets = x - 0.4 + width * (j + 0.5)
+        ax.bar(offsets, heights, width, yerr=errors, capsize=2, label=group.label, color=f"C{j}")
+        for xo, s in zip(offsets, stats):
+            if s.mean is None:
+                ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
+    ax.set_xticks(x, [f"val/loss ≤ {t:g}" for t in targets])
+    ax.set_ylim(bottom=0)
+    ax.yaxis.set_major_formatter(EngFormatter())
+    ax.set_ylabel("tokens to first reach it (lower = faster)")
+    ax.set_title(title)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
 
 
-def extrapolation_curves(found: list[tuple[Path, dict]]) -> dict[str, dict[int, float]]:
-    """label -> {eval length: ppl (mean over runs with the same label)}; undefined lengths left out."""
-    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for label, (_, s) in zip(run_labels([s for _, s in found]), found):
-        for r in s["extrapolation"]["lengths"]:
-            if r["ppl"] is not None and math.isfinite(r["ppl"]):
-                acc[label][r["length"]].append(r["ppl"])
-    return {label: {n: float(np.mean(v)) for n, v in sorted(points.items())} for label, points in acc.items()}
+def _unit(metric: str) -> str:
+    return {"val/loss": " (nats / token)", "val/bpb": " (bits / byte)"}.get(metric, "")
 
 
-def plot_extrapolation(paths: list[Path], out: Path) -> Path:
-    found = find_summaries(paths)
-    curves = extrapolation_curves(found)
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label, points in sorted(curves.items()):
-        ax.plot(list(points), list(points.values()), marker="o", label=label)
-    for i, seq_len in enumerate(sorted({s["seq_len"] for _, s in found})):
-        ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    lengths = sorted({n for points in curves.values() for n in points})
-    seq_lens = {s["seq_len"] for _, s in found}
-    ax.set_xticks(lengths)  # the evaluated lengths themselves, with the multiple when unambiguous
-    ax.set_xticklabels([f"{n}\n({n / next(iter(seq_lens)):g}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
-    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
-    ax.set_ylabel("validation perplexity (log scale)")
-    ax.set_title("Length extrapolation: perplexity beyond the training length")
-    ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", framealpha=0.9)
-    return _save(fig, out)
-
-
-def _save(fig, out: Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
+def _save(fig, path: Path) -> Path:
     fig.tight_layout()
-    fig.savefig(out, dpi=150)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
-    return out
+    return path

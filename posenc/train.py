@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc import distributed, extrapolation
 from posenc.checkpoint import GracefulStop, Resumed, TrainingDiverged, check_finite, resume_training, save_checkpoint
+from posenc.convergence import convergence_metrics, elapsed_before
 from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
@@ -28,7 +29,8 @@ from posenc.evaluate import evaluate_loss, loss_metrics
 from posenc.hardware import autocast_context, peak_flops, resolve_device, resolve_precision
 from posenc.model import GPT
 from posenc.progress import TrainProgress
-from posenc.tracking import Tracker, write_json_atomic
+from posenc.sweep import wandb_group
+from posenc.tracking import Tracker, read_jsonl, write_json_atomic
 from posenc.validation import validate_config
 
 log = logging.getLogger("posenc")
@@ -135,8 +137,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     try:
         if logger_cfg.name == "wandb":
             tracker.start_wandb(
-                config=OmegaConf.to_container(cfg, resolve=True),
-                project=logger_cfg.project, mode=logger_cfg.mode, group=logger_cfg.group,
+                config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
+                project=logger_cfg.project, mode=logger_cfg.mode, group=wandb_group(logger_cfg.group),
                 job_type=logger_cfg.job_type, tags=[model.encoding.name, *list(logger_cfg.tags or [])],
                 name=run_dir.name, entity=logger_cfg.entity, run_id=resumed.wandb_id,
             )
@@ -149,6 +151,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         step, tokens = resumed.step, resumed.tokens
         val: dict[str, float] = resumed.val
         window_start, window_tokens = time.time(), 0
+        # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
+        loop_start = window_start - (elapsed_before(read_jsonl(run_dir / "metrics.jsonl"), step)
+                                     if step and tracker.enabled else 0.0)
         with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
             while step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)
@@ -181,12 +186,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                     if step % t.eval_interval == 0 or step == t.max_steps:
                         val = evaluate()
                         metrics.update(val)
-                    tracker.log(metrics, step=step, tokens=tokens)
+                    tracker.log({**metrics, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
                     progress.update(step, train_loss, val.get("val/ppl"), tps)
                     window_start, window_tokens = time.time(), 0
                 elif step % t.eval_interval == 0:
                     val = evaluate()
-                    tracker.log(val, step=step, tokens=tokens)
+                    tracker.log({**val, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
                 stopping = distributed.any_rank(stop.received is not None)
                 if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
                     check_finite(loss_sum, step, run_dir)  # never replace a good checkpoint with a diverged one
@@ -215,6 +220,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "precision": precision,
             **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
+        if tracker.enabled:  # rank 0 holds metrics.jsonl
+            summary.update(convergence_metrics(read_jsonl(run_dir / "metrics.jsonl"), t.get("convergence_targets")))
         tracker.summary(summary)
         exit_code = 0
         return summary

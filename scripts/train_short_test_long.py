@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from posenc.plots import find_summaries, plot_extrapolation, run_labels
+from posenc.plots_length import find_summaries, plot_extrapolation, run_labels
 
 
 def markdown_table(sweep_dir: Path) -> str:

@@ -17,7 +17,7 @@ from posenc.extrapolation import evaluate_extrapolation, perplexity_at, sliding_
 from posenc.model import GPT
 from posenc.errors import UserError
 from posenc.eval_run import eval_run
-from posenc.plots import plot_extrapolation, rope_decay_bound
+from posenc.plots_length import plot_extrapolation, rope_decay_bound
 
 from conftest import TINY, run_cli, run_dirs
 

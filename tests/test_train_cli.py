@@ -34,7 +34,7 @@ def test_metrics_have_tokens_in_every_row_and_design_names(trained):
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all("tokens" in r for r in rows)
     assert [r["tokens"] for r in rows] == [4 * 32 * s for s in (1, 2, 3, 4)]  # batch · seq_len · step
-    names = set().union(*rows) - {"step", "tokens"}
+    names = set().union(*rows) - {"step", "tokens", "elapsed_s"}  # elapsed_s: seconds of training, for convergence
     assert names == METRIC_NAMES
     assert "val/loss" in rows[1] and "val/loss" not in rows[0]  # eval every 2 steps
 
