@@ -2,6 +2,8 @@
 bias it can also compute on the fly (a FlexAttention ``score_mod``).
 
 - no bias: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / memory-efficient);
+- linear (``model.attention=linear``): causal linear attention, RoFormer §3.3, with the
+  encoding's ``rotate`` applied to the features φ(q), φ(k); no score matrix, so no bias;
 - a bias on CUDA, offered as a score_mod: FlexAttention with a causal BlockMask (posenc.flex);
 - a bias otherwise: SDPA with a float mask, the causal mask folded in as -inf. Short sequences
   build the (1, H, T, T) mask once per forward and share it across layers; long ones
@@ -102,3 +104,51 @@ def chunked_biased_attention(
             q[:, :, start:end], k[:, :, :end], v[:, :, :end], attn_mask=mask[None], dropout_p=dropout_p
         )
     return out
+
+
+#: positions per chunk of causal linear attention (quadratic inside a chunk, a running sum across)
+LINEAR_CHUNK = 64
+
+
+def elu_feature_map(x: Tensor) -> Tensor:
+    """φ(x) = elu(x) + 1 > 0 (Katharopoulos et al., 2020), the feature map of RoFormer §3.3."""
+    return F.elu(x) + 1.0
+
+
+def causal_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    rotate: Callable[[Tensor, Tensor], tuple[Tensor, Tensor]] | None = None,
+    chunk: int = LINEAR_CHUNK,
+    eps: float = 1e-6,
+) -> Tensor:
+    """Causal linear attention with rotary features, RoFormer eq. (19):
+
+        out_m = Σ_{n<=m} (R_m φ(q_m))ᵀ (R_n φ(k_n)) v_n  /  Σ_{n<=m} φ(q_m)ᵀ φ(k_n)
+
+    The numerator uses the rotated features (relative position), the normaliser the unrotated
+    ones (so it stays positive). Computed chunk by chunk: masked quadratic inside a chunk, a
+    running state S = Σ (R_n φ(k_n)) v_nᵀ (hd x hd) and z = Σ φ(k_n) across chunks, so memory
+    is linear in T. q, k, v: (B, H, T, hd) -> (B, H, T, hd); computed in float32.
+    """
+    dtype = v.dtype
+    q, k, v = q.float(), k.float(), v.float()
+    phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
+    rq, rk = rotate(phi_q, phi_k) if rotate is not None else (phi_q, phi_k)
+    rq, rk = rq.float(), rk.float()
+    B, H, T, hd = q.shape
+    state = q.new_zeros(B, H, hd, v.shape[-1])  # Σ_{n < chunk start} R_n φ(k_n) v_nᵀ
+    norm = q.new_zeros(B, H, hd)  # Σ_{n < chunk start} φ(k_n)
+    outs = []
+    for start in range(0, T, chunk):
+        end = min(start + chunk, T)
+        causal = torch.ones(end - start, end - start, dtype=torch.bool, device=q.device).tril()
+        scores = (rq[..., start:end, :] @ rk[..., start:end, :].transpose(-1, -2)).masked_fill(~causal, 0.0)
+        weights = (phi_q[..., start:end, :] @ phi_k[..., start:end, :].transpose(-1, -2)).masked_fill(~causal, 0.0)
+        numerator = scores @ v[..., start:end, :] + rq[..., start:end, :] @ state  # (B, H, c, hd)
+        denominator = weights.sum(-1) + (phi_q[..., start:end, :] @ norm[..., None]).squeeze(-1)  # (B, H, c)
+        outs.append(numerator / denominator[..., None].clamp_min(eps))
+        state = state + rk[..., start:end, :].transpose(-1, -2) @ v[..., start:end, :]
+        norm = norm + phi_k[..., start:end, :].sum(-2)
+    return torch.cat(outs, dim=-2).to(dtype)

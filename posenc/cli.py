@@ -73,9 +73,48 @@ def train(ctx: typer.Context) -> None:
 
     debug = user_wants_traceback(ctx.args)
     os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we decide how to print them
-    run_guarded(lambda: entry.hydra_train(args), debug)
+    from posenc import distributed, launch
+
+    try:  # resume and torchrun fix the run dir before Hydra picks one
+        run_guarded(lambda: entry.hydra_train(launch.prepare_args(args)), debug)
+    finally:
+        distributed.shutdown()
     if entry.FAILED_JOBS:
         fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
+
+
+@app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+    """Perplexity of a trained run at eval.lengths × its training length. Overrides follow:
+
+    posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64
+
+    posenc eval outputs/…/run encoding.scaling=yarn encoding.scaling_factor=4
+    """
+    from posenc.eval_run import eval_run
+
+    args = [a for a in ctx.args if a != "--debug"]
+    run_guarded(lambda: eval_run(run_dir, args), user_wants_traceback(ctx.args))
+
+
+from posenc.cli_plot import plot_app  # noqa: E402  (a sub-app: `posenc plot decay|extrapolation`)
+
+app.add_typer(plot_app, name="plot")
+
+
+@app.command()
+def compare(
+    paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
+    by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
+    metric: str = typer.Option("val/ppl", "--metric", help="the metric plotted against the swept value"),
+    out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the sweep directory"),
+    target: list[float] = typer.Option(None, "--target", help="val/loss for tokens-to-loss (repeatable); default: the runs' own"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
+) -> None:
+    """Compare runs: a table (mean ± std over seeds), PNG plots, report.md and report.html."""
+    from posenc.report import compare as compare_runs
+
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console), debug)
 
 
 @app.command(**HYDRA_ARGS)

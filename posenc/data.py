@@ -260,7 +260,7 @@ class RandomWindows:
         if len(tokens) < seq_len + 2:
             raise UserError(
                 f"the training split has {len(tokens)} tokens, fewer than one window of "
-                f"trainer.seq_len+1={seq_len + 1}; use a larger corpus or a smaller trainer.seq_len"
+                f"trainer.seq_len+1={seq_len + 1} — use a larger corpus or a smaller trainer.seq_len"
             )
         self.tokens = tokens
         self.seq_len = seq_len

@@ -12,8 +12,11 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from posenc import distributed
+from posenc.checkpoint import checkpoint_path
 from posenc.configs import CONFIG_PATH
 from posenc.errors_hydra import explain
+from posenc.sweep import record_sweep
 from posenc.tracking import write_json_atomic
 
 log = logging.getLogger("posenc")
@@ -33,11 +36,13 @@ def run_job(cfg: DictConfig) -> float | None:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    if multirun:
+        record_sweep(Path(hc.sweep.dir))
     try:
         summary = train(cfg, run_dir)
     except BaseException as e:
         if not multirun or isinstance(e, KeyboardInterrupt):
-            if not _has_results(run_dir):
+            if not _has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
             if isinstance(e, Exception):
                 _RUN_ERROR.append(e)
@@ -49,7 +54,8 @@ def run_job(cfg: DictConfig) -> float | None:
                                                        "overrides": list(hc.overrides.task)})
         FAILED_JOBS.append(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {message}")
         return None
-    print_summary(summary, run_dir)
+    if distributed.is_main():
+        print_summary(summary, run_dir)
     return summary.get("val/loss")
 
 
@@ -67,7 +73,7 @@ def remove_run_dir(run_dir: Path) -> None:
 
 def _has_results(run_dir: Path) -> bool:
     metrics = run_dir / "metrics.jsonl"
-    return metrics.exists() and metrics.stat().st_size > 0
+    return (metrics.exists() and metrics.stat().st_size > 0) or checkpoint_path(run_dir).exists()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")

@@ -18,7 +18,9 @@ def explain(e: BaseException) -> str:
         group, _, choice = e.missing_cfg_file.rpartition("/")
         options = ", ".join(e.options or [])
         if group:
-            return f"unknown {group} '{choice}' — choose one of: {options}" if options else f"no config '{e.missing_cfg_file}'"
+            if options:
+                return f"unknown {group} '{choice}' — choose one of: {options}"
+            return f"unknown {group} '{choice}' — there is no conf/{group}/{choice}.yaml; add it or check the spelling"
         return f"no config '{choice}' — check --config-name / --config-dir"
     if isinstance(e, OverrideParseException):
         return f"cannot parse override '{e.override}' — write key=value, a group choice, or a,b,c with -m"

@@ -14,17 +14,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.attention import ScoreBias, attention_bias, causal_attention
+from posenc.attention import ScoreBias, attention_bias, causal_attention, causal_linear_attention
 from posenc.encodings.base import PositionalEncoding
 
 
-ATTENTIONS = ("softmax",)
+ATTENTIONS = ("softmax", "linear")
 
 
 class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str = "softmax") -> None:
         super().__init__()
         self.n_head = n_head
+        self.attention = attention
         self.c_attn = nn.Linear(d_model, 3 * d_model)
         self.c_proj = nn.Linear(d_model, d_model)
         self.dropout = dropout
@@ -37,8 +38,11 @@ class CausalSelfAttention(nn.Module):
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, hd)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        q, k = encoding.rotate(q, k, pos)
-        y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0)
+        if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
+            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, pos))
+        else:
+            q, k = encoding.rotate(q, k, pos)
+            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -55,10 +59,10 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float) -> None:
+    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str = "softmax") -> None:
         super().__init__()
         self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head, dropout)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout, attention)
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout)
 
@@ -88,13 +92,18 @@ class GPT(nn.Module):
                 raise ValueError(f"model.{key} must be positive, got {value}")
         if d_model % n_head != 0:
             raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
+        if attention == "linear" and encoding.has_bias:
+            raise ValueError(
+                f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
+                f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
+            )
         self.vocab_size = vocab_size
         self.n_layer = n_layer
         self.d_model = d_model
         self.encoding = encoding
         self.wte = nn.Embedding(vocab_size, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, attention) for _ in range(n_layer))
         self.ln_f = nn.LayerNorm(d_model)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import random
 import time
 from pathlib import Path
@@ -20,6 +19,9 @@ from hydra.errors import InstantiationException
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from posenc import distributed, extrapolation
+from posenc.checkpoint import GracefulStop, Resumed, TrainingDiverged, check_finite, resume_training, save_checkpoint
+from posenc.convergence import convergence_metrics, elapsed_before
 from posenc.data import RandomWindows, TokenData, load_tokens
 from posenc.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.errors import UserError
@@ -28,7 +30,9 @@ from posenc.hardware import (autocast_context, enable_fast_matmul, peak_flops, r
                              to_device)
 from posenc.model import GPT
 from posenc.progress import TrainProgress
-from posenc.tracking import Tracker, write_json_atomic
+from posenc.sweep import wandb_group
+from posenc.tracking import Tracker, read_jsonl, write_json_atomic
+from posenc.validation import validate_config
 
 log = logging.getLogger("posenc")
 
@@ -88,15 +92,12 @@ def configure_optimizer(model: GPT, tcfg: DictConfig, device: torch.device) -> t
 
 
 def validate(cfg: DictConfig) -> None:
-    """Refuse out-of-range training settings before anything is built."""
-    t = cfg.trainer
-    for key in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches", "log_interval"):
-        if t[key] <= 0:
-            raise UserError(f"trainer.{key} must be positive, got {t[key]}")
-    if t.lr <= 0:
-        raise UserError(f"trainer.lr must be positive, got {t.lr}")
-    if t.warmup_steps < 0:
-        raise UserError(f"trainer.warmup_steps must be >= 0, got {t.warmup_steps}")
+    """Refuse wrong types and out-of-range settings before anything is built."""
+    validate_config(cfg)
+    try:  # the encoding's own rules (odd RoPE head dim, seq_len beyond learned max_len), before any data
+        build_encoding(cfg).check_length(cfg.trainer.seq_len)
+    except PositionOutOfRange as e:
+        raise UserError(str(e)) from None
 
 
 def encoding_summary(encoding: PositionalEncoding) -> dict:
@@ -107,7 +108,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train one model as cfg says, writing everything into run_dir; return the summary."""
     validate(cfg)
     started = time.time()
-    device = resolve_device(cfg.device)
+    device = distributed.local_device(resolve_device(cfg.device))
     precision = resolve_precision(cfg.trainer.precision, device)
     autocast = autocast_context(precision, device)
     enable_fast_matmul(device)
@@ -116,33 +117,32 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    try:
-        model.encoding.check_length(t.seq_len)
-    except PositionOutOfRange as e:
-        raise UserError(str(e)) from None
     model.to(device)
     n_params = model.num_params()
     flops_per_token = model.flops_per_token(t.seq_len)
     peak = peak_flops(device, cfg.trainer.get("peak_flops"))
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{n_params:,}", model.encoding.extra_repr(), device, precision)
 
-    batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed)
+    batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed,
+                            rank=distributed.rank(), world_size=distributed.world_size())
     optimizer = configure_optimizer(model, t, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio))
-    step_model = torch.compile(model) if _use_compile(t.compile, device) else model
-    tokens_per_step = t.batch_size * t.seq_len * t.grad_accum
+    step_model = distributed.wrap(model, device)
+    step_model = torch.compile(step_model) if _use_compile(t.compile, device) else step_model
+    tokens_per_step = t.batch_size * t.seq_len * t.grad_accum * distributed.world_size()
+    resumed = resume_training(run_dir, cfg, model, optimizer, scheduler, batches) if t.get("resume") else Resumed()
     bytes_per_token = data.bytes_per_token("validation")
 
-    tracker = Tracker(run_dir)
+    tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     logger_cfg = cfg.logger
     exit_code = 1
     try:
         if logger_cfg.name == "wandb":
             tracker.start_wandb(
-                config=OmegaConf.to_container(cfg, resolve=True),
-                project=logger_cfg.project, mode=logger_cfg.mode, group=logger_cfg.group,
+                config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
+                project=logger_cfg.project, mode=logger_cfg.mode, group=wandb_group(logger_cfg.group),
                 job_type=logger_cfg.job_type, tags=[model.encoding.name, *list(logger_cfg.tags or [])],
-                name=run_dir.name, entity=logger_cfg.entity,
+                name=run_dir.name, entity=logger_cfg.entity, run_id=resumed.wandb_id,
             )
 
         def evaluate() -> dict[str, float]:
@@ -150,10 +150,13 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                                  t.batch_size, device, autocast)
             return loss_metrics(loss, bytes_per_token)
 
-        step, tokens = 0, 0
-        val: dict[str, float] = {}
+        step, tokens = resumed.step, resumed.tokens
+        val: dict[str, float] = resumed.val
         window_start, window_tokens = time.time(), 0
-        with TrainProgress(t.max_steps) as progress:
+        # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
+        loop_start = window_start - (elapsed_before(read_jsonl(run_dir / "metrics.jsonl"), step)
+                                     if step and tracker.enabled else 0.0)
+        with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
             while step < t.max_steps:
                 loss_sum = torch.zeros((), device=device)
                 for _ in range(t.grad_accum):
@@ -173,9 +176,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 progress.advance(step)
 
                 if step % t.log_interval == 0 or step == t.max_steps:
-                    train_loss = loss_sum.item() / t.grad_accum  # the only host sync of a step
-                    if not math.isfinite(train_loss):
-                        raise TrainingDiverged(f"loss is {train_loss} at step {step}")
+                    # the only host sync of a step; NaN/inf stops the run here, naming the step
+                    train_loss = check_finite(distributed.mean(loss_sum) / t.grad_accum, step, run_dir)
                     elapsed = time.time() - window_start
                     tps = window_tokens / max(elapsed, 1e-9)
                     metrics = {"train/loss": train_loss, "train/lr": lr, "train/grad_norm": float(grad_norm),
@@ -185,15 +187,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                     if step % t.eval_interval == 0 or step == t.max_steps:
                         val = evaluate()
                         metrics.update(val)
-                    tracker.log(metrics, step=step, tokens=tokens)
+                    tracker.log({**metrics, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
                     progress.update(step, train_loss, val.get("val/ppl"), tps)
                     window_start, window_tokens = time.time(), 0
                 elif step % t.eval_interval == 0:
                     val = evaluate()
-                    tracker.log(val, step=step, tokens=tokens)
-                if step % t.checkpoint_interval == 0 or step == t.max_steps:
-                    save_checkpoint(run_dir, model, optimizer, scheduler, batches, step, tokens, cfg, tracker.wandb_id)
+                    tracker.log({**val, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
+                stopping = distributed.any_rank(stop.received is not None)
+                if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
+                    check_finite(loss_sum, step, run_dir)  # never replace a good checkpoint with a diverged one
+                    if distributed.is_main():
+                        save_checkpoint(run_dir, model, optimizer, scheduler, batches, step, tokens, cfg,
+                                        tracker.wandb_id, val)
+                if stopping:
+                    stop.stop(run_dir, step)  # SIGTERM / Ctrl-C: checkpoint saved, metrics flushed
 
+        lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
+        if cfg.eval.get("at_end", True):
+            lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
+            tracker.log(extrapolation.metrics(lengths), step=step, tokens=tokens)
         wall = time.time() - started
         summary = {
             "status": "completed",
@@ -207,7 +219,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "encoding": encoding_summary(model.encoding),
             "device": str(device),
             "precision": precision,
+            **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
+        if tracker.enabled:  # rank 0 holds metrics.jsonl
+            summary.update(convergence_metrics(read_jsonl(run_dir / "metrics.jsonl"), t.get("convergence_targets")))
         tracker.summary(summary)
         exit_code = 0
         return summary
@@ -215,8 +230,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         tracker.finish(exit_code)
 
 
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite."""
+def _log_length(r: extrapolation.LengthResult) -> None:
+    log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
 
 
 def _use_compile(setting, device: torch.device) -> bool:
@@ -224,30 +239,6 @@ def _use_compile(setting, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)
-
-
-def save_checkpoint(run_dir: Path, model: GPT, optimizer, scheduler, batches: RandomWindows,
-                    step: int, tokens: int, cfg: DictConfig, wandb_id: str | None) -> Path:
-    """checkpoints/last.pt, written to a temp file and renamed: the last good one survives."""
-    directory = run_dir / "checkpoints"
-    directory.mkdir(exist_ok=True)
-    state = {
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "sampler": batches.state_dict(),
-        "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-        "step": step,
-        "tokens": tokens,
-        "config": OmegaConf.to_container(cfg, resolve=True),
-        "wandb_id": wandb_id,
-    }
-    path = directory / "last.pt"
-    tmp = directory / "last.pt.tmp"
-    torch.save(state, tmp)
-    os.replace(tmp, path)
-    return path
 
 
 __all__ = ["train", "build_model", "build_data", "save_checkpoint", "write_json_atomic"]

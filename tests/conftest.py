@@ -15,6 +15,7 @@ TINY = [
     "trainer.seq_len=32", "trainer.batch_size=4", "trainer.max_steps=4",
     "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.eval_batches=2",
     "trainer.warmup_steps=1", "trainer.checkpoint_interval=2", "logger=none",
+    "eval.at_end=false",  # the extrapolation evaluation has its own tests (test_extrapolation.py)
 ]
 
 

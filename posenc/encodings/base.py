@@ -88,7 +88,7 @@ class PositionalEncoding(nn.Module):
         if self.max_len is not None and length > self.max_len:
             raise PositionOutOfRange(
                 f"encoding '{self.name}' can encode positions 0..{self.max_len - 1} "
-                f"(max_len={self.max_len}), but a sequence of length {length} was given; "
+                f"(max_len={self.max_len}), but a sequence of length {length} was given — "
                 f"use a shorter sequence or raise encoding.max_len"
             )
 

@@ -10,7 +10,8 @@ so that <R_m q, R_n k> = <q, R_{n-m} k> depends on positions only through m - n.
 ``style="interleaved"`` pairs (x[2i], x[2i+1]) as in the paper; ``style="half"`` pairs
 (x[i], x[i + d/2]) as GPT-NeoX and LLaMA do (the same maths after a fixed permutation).
 ``fraction`` < 1 rotates only the first fraction·head_dim dimensions (partial rotary,
-GPT-NeoX/GPT-J) and leaves the rest untouched.
+GPT-NeoX/GPT-J) and leaves the rest untouched. ``scaling`` (none | linear | ntk | yarn) with
+``scaling_factor`` stretches the frequencies at evaluation time (see rope_scaling.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import torch
 from torch import Tensor
 
 from posenc.encodings.base import PositionalEncoding
+from posenc.encodings.rope_scaling import attention_scale, check_scaling, scaled_inv_freq
 
 STYLES = ("interleaved", "half")
 
@@ -79,6 +81,9 @@ class RoPE(PositionalEncoding):
         base: float = 10000.0,
         fraction: float = 1.0,
         style: str = "interleaved",
+        scaling: str = "none",
+        scaling_factor: float = 1.0,
+        original_max_len: int | None = None,
     ) -> None:
         super().__init__(d_model, n_head, name)
         if style not in STYLES:
@@ -87,17 +92,29 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"encoding.fraction must be in (0, 1], got {fraction}")
         if base <= 1.0:
             raise ValueError(f"encoding.base must be > 1, got {base}")
+        if fraction == 1.0 and self.head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions, but head_dim = d_model/n_head = {self.head_dim} is odd — "
+                f"choose model.d_model and model.n_head so that d_model/n_head is even"
+            )
         rot_dim = int(fraction * self.head_dim) // 2 * 2  # rotate whole pairs only
         if rot_dim == 0:
             raise ValueError(
                 f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
                 f"dimensions; use a larger fraction"
             )
+        check_scaling(scaling, float(scaling_factor), original_max_len)
         self.base = float(base)
         self.fraction = float(fraction)
         self.style = style
         self.rot_dim = rot_dim
-        self.register_buffer("inv_freq", rope_inv_freq(rot_dim, self.base), persistent=False)
+        self.scaling = scaling
+        self.scaling_factor = float(scaling_factor)
+        self.original_max_len = original_max_len
+        #: YaRN's sqrt(1/t), folded into cos/sin so q and k are both scaled by it
+        self.attention_scale = attention_scale(scaling, self.scaling_factor)
+        inv_freq = scaled_inv_freq(self.base, rot_dim, scaling, self.scaling_factor, original_max_len)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.register_buffer("cos_cached", torch.empty(0, rot_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, rot_dim // 2), persistent=False)
 
@@ -110,7 +127,8 @@ class RoPE(PositionalEncoding):
         if self.cos_cached.shape[0] < length:
             n = max(length, 2 * self.cos_cached.shape[0])
             theta = self.angles(torch.arange(n, device=self.inv_freq.device))
-            self.cos_cached, self.sin_cached = torch.cos(theta), torch.sin(theta)
+            self.cos_cached = torch.cos(theta) * self.attention_scale
+            self.sin_cached = torch.sin(theta) * self.attention_scale
 
     def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
@@ -122,4 +140,7 @@ class RoPE(PositionalEncoding):
         return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
 
     def options(self) -> dict[str, object]:
-        return {"base": self.base, "fraction": self.fraction, "style": self.style}
+        opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
+        if self.scaling != "none":
+            opts.update(scaling=self.scaling, scaling_factor=self.scaling_factor)
+        return opts

@@ -1,0 +1,94 @@
+"""Multi-GPU data parallelism with torch DDP, launched by torchrun.
+
+``torchrun --nproc_per_node=N -m posenc train ...`` starts N copies of the CLI; each reads
+RANK / WORLD_SIZE / LOCAL_RANK from the environment, joins one process group (gloo on CPU,
+NCCL for CUDA tensors) and trains a DDP-wrapped model on its shard of every global batch.
+Rank 0 alone writes the run dir's files (metrics, checkpoints, W&B); the global batch is
+world_size × trainer.batch_size, so N processes train like one process with N× the batch.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+def launched() -> bool:
+    """Whether this process was started by torchrun (or another launcher) with WORLD_SIZE > 1."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+def init() -> None:
+    """Join the process group described by the environment (once)."""
+    if not launched() or dist.is_initialized():
+        return
+    backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+
+
+def active() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if active() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if active() else 1
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def local_device(device: torch.device) -> torch.device:
+    """Each rank takes its own GPU (LOCAL_RANK); CPU stays CPU."""
+    if device.type == "cuda" and active():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
+    """DDP averages gradients over ranks in backward, so every rank takes the same step."""
+    if not active():
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def mean(value: torch.Tensor) -> torch.Tensor:
+    """The mean of a scalar over ranks (every rank gets it)."""
+    if not active():
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / world_size()
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when flag is true on at least one (e.g. a SIGTERM seen by one rank)."""
+    if not active():
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def broadcast(obj):
+    """Rank 0's obj on every rank."""
+    if not active():
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def shutdown() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()

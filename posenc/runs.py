@@ -1,0 +1,188 @@
+"""Finished runs on disk, grouped by what differs between them, seeds aggregated.
+
+A run directory holds ``.hydra/config.yaml`` (the composed config), ``.hydra/overrides.yaml``
+(what the user changed), ``metrics.jsonl`` and ``summary.json``. What a sweep varied is read
+from the overrides (``encoding=rope``, ``encoding.base=100``): exactly the keys the user
+swept, in the user's own words. ``seed`` is never a group key: seeds are what gets averaged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from posenc.errors import UserError
+from posenc.tracking import read_jsonl
+
+#: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
+NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",
+                   "logger.tags", "trainer.resume", "trainer.compile"}
+
+
+@dataclass
+class Run:
+    path: Path
+    config: dict[str, Any]           # flattened: {"encoding.base": 10000, ...}
+    overrides: dict[str, str]        # {"encoding": "rope", "seed": "0"}
+    summary: dict[str, Any] | None
+    rows: list[dict] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """completed | failed | unfinished (no summary yet: still running, or killed)."""
+        if self.summary is None:
+            return "unfinished"
+        return str(self.summary.get("status", "completed"))
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def metric(self, key: str) -> Any:
+        return (self.summary or {}).get(key)
+
+    def value(self, key: str) -> Any:
+        """A grouping key's value: the override as typed, else the config's (a group
+        name like `encoding` reads `encoding.name`)."""
+        if key in self.overrides:
+            value = _parse_scalar(self.overrides[key])
+        elif key in self.config:
+            value = self.config[key]
+        else:
+            value = self.config.get(f"{key}.name")
+        # 10000 typed and 10000.0 composed are one value
+        return float(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+@dataclass
+class Group:
+    key: tuple                        # the by-keys' values
+    label: str
+    runs: list[Run]
+
+    @property
+    def completed(self) -> list[Run]:
+        return [r for r in self.runs if r.ok]
+
+    @property
+    def failed(self) -> list[Run]:
+        return [r for r in self.runs if not r.ok]
+
+    def values(self, key: str) -> list:
+        """A summary key over the completed seeds (None where a seed lacks it)."""
+        return [r.metric(key) for r in self.completed]
+
+
+@dataclass(frozen=True)
+class Stat:
+    """mean ± sample std (n-1) over a group's completed seeds; `reached` counts non-null values."""
+    mean: float | None
+    std: float | None
+    reached: int
+    n: int
+
+
+def aggregate(values: Sequence[float | None]) -> Stat:
+    """Mean and sample standard deviation over the seeds. A metric that some seeds never
+    reached (null, e.g. tokens to a loss) has no mean: averaging only the lucky seeds would
+    flatter the group."""
+    present = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
+    n = len(values)
+    if not present or len(present) < n:
+        return Stat(None, None, len(present), n)
+    std = statistics.stdev(present) if len(present) > 1 else 0.0
+    return Stat(statistics.fmean(present), std, len(present), n)
+
+
+def find_runs(paths: Sequence[Path]) -> list[Run]:
+    """Every run directory at or under each path (a run, a sweep, or a folder of sweeps)."""
+    dirs: list[Path] = []
+    for path in paths:
+        path = Path(path)
+        if not path.exists():
+            raise UserError(f"{path} does not exist — give a run directory or a sweep directory under outputs/")
+        found = [path] if (path / ".hydra").is_dir() else sorted(p.parent for p in path.rglob(".hydra") if p.is_dir())
+        if not found:
+            raise UserError(f"no runs under {path} — a run directory holds .hydra/ and metrics.jsonl")
+        dirs.extend(d for d in found if d not in dirs)
+    return [load_run(d) for d in dirs]
+
+
+def load_run(path: Path) -> Run:
+    config = OmegaConf.to_container(OmegaConf.load(path / ".hydra" / "config.yaml"), resolve=False)
+    overrides_file = path / ".hydra" / "overrides.yaml"
+    overrides = {}
+    for item in (OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []):
+        key, _, value = str(item).lstrip("+~").partition("=")
+        overrides[key] = value
+    summary_file = path / "summary.json"
+    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
+    metrics = path / "metrics.jsonl"
+    rows = read_jsonl(metrics) if metrics.exists() else []
+    return Run(path, flatten(config), overrides, summary, rows)
+
+
+def flatten(node: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{name}."))
+        else:
+            out[name] = value
+    return out
+
+
+def varying_keys(runs: Sequence[Run]) -> list[str]:
+    """The overridden keys whose value differs between runs, in the order first typed."""
+    keys: list[str] = []
+    for run in runs:
+        keys.extend(k for k in run.overrides if k not in keys and k not in NOT_A_GROUP_KEY)
+    return [k for k in keys if len({repr(r.value(k)) for r in runs}) > 1]
+
+
+def group_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Group]:
+    """One group per combination of the by-keys' values, sorted by those values."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(tuple(run.value(k) for k in by), []).append(run)
+    ordered = sorted(groups.items(), key=lambda item: tuple(_sort_key(v) for v in item[0]))
+    return [Group(key, group_label(by, key), members) for key, members in ordered]
+
+
+def group_label(by: Sequence[str], values: tuple) -> str:
+    if not by:
+        return "all runs"
+    if len(by) == 1:
+        return format_value(values[0])
+    return ", ".join(f"{k.split('.')[-1]}={format_value(v)}" for k, v in zip(by, values))
+
+
+def format_value(value: Any) -> str:
+    """100.0 -> '100', 1000000.0 -> '1e6', 0.25 -> '0.25', 'rope' -> 'rope'."""
+    if isinstance(value, float) and value.is_integer():
+        if abs(value) >= 1e4 and float(f"{value:.0e}") == value:
+            return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
+        return str(int(value))
+    return str(value)
+
+
+def _parse_scalar(text: str) -> Any:
+    """An override's value as YAML reads it: '100' -> 100.0, '1e6' -> 1000000.0, 'rope' -> 'rope'."""
+    try:
+        return float(text)
+    except ValueError:
+        return {"true": True, "false": False, "null": None}.get(text.lower(), text)
+
+
+def _sort_key(value: Any) -> tuple:
+    if isinstance(value, (int, float)):
+        return (0, float(value), "")
+    return (1, 0.0, str(value))

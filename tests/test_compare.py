@@ -1,0 +1,116 @@
+"""`posenc compare` on hand-made run directories: grouping, mean ± std, failed runs."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posenc.convergence import convergence_metrics, elapsed_before, loss_auc, val_curve
+from posenc.errors import UserError
+from posenc.report import build_comparison
+from posenc.runs import find_runs
+from conftest import run_cli
+
+
+def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[str], val_losses: list[float] | None,
+             status: str | None = "completed") -> Path:
+    """A run directory as posenc writes it: .hydra/, metrics.jsonl, summary.json."""
+    run = root / name
+    (run / ".hydra").mkdir(parents=True)
+    config = {"seed": seed, "encoding": encoding, "trainer": {"seq_len": 32}}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
+    rows = [{"step": 10 * (i + 1), "tokens": 1000 * (i + 1), "val/loss": v, "elapsed_s": float(i + 1)}
+            for i, v in enumerate(val_losses or [])]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    if status == "completed":
+        summary = {"status": "completed", "val/loss": rows[-1]["val/loss"], "tokens_per_s": 1000.0,
+                   **convergence_metrics(rows, [2.5])}
+        (run / "summary.json").write_text(json.dumps(summary))
+    elif status == "failed":
+        (run / "summary.json").write_text(json.dumps({"status": "failed", "error": "loss is nan at step 30"}))
+    return run
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """rope: 3 seeds finishing at 2.0, 2.2, 2.4; learned: 2 seeds at 3.0 and 3.2, one seed that
+    died (failed) and one still running (no summary) — both with tempting low losses."""
+    root = tmp_path / "sweep"
+    rope, learned = {"name": "rope", "base": 10000}, {"name": "learned", "max_len": 32}
+    for seed, final in enumerate([2.0, 2.2, 2.4]):
+        make_run(root, f"{seed}_rope", rope, seed, ["encoding=rope", f"seed={seed}"], [3.0, 2.6, final])
+    for seed, final in enumerate([3.0, 3.2]):
+        make_run(root, f"{3 + seed}_learned", learned, seed, ["encoding=learned", f"seed={seed}"], [3.5, 3.2, final])
+    make_run(root, "5_learned", learned, 2, ["encoding=learned", "seed=2"], [3.5, 0.1], status="failed")
+    make_run(root, "6_learned", learned, 3, ["encoding=learned", "seed=3"], [3.5, 0.1], status=None)
+    return root
+
+
+def test_seeds_are_aggregated_as_mean_and_sample_std(sweep: Path):
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
+    assert c.by == ["encoding"]  # seed varies too, but seeds are what gets averaged
+    assert [g.label for g in c.groups] == ["learned", "rope"]
+    rope = c.cells[("rope", "val/loss")]
+    assert rope.mean == pytest.approx(2.2) and rope.std == pytest.approx(statistics.stdev([2.0, 2.2, 2.4]))
+    assert rope.std == pytest.approx(0.2)
+    learned = c.cells[("learned", "val/loss")]
+    assert learned.n == 2 and learned.mean == pytest.approx(3.1)  # the dead runs' 0.1 is not in it
+    assert c.best["val/loss"] == pytest.approx(2.2)
+
+
+def test_dead_and_unfinished_runs_are_listed_not_averaged(sweep: Path, tmp_path: Path):
+    result = run_cli("compare", str(sweep), "--metric", "val/loss", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "5_learned: failed — loss is nan at step 30" in result.stdout
+    assert "6_learned: unfinished" in result.stdout
+    report = (sweep / "report.md").read_text()
+    assert "| learned | 2 (+1 failed, +1 unfinished) |" in report
+    assert "3.1000 ± 0.1414" in report and "**2.2000 ± 0.2000**" in report
+    assert "5_learned: failed" in report and "6_learned: unfinished" in report
+    html = (sweep / "report.html").read_text()
+    assert html.count("data:image/png;base64,") == 3  # self-contained: no file links
+    for png in ("convergence.png", "final_val_loss.png", "tokens_to_loss.png"):
+        assert (sweep / png).read_bytes()[:4] == b"\x89PNG"
+
+
+def test_by_groups_on_a_config_key_the_runs_did_not_override(sweep: Path):
+    c = build_comparison(find_runs([sweep]), by=["encoding.name", "trainer.seq_len"], metric="val/loss")
+    assert [g.label for g in c.groups] == ["name=learned, seq_len=32", "name=rope, seq_len=32"]
+
+
+def test_a_path_that_does_not_exist_is_one_error_line(tmp_path: Path):
+    with pytest.raises(UserError, match="does not exist"):
+        find_runs([tmp_path / "nope"])
+    result = run_cli("compare", str(tmp_path / "nope"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().startswith("error:") and "Traceback" not in result.stderr
+
+
+def test_tokens_to_loss_is_the_first_evaluation_at_or_below_the_target():
+    rows = [{"tokens": 100, "val/loss": 3.0, "elapsed_s": 1.0}, {"tokens": 150, "train/loss": 1.0},
+            {"tokens": 200, "val/loss": 2.4, "elapsed_s": 2.0}, {"tokens": 300, "val/loss": 2.6, "elapsed_s": 3.0},
+            {"tokens": 400, "val/loss": 1.9, "elapsed_s": 4.0}]
+    m = convergence_metrics(rows, [2.5, 2.0, 1.5])
+    assert m["convergence/tokens_to_loss@2.5"] == 200 and m["convergence/seconds_to_loss@2.5"] == 2.0
+    assert m["convergence/tokens_to_loss@2"] == 400
+    assert m["convergence/tokens_to_loss@1.5"] is None  # never reached: null, not the budget
+
+
+def test_loss_auc_is_the_token_weighted_mean_loss():
+    flat = [{"tokens": t, "val/loss": 2.0} for t in (100, 200, 400)]
+    assert loss_auc(val_curve(flat)) == pytest.approx(2.0)
+    slow = [{"tokens": t, "val/loss": v} for t, v in ((100, 3.0), (200, 2.5), (400, 2.0))]
+    fast = [{"tokens": t, "val/loss": v} for t, v in ((100, 3.0), (200, 2.1), (400, 2.0))]
+    # same start, same end: the run that came down earlier has the smaller area
+    assert loss_auc(val_curve(fast)) < loss_auc(val_curve(slow))
+
+
+def test_a_resumed_run_continues_its_training_clock():
+    rows = [{"step": 10, "elapsed_s": 5.0}, {"step": 20, "elapsed_s": 9.0}, {"step": 30, "elapsed_s": 14.0}]
+    assert elapsed_before(rows, 20) == 9.0  # resumed from the step-20 checkpoint: 9 s already spent
+    assert elapsed_before(rows, 0) == 0.0

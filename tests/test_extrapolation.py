@@ -1,0 +1,97 @@
+"""Length extrapolation: the windows, chunked long evaluation, `posenc eval`, the plots."""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from posenc import attention
+from posenc.encodings.alibi import ALiBi
+from posenc.encodings.learned import Learned
+from posenc.encodings.t5_bias import T5Bias
+from posenc.extrapolation import evaluate_extrapolation, perplexity_at, sliding_windows
+from posenc.model import GPT
+from posenc.errors import UserError
+from posenc.eval_run import eval_run
+from posenc.plots_length import plot_extrapolation, rope_decay_bound
+
+from conftest import TINY, run_cli, run_dirs
+
+
+@pytest.mark.parametrize("length,stride", [(8, None), (8, 3), (8, 8), (16, 5), (64, 1)])
+def test_windows_score_every_target_of_the_span_exactly_once(length, stride):
+    span = 64
+    scored = []
+    for start, first in sliding_windows(span, length, stride):
+        assert 0 <= start and start + length <= span
+        scored += range(start + first, start + length)
+        if stride is not None and first > 0:
+            assert first >= length - stride  # every scored token sees >= length − stride context
+    assert sorted(scored) == list(range(span))
+
+
+@pytest.mark.parametrize("make", [lambda: ALiBi(32, 2), lambda: T5Bias(32, 2)])
+def test_chunked_long_evaluation_equals_dense(make, monkeypatch):
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, encoding=make(), n_layer=1, n_head=2, d_model=32).eval()
+    with torch.no_grad():  # T5 starts at zero bias: give it one so the test can fail
+        for p in model.encoding.parameters():
+            p.normal_()
+    tokens = np.random.default_rng(0).integers(0, 64, 2000)
+    args = (model, tokens, 256, 1024, None, 1024, torch.device("cpu"))
+    dense = perplexity_at(*args)
+    monkeypatch.setattr(attention, "DENSE_BIAS_MAX_LEN", 64)
+    monkeypatch.setattr(attention, "chunked_biased_attention",
+                        functools.partial(attention.chunked_biased_attention, chunk=48))
+    chunked = perplexity_at(*args)
+    assert chunked[1:] == dense[1:]
+    assert chunked[0] == pytest.approx(dense[0], rel=1e-5)
+
+
+def test_every_length_scores_the_same_tokens_and_learned_is_not_defined_beyond_max_len():
+    torch.manual_seed(0)
+    model = GPT(vocab_size=64, encoding=Learned(32, 2, max_len=32), n_layer=1, n_head=2, d_model=32)
+    tokens = np.random.default_rng(0).integers(0, 64, 5000)
+    results = evaluate_extrapolation(model, tokens, 16, [1, 2, 4], 1000, 256, torch.device("cpu"))
+    assert [r.length for r in results] == [16, 32, 64]
+    assert results[0].scored_tokens == results[1].scored_tokens == 960  # 1000 rounded to 64s
+    assert results[1].ppl is not None
+    assert results[2].ppl is None and "not defined" in results[2].reason
+
+
+def test_rope_decay_bound_decays_with_distance():
+    """RoFormer §3.4.3: (1/(d/2)) Σ|S_j| is (d/2+1)/2 at distance 0 and falls with distance."""
+    d = np.arange(0, 257)
+    bound = rope_decay_bound(d, 128, 10000.0)
+    assert bound[0] == pytest.approx(32.5)
+    assert bound[200:].mean() < 0.5 * bound[1:20].mean()
+    assert rope_decay_bound(d, 128, 500.0)[100:].mean() < bound[100:].mean()  # smaller base, faster decay
+
+
+def test_posenc_eval_at_16x_and_plot(workdir):
+    r = run_cli("train", "-m", *TINY, "eval.at_end=true", "encoding=rope,learned", "eval.lengths=[1,16]", cwd=workdir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rope_dir, learned_dir = sorted(run_dirs(workdir), key=lambda p: "learned" in p.name)
+    summary = json.loads((rope_dir / "summary.json").read_text())
+    assert summary["extrapolation/ppl@512"] > 1  # evaluated at the end of training, 16 × 32
+    metrics = [json.loads(line) for line in (rope_dir / "metrics.jsonl").read_text().splitlines()]
+    assert "extrapolation/ppl@512" in metrics[-1]
+
+    r = run_cli("eval", str(rope_dir), "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=workdir)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "512" in r.stdout and "yarn" in r.stdout  # the table
+    record = json.loads(next(rope_dir.glob("eval_*yarn*.json")).read_text())
+    assert record["encoding"]["scaling"] == "yarn" and record["extrapolation/ppl@512"] > 1
+
+    record, _ = eval_run(learned_dir, ["eval.lengths=[1,2]"])  # in-process: the same code path
+    assert record["extrapolation/ppl@32"] > 1 and record["extrapolation/ppl@64"] is None
+    assert "not defined" in record["extrapolation"]["lengths"][1]["reason"]
+    with pytest.raises(UserError, match="unknown config key 'encoding.scalng'"):
+        eval_run(rope_dir, ["encoding.scalng=yarn"])
+
+    png = plot_extrapolation([workdir / "outputs"], workdir / "x.png")
+    assert png.read_bytes()[:4] == b"\x89PNG"

@@ -1,0 +1,78 @@
+"""The GPT with every encoding: causal, sane at init, and built from the configs users use."""
+
+import math
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+
+from posenc.configs import CONFIG_MODULE, group_options
+from posenc.train import build_model
+
+ENCODINGS = group_options("encoding")
+
+
+def tiny_model(encoding: str, **overrides):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        args = [f"encoding={encoding}", "model.n_layer=2", "model.d_model=64", "model.n_head=4", "trainer.seq_len=64"]
+        cfg = compose("config", overrides=args + [f"{k}={v}" for k, v in overrides.items()])
+    torch.manual_seed(0)
+    return build_model(cfg, vocab_size=256).eval()
+
+
+def test_the_five_encodings_of_the_core_exist():
+    assert {"sinusoidal", "learned", "t5_bias", "rope", "nope"} <= set(ENCODINGS)
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_causal_future_tokens_do_not_change_past_logits(encoding):
+    model = tiny_model(encoding)
+    torch.manual_seed(1)
+    idx = torch.randint(0, 256, (2, 48))
+    t = 20
+    changed = idx.clone()
+    changed[:, t + 1 :] = torch.randint(0, 256, (2, 48 - t - 1))
+    with torch.no_grad():
+        a, _ = model(idx)
+        b, _ = model(changed)
+    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(a[:, t + 1 :], b[:, t + 1 :])
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_loss_at_init_is_about_ln_vocab(encoding):
+    model = tiny_model(encoding)
+    torch.manual_seed(2)
+    idx, targets = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
+    with torch.no_grad():
+        _, loss = model(idx, targets)
+    assert abs(loss.item() - math.log(256)) < 0.15
+
+
+@pytest.mark.parametrize("encoding", ENCODINGS)
+def test_default_positions_are_arange(encoding):
+    model = tiny_model(encoding)
+    idx = torch.randint(0, 256, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], model(idx, pos=torch.arange(32))[0])
+
+
+def test_encodings_differ_only_in_their_own_parameters():
+    """Same seed, same model: the non-encoding parameter count is identical for every encoding."""
+    counts = {}
+    for encoding in ENCODINGS:
+        model = tiny_model(encoding)
+        counts[encoding] = sum(p.numel() for n, p in model.named_parameters() if not n.startswith("encoding."))
+    assert len(set(counts.values())) == 1, counts
+
+
+def test_rope_options_reach_the_encoding():
+    model = tiny_model("rope", **{"encoding.base": 500, "encoding.style": "half", "encoding.fraction": 0.5})
+    assert model.encoding.options() == {"base": 500.0, "fraction": 0.5, "style": "half"} | {
+        k: v for k, v in model.encoding.options().items() if k not in ("base", "fraction", "style")
+    }
+
+
+def test_weights_are_tied():
+    model = tiny_model("nope")
+    assert model.lm_head.weight is model.wte.weight

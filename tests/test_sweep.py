@@ -1,0 +1,94 @@
+"""Sweeps as a user types them: `posenc train -m ...`, then `posenc compare` on the result."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from conftest import TINY, run_cli, run_dirs
+
+from posenc.configs import group_options
+from posenc.sweep import sweep_group
+
+
+def sweep_dirs(cwd: Path) -> list[Path]:
+    return sorted(p.parent for p in (cwd / "outputs" / "sweeps").rglob("multirun.yaml"))
+
+
+def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Path):
+    """lightning-hydra-template's sweep test: every encoding on a tiny budget, then the report."""
+    result = run_cli("train", "-m", "experiment=smoke", *TINY, cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [sweep] = sweep_dirs(workdir)
+    assert re.fullmatch(r"\d\d-\d\d-\d\d-\d{6}_smoke", sweep.name)  # <time to the µs>_<name>
+    runs = run_dirs(workdir)
+    assert len(runs) == len(group_options("encoding")) >= 5  # one run dir per job
+    assert sorted(r.name.split("_", 1)[1] for r in runs) == group_options("encoding")
+    for run in runs:
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed"
+        assert "convergence/val_loss_auc" in summary and "convergence/tokens_to_loss@2.5" in summary
+    meta = json.loads((sweep / "sweep.json").read_text())
+    assert meta["name"] == "smoke" and "experiment=smoke" in meta["overrides"]
+    assert meta["launcher"]["_target_"].endswith("BasicLauncher")
+
+    result = run_cli("compare", str(sweep), cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    for name in group_options("encoding"):
+        assert name in result.stdout
+    for produced in ("report.md", "report.html", "convergence.png", "final_val_ppl.png", "tokens_to_loss.png"):
+        assert (sweep / produced).stat().st_size > 0
+    assert "| encoding | runs | val/loss |" in (sweep / "report.md").read_text()
+
+
+def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path):
+    result = run_cli("train", "-m", "encoding=rope", "encoding.base=100,10000", *TINY, "logger=wandb",
+                     "logger.mode=offline", cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    runs = run_dirs(workdir)
+    assert len(runs) == 2
+    bases = sorted(json.loads((r / "summary.json").read_text())["encoding"]["base"] for r in runs)
+    assert bases == [100, 10000]
+    [sweep] = sweep_dirs(workdir)
+    assert sweep.name.endswith("_sweep")  # no experiment: the default name
+    # W&B's offline run log holds the run record: both jobs carry the sweep's group
+    group = sweep_group(sweep).encode()
+    for run in runs:
+        [log] = run.glob("wandb/offline-run-*/run-*.wandb")
+        assert group in log.read_bytes()
+
+    out = workdir / "report"
+    result = run_cli("compare", str(sweep), "--by", "encoding.base", "--out", str(out), cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = (out / "report.md").read_text()
+    assert "| encoding.base | runs |" in report and "| 100 | 1 |" in report and "| 1e4 | 1 |" in report
+
+
+def test_every_job_of_a_sweep_shares_one_wandb_group_and_sweeps_differ():
+    a = Path("outputs/sweeps/2025-01-01/10-00-00-000001_rope_bases")
+    b = Path("outputs/sweeps/2025-01-01/10-00-00-000002_rope_bases")
+    assert sweep_group(a) == "rope_bases-2025-01-01-10-00-00-000001"
+    assert sweep_group(a) != sweep_group(b)
+
+
+def compose_experiment(name: str):
+    from hydra import compose, initialize_config_module
+
+    with initialize_config_module(config_module="posenc.conf", version_base="1.3"):
+        return compose(config_name="config", overrides=[f"experiment={name}"], return_hydra_config=True)
+
+
+def test_every_experiment_composes_names_its_sweep_and_sweeps_something():
+    for name in group_options("experiment"):
+        cfg = compose_experiment(name)
+        assert cfg.name == name  # the sweep dir and W&B group carry it
+        assert cfg.hydra.sweeper.params, name
+
+
+def test_rope_bases_spans_10_to_1e6_log_spaced():
+    params = compose_experiment("rope_bases").hydra.sweeper.params
+    bases = [float(b) for b in params["encoding.base"].split(",")]
+    assert bases[0] == 10 and bases[-1] == 1e6
+    ratios = {round(b / a, 6) for a, b in zip(bases, bases[1:])}
+    assert len(ratios) == 1 and ratios.pop() > 1  # a constant factor: evenly spaced on a log axis

@@ -1,0 +1,112 @@
+"""`posenc train` end to end, as a user runs it: the run directory and its files."""
+
+import json
+
+import pytest
+import torch
+
+from conftest import TINY, run_cli, run_dirs
+
+METRIC_NAMES = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss", "val/ppl", "val/bpb"}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    cwd = tmp_path_factory.mktemp("train")
+    result = run_cli("train", *TINY, "logger=wandb", cwd=cwd)
+    assert result.returncode == 0, result.stderr
+    (run_dir,) = run_dirs(cwd)
+    return cwd, run_dir, result
+
+
+def test_run_directory_layout(trained):
+    _, run_dir, _ = trained
+    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "train.log", "metrics.jsonl", "summary.json",
+                 "checkpoints/last.pt"):
+        assert (run_dir / name).exists(), name
+    assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should write an offline run"
+    assert run_dir.parent.parent.name == "outputs"
+
+
+def test_metrics_have_tokens_in_every_row_and_design_names(trained):
+    _, run_dir, _ = trained
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all("tokens" in r for r in rows)
+    assert [r["tokens"] for r in rows] == [4 * 32 * s for s in (1, 2, 3, 4)]  # batch · seq_len · step
+    names = set().union(*rows) - {"step", "tokens", "elapsed_s"}  # elapsed_s: seconds of training, for convergence
+    assert names == METRIC_NAMES
+    assert "val/loss" in rows[1] and "val/loss" not in rows[0]  # eval every 2 steps
+
+
+def test_summary(trained):
+    _, run_dir, _ = trained
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["status"] == "completed"
+    assert s["encoding"] == {"name": "rope", "base": 10000.0, "fraction": 1.0, "style": "interleaved"}
+    assert s["tokens"] == 4 * 4 * 32 and s["steps"] == 4
+    assert s["params"] > 0 and s["wall_time_s"] > 0 and s["tokens_per_s"] > 0
+    assert abs(s["val/ppl"] - torch.tensor(s["val/loss"]).exp().item()) < 1e-3
+    # byte tokenizer: one token per byte, so bits per byte = nats per token / ln 2
+    assert s["val/bpb"] == pytest.approx(s["val/loss"] / torch.log(torch.tensor(2.0)).item())
+
+
+def test_checkpoint_holds_the_model(trained):
+    _, run_dir, _ = trained
+    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert ckpt["step"] == 4 and ckpt["tokens"] == 512
+    assert "wte.weight" in ckpt["model"] and ckpt["config"]["encoding"]["name"] == "rope"
+
+
+def test_progress_and_table_are_printed(trained):
+    _, run_dir, result = trained
+    assert "val/ppl" in result.stdout and "tok/s" in result.stdout
+
+
+def test_same_seed_same_losses(tmp_path):
+    """Same seed and config -> the same losses, step for step, on CPU."""
+    args = [*TINY, "encoding=t5_bias"]
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        assert run_cli("train", *args, cwd=tmp_path / sub).returncode == 0
+    rows = [(run_dirs(tmp_path / sub)[0] / "metrics.jsonl").read_text().splitlines() for sub in ("a", "b")]
+    losses = [[json.loads(r)["train/loss"] for r in rs] for rs in rows]
+    assert losses[0] == losses[1]
+
+
+def test_sweep_over_two_bases_leaves_two_runs(tmp_path):
+    result = run_cli("train", "-m", *TINY, "trainer.max_steps=2", "encoding.base=100,10000", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    runs = run_dirs(tmp_path)
+    assert len(runs) == 2
+    bases = sorted(json.loads((r / "summary.json").read_text())["encoding"]["base"] for r in runs)
+    assert bases == [100.0, 10000.0]
+    assert all("sweeps" in r.parts for r in runs)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["encoding=foo"], "unknown encoding 'foo'"),
+    (["trainer.foo=1"], "unknown config key 'trainer.foo'"),
+    (["encoding=learned", "trainer.seq_len=64", "encoding.max_len=32"], "max_len=32"),
+])
+def test_user_mistakes_print_one_error_line(tmp_path, args, message):
+    result = run_cli("train", *TINY, *args, cwd=tmp_path)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and message in last
+    assert "Traceback" not in result.stderr + result.stdout
+    assert run_dirs(tmp_path) == []  # no half-written run left behind
+
+
+def test_encodings_command_lists_every_encoding(tmp_path):
+    result = run_cli("encodings", cwd=tmp_path)
+    assert result.returncode == 0
+    for name in ("sinusoidal", "learned", "t5_bias", "rope", "nope", "base=10000", "num_buckets=32"):
+        assert name in result.stdout
+
+
+def test_train_help_shows_typer_and_hydra_groups(tmp_path):
+    result = run_cli("train", "--help", cwd=tmp_path)
+    assert result.returncode == 0
+    assert "Hydra overrides" in result.stdout  # Typer's help text
+    assert "encoding:" in result.stdout and "rope" in result.stdout  # Hydra's config groups

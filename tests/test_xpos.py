@@ -1,0 +1,47 @@
+"""xPos (Sun et al., 2022): scores depend only on n − m and decay with distance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from posenc.encodings.rope import RoPE
+from posenc.encodings.xpos import XPos, xpos_zeta
+
+
+def score(enc, q, k, n: int, m: int, length: int = 4096) -> float:
+    """<f_q(q, n), f_k(k, m)> for a query at n and a key at m. q, k: (hd,)"""
+    enc.prepare(length)
+    rq, _ = enc.rotate(q[None, None, None], q[None, None, None], torch.tensor([n]))
+    _, rk = enc.rotate(k[None, None, None], k[None, None, None], torch.tensor([m]))
+    return float((rq * rk).sum())
+
+
+def test_scores_depend_only_on_relative_position():
+    torch.manual_seed(0)
+    enc = XPos(d_model=64, n_head=2, scale_base=64)
+    q, k = torch.randn(2, 32).unbind(0)
+    for distance in (0, 1, 7, 100):
+        scores = [score(enc, q, k, m + distance, m, length) for m, length in ((0, 200), (37, 300), (900, 2048))]
+        assert scores == pytest.approx([scores[0]] * 3, rel=1e-4, abs=1e-5)
+
+
+def test_each_pair_decays_as_zeta_to_the_distance_over_scale_base():
+    """Against RoPE, pair i of the score is multiplied by ζ_i^((n−m)/B) < 1: smaller with
+    distance, and smallest for the fast-rotating pairs (small i)."""
+    B = 64.0
+    xpos, rope = XPos(d_model=64, n_head=2, scale_base=B), RoPE(d_model=64, n_head=2)
+    zeta = xpos_zeta(32)
+    assert torch.all(zeta < 1) and torch.all(zeta[1:] > zeta[:-1])
+    for i in (0, 5, 15):
+        q = torch.zeros(32)
+        q[2 * i] = 1.0  # only pair i is non-zero
+        ratios = [score(xpos, q, q, n=50 + r, m=50) / score(rope, q, q, n=50 + r, m=50) for r in (0, 20, 40, 80)]
+        expected = [zeta[i].item() ** (r / B) for r in (0, 20, 40, 80)]
+        assert ratios == pytest.approx(expected, rel=1e-4)
+        assert ratios == sorted(ratios, reverse=True)
+
+
+def test_xpos_is_causal_only_and_rotates():
+    enc = XPos(d_model=64, n_head=2)
+    assert enc.causal_only and enc.rotates and not enc.has_bias
