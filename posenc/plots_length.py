@@ -111,5 +111,5 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
     ax.set_ylabel("validation perplexity (log scale)")
     ax.set_title(title or "Length extrapolation: perplexity beyond the training length")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="upper left", framealpha=0.9)
+    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="best", framealpha=0.9)
     return save_figure(fig, out)
