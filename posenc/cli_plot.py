@@ -28,12 +28,13 @@ def decay(
 
 @plot_app.command()
 def extrapolation(
-    paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (searched for summary.json)"),
+    paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (as for `posenc compare`)"),
     out: Path = typer.Option(Path("extrapolation.png"), help="PNG to write"),
 ) -> None:
-    """Perplexity against evaluation length (log-x), one line per encoding, training length marked."""
+    """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
+    (mean ± std over seeds), training length marked."""
     from posenc.cli import console, run_guarded
-    from posenc.plots_length import plot_extrapolation
+    from posenc.plots_length import extrapolation_groups, plot_extrapolation
 
-    path = run_guarded(lambda: plot_extrapolation(paths, out), debug=False)
+    path = run_guarded(lambda: plot_extrapolation(extrapolation_groups(paths), out), debug=False)
     console.print(f"wrote [bold]{path}[/]")

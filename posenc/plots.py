@@ -67,7 +67,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     if top is not None and np.isfinite(lowest):
         ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
     ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str) -> Path:
@@ -104,7 +104,7 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
     ax.set_ylabel(f"final {metric}" + _unit(metric))
     ax.set_title(f"{title}\n(mean ± 1 std over seeds)", fontsize=11)
     ax.grid(alpha=0.3)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], path: Path, title: str) -> Path:
@@ -135,14 +135,16 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _unit(metric: str) -> str:
     return {"val/loss": " (nats / token)", "val/bpb": " (bits / byte)"}.get(metric, "")
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

@@ -1,24 +1,23 @@
 """PNG figures of length: RoPE's long-term decay (RoFormer §3.4.3) and perplexity against length.
 
-matplotlib with the Agg backend (no display needed). Run directories are read through
-their summary.json only, so runs made on another machine plot the same.
+The extrapolation figure takes the groups of `posenc compare` (runs.py): one line per group,
+the mean over its completed seeds, ±1 sample std shaded. Runs are read from their directories
+only (summary.json, .hydra/), so runs made on another machine plot the same.
 """
 
 from __future__ import annotations
 
-import json
-import math
-from collections import defaultdict
+import re
+from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
-import numpy as np  # noqa: E402
-
-from posenc.errors import UserError  # noqa: E402
+from posenc.errors import UserError
+from posenc.plots import save_figure  # selects the Agg backend before pyplot draws anything
+from posenc.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
 
 
 def rope_decay_bound(distances: np.ndarray, head_dim: int, base: float) -> np.ndarray:
@@ -40,81 +39,77 @@ def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) 
     ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}")
     ax.grid(alpha=0.3)
     ax.legend()
-    return _save(fig, out)
+    return save_figure(fig, out)
 
 
-def find_summaries(paths: list[Path]) -> list[tuple[Path, dict]]:
-    """(run dir, summary) for every summary.json at or below each path, with extrapolation."""
-    found = []
-    for path in paths:
-        path = Path(path)
-        if not path.exists():
-            raise UserError(f"{path} does not exist — pass run directories or sweep directories")
-        files = [path / "summary.json"] if (path / "summary.json").exists() else sorted(path.rglob("summary.json"))
-        for f in files:
-            summary = json.loads(f.read_text())
-            if summary.get("extrapolation"):
-                found.append((f.parent, summary))
-    if not found:
-        raise UserError("no run with an extrapolation evaluation found under "
-                        f"{', '.join(map(str, paths))} — train with eval.at_end=true or run `posenc eval`")
-    return found
+PPL_KEY = re.compile(r"^extrapolation/ppl@(\d+)$")
 
 
-def run_labels(summaries: list[dict]) -> list[str]:
-    """The encoding name, plus the options that tell apart runs of the same encoding."""
-    by_name: dict[str, list[dict]] = defaultdict(list)
-    for s in summaries:
-        by_name[s["encoding"]["name"]].append(s["encoding"])
-    labels = []
-    for s in summaries:
-        enc = s["encoding"]
-        group = by_name[enc["name"]]
-        differ = [k for k in enc if k != "name" and len({json.dumps(g.get(k)) for g in group}) > 1]
-        labels.append(enc["name"] + (" (" + ", ".join(f"{k}={enc[k]}" for k in differ) + ")" if differ else ""))
-    return labels
+def evaluated_lengths(group: Group) -> list[int]:
+    """The evaluation lengths (tokens) in the summaries of the group's completed runs."""
+    return sorted({int(m[1]) for r in group.completed for k in r.summary if (m := PPL_KEY.match(k))})
 
 
-def extrapolation_curves(found: list[tuple[Path, dict]]) -> dict[str, dict[int, float]]:
-    """label -> {eval length: ppl (mean over runs with the same label)}; undefined lengths left out."""
-    acc: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for label, (_, s) in zip(run_labels([s for _, s in found]), found):
-        for r in s["extrapolation"]["lengths"]:
-            if r["ppl"] is not None and math.isfinite(r["ppl"]):
-                acc[label][r["length"]].append(r["ppl"])
-    return {label: {n: float(np.mean(v)) for n, v in sorted(points.items())} for label, points in acc.items()}
+def length_stats(group: Group) -> dict[int, Stat]:
+    """length -> perplexity mean ± std over the completed seeds evaluated there. A length where
+    any seed has no perplexity (null: not defined, e.g. learned beyond max_len) has no mean."""
+    stats = {}
+    for n in evaluated_lengths(group):
+        key = f"extrapolation/ppl@{n}"
+        stats[n] = aggregate([r.metric(key) for r in group.completed if key in r.summary])
+    return stats
 
 
-def plot_extrapolation(paths: list[Path], out: Path) -> Path:
-    found = find_summaries(paths)
-    curves = extrapolation_curves(found)
+def extrapolation_groups(paths: Sequence[Path]) -> list[Group]:
+    """The runs under paths grouped as `posenc compare` groups them (by what the sweep varied;
+    a lone run or a sweep of seeds is labelled by its encoding)."""
+    runs = find_runs(paths)
+    if not any(r.ok and PPL_KEY.match(k) for r in runs for k in r.summary or {}):
+        raise UserError(f"no finished run with an extrapolation evaluation under {', '.join(map(str, paths))} "
+                        "— train with eval.at_end=true and eval.lengths=[1,2,4,...]")
+    return group_runs(runs, varying_keys(runs) or ["encoding"])
+
+
+def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> Path:
+    """Perplexity against evaluation length: log-x (base 2) with the lengths and their multiples
+    of the training length as ticks, log-y, the training length dashed. Lengths without a
+    perplexity are left out of the line and named in its legend entry."""
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label, points in sorted(curves.items()):
-        ax.plot(list(points), list(points.values()), marker="o", label=label)
-    for i, seq_len in enumerate(sorted({s["seq_len"] for _, s in found})):
+    plotted: list[int] = []
+    for group in groups:
+        stats = length_stats(group)
+        if not stats:
+            continue  # no completed run of this group was evaluated at other lengths
+        points = [(n, s) for n, s in stats.items() if s.mean is not None]
+        label = f"{group.label} (n={len(group.completed)})"
+        undefined = [n for n, s in stats.items() if s.mean is None]
+        if undefined:
+            label += f"; not defined at {', '.join(map(str, undefined))}"
+        x = np.array([n for n, _ in points])
+        mean = np.array([s.mean for _, s in points])
+        std = np.array([s.std for _, s in points])
+        line, = ax.plot(x, mean, marker="o", markersize=4, linewidth=1.6, label=label)
+        if len(group.completed) > 1 and len(x):
+            # clipped at the lowest mean: a log axis cannot draw a band that reaches below zero
+            ax.fill_between(x, np.maximum(mean - std, mean.min() / 2), mean + std,
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        plotted += stats
+    seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed
+                       if "trainer.seq_len" in r.config and evaluated_lengths(g)})
+    for i, seq_len in enumerate(seq_lens):
         ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
+    lengths = sorted(set(plotted))
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    lengths = sorted({n for points in curves.values() for n in points})
-    seq_lens = {s["seq_len"] for _, s in found}
     ax.set_xticks(lengths)  # the evaluated lengths themselves, with the multiple when unambiguous
-    ax.set_xticklabels([f"{n}\n({n / next(iter(seq_lens)):g}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
+    ax.set_xticklabels([f"{n}\n({format_value(n / seq_lens[0])}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
     ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
     ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity (log scale)")
-    ax.set_title("Length extrapolation: perplexity beyond the training length")
+    ax.set_title(title or "Length extrapolation: perplexity beyond the training length")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(fontsize=8, loc="upper left", framealpha=0.9)
-    return _save(fig, out)
-
-
-def _save(fig, out: Path) -> Path:
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(out, dpi=150)
-    plt.close(fig)
-    return out
+    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="best", framealpha=0.9)
+    return save_figure(fig, out)

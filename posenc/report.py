@@ -20,6 +20,7 @@ from rich.table import Table
 
 from posenc.convergence import DEFAULT_TARGETS, convergence_metrics, target_key
 from posenc.plots import plot_convergence, plot_final, plot_tokens_to_target
+from posenc.plots_length import PPL_KEY, plot_extrapolation
 from posenc.runs import Group, Run, Stat, aggregate, find_runs, group_runs, varying_keys
 from posenc.sweep import read_sweep
 
@@ -201,6 +202,8 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
                    f"Final {metric} by {by_text}"),
         plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a validation loss"),
     ]
+    if any(PPL_KEY.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
+        plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}"))
     write_markdown(out / "report.md", c, title, sweep, failed, plots)
     write_html(out / "report.html", c, title, sweep, failed, plots)
     console.print(f"report: [bold]{out / 'report.html'}[/] (and report.md, {', '.join(p.name for p in plots)})")

@@ -11,13 +11,14 @@ import yaml
 
 from posenc.convergence import convergence_metrics, elapsed_before, loss_auc, val_curve
 from posenc.errors import UserError
+from posenc.plots_length import extrapolation_groups, length_stats
 from posenc.report import build_comparison
 from posenc.runs import find_runs
 from conftest import run_cli
 
 
 def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[str], val_losses: list[float] | None,
-             status: str | None = "completed") -> Path:
+             status: str | None = "completed", extra: dict | None = None) -> Path:
     """A run directory as posenc writes it: .hydra/, metrics.jsonl, summary.json."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
@@ -29,7 +30,7 @@ def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[s
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if status == "completed":
         summary = {"status": "completed", "val/loss": rows[-1]["val/loss"], "tokens_per_s": 1000.0,
-                   **convergence_metrics(rows, [2.5])}
+                   **convergence_metrics(rows, [2.5]), **(extra or {})}
         (run / "summary.json").write_text(json.dumps(summary))
     elif status == "failed":
         (run / "summary.json").write_text(json.dumps({"status": "failed", "error": "loss is nan at step 30"}))
@@ -114,3 +115,53 @@ def test_a_resumed_run_continues_its_training_clock():
     rows = [{"step": 10, "elapsed_s": 5.0}, {"step": 20, "elapsed_s": 9.0}, {"step": 30, "elapsed_s": 14.0}]
     assert elapsed_before(rows, 20) == 9.0  # resumed from the step-20 checkpoint: 9 s already spent
     assert elapsed_before(rows, 0) == 0.0
+
+
+def ppl_at(ppls: dict[int, float | None]) -> dict:
+    """The summary keys train writes after an extrapolation evaluation (a null ppl: not defined)."""
+    return {**{f"extrapolation/ppl@{n}": p for n, p in ppls.items()},
+            "extrapolation": {"lengths": [{"length": n, "ppl": p} for n, p in ppls.items()]}}
+
+
+@pytest.fixture
+def length_sweep(tmp_path: Path) -> Path:
+    """alibi: 2 seeds evaluated at 32/64/128; learned (max_len 64): undefined at 128; one
+    failed alibi run with a tempting perplexity."""
+    root = tmp_path / "lengths"
+    for seed, ppl in enumerate([10.0, 12.0]):
+        make_run(root, f"{seed}_alibi", {"name": "alibi"}, seed, ["encoding=alibi", f"seed={seed}"], [3.0, 2.5],
+                 extra=ppl_at({32: ppl, 64: ppl - 1, 128: ppl - 2}))
+    make_run(root, "2_learned", {"name": "learned", "max_len": 64}, 0, ["encoding=learned", "seed=0"], [3.0, 2.6],
+             extra=ppl_at({32: 11.0, 64: 30.0, 128: None}))
+    make_run(root, "3_alibi", {"name": "alibi"}, 2, ["encoding=alibi", "seed=2"], [3.0, 0.1], status="failed")
+    return root
+
+
+def test_extrapolation_curve_is_the_seed_mean_and_undefined_lengths_have_none(length_sweep: Path):
+    alibi, learned = sorted(extrapolation_groups([length_sweep]), key=lambda g: g.label)
+    assert (alibi.label, learned.label) == ("alibi", "learned")
+    stats = length_stats(alibi)  # the failed seed is not in it
+    assert list(stats) == [32, 64, 128] and stats[32].n == 2
+    assert stats[32].mean == pytest.approx(11.0) and stats[32].std == pytest.approx(statistics.stdev([10.0, 12.0]))
+    assert length_stats(learned)[64].mean == 30.0 and length_stats(learned)[128].mean is None
+
+
+def test_compare_and_plot_extrapolation_write_the_length_figure(length_sweep: Path, tmp_path: Path):
+    result = run_cli("compare", str(length_sweep), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (length_sweep / "extrapolation.png").read_bytes()[:4] == b"\x89PNG"
+    assert "![extrapolation](extrapolation.png)" in (length_sweep / "report.md").read_text()
+    assert (length_sweep / "report.html").read_text().count("data:image/png;base64,") == 4
+    result = run_cli("plot", "extrapolation", str(length_sweep), "--out", "x.png", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "x.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plot_extrapolation_without_length_results_is_one_error_line(sweep: Path, tmp_path: Path):
+    for path in (sweep, tmp_path / "nope"):
+        result = run_cli("plot", "extrapolation", str(path), cwd=tmp_path)
+        assert result.returncode == 1
+        assert result.stderr.strip().startswith("error:") and "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+    with pytest.raises(UserError, match="no finished run with an extrapolation evaluation"):
+        extrapolation_groups([sweep])

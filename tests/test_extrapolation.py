@@ -17,7 +17,7 @@ from posenc.extrapolation import evaluate_extrapolation, perplexity_at, sliding_
 from posenc.model import GPT
 from posenc.errors import UserError
 from posenc.eval_run import eval_run
-from posenc.plots_length import plot_extrapolation, rope_decay_bound
+from posenc.plots_length import extrapolation_groups, plot_extrapolation, rope_decay_bound
 
 from conftest import TINY, run_cli, run_dirs
 
@@ -93,5 +93,7 @@ def test_posenc_eval_at_16x_and_plot(workdir):
     with pytest.raises(UserError, match="unknown config key 'encoding.scalng'"):
         eval_run(rope_dir, ["encoding.scalng=yarn"])
 
-    png = plot_extrapolation([workdir / "outputs"], workdir / "x.png")
+    groups = extrapolation_groups([workdir / "outputs"])
+    assert [g.label for g in groups] == ["learned", "rope"]
+    png = plot_extrapolation(groups, workdir / "x.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
