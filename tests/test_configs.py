@@ -23,3 +23,17 @@ def test_defaults_match_the_design():
     assert cfg.encoding.name == "rope" and cfg.dataset.name == "pystdlib" and cfg.tokenizer.name == "byte"
     assert cfg.logger.mode == "offline" and cfg.device == "auto" and cfg.seed == 0
     assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16]
+
+
+def test_every_config_folder_ships_in_the_wheel():
+    """conf/ is installed as the package posenc.conf: a folder missing from pyproject's
+    packages would be left out of a non-editable install, and its configs with it."""
+    from pathlib import Path
+
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    root = Path(__file__).resolve().parents[1]
+    packages = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {"posenc.conf" + "".join("." + part for part in p.relative_to(root / "conf").parts)
+               for p in (root / "conf").rglob("*") if p.is_dir() and p.name != "__pycache__"}
+    assert folders <= packages, sorted(folders - packages)

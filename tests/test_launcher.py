@@ -5,7 +5,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from conftest import TINY, run_cli, run_dirs
+
+pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra is not installed")
 
 
 def test_submitit_local_sweep(workdir: Path) -> None:

@@ -45,8 +45,8 @@ def test_linear_scaling_at_s_times_p_equals_plain_at_p(s):
 def test_ntk_keeps_the_fastest_frequency_and_interpolates_the_slowest_by_s():
     s = 4.0
     plain, ntk = rope().inv_freq, rope(scaling="ntk", scaling_factor=s).inv_freq
-    assert ntk[0] == pytest.approx(plain[0])  # θ_0 = 1 at any base
-    assert ntk[-1] == pytest.approx(plain[-1] / s, rel=1e-5)  # base·s^(d/(d−2)) at i = d/2−1
+    assert ntk[0].item() == pytest.approx(plain[0].item())  # θ_0 = 1 at any base
+    assert ntk[-1].item() == pytest.approx(plain[-1].item() / s, rel=1e-5)  # base·s^(d/(d−2)) at i = d/2−1
 
 
 def test_yarn_interpolates_long_wavelengths_keeps_short_ones_and_scales_temperature():
