@@ -193,7 +193,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 elif step % t.eval_interval == 0:
                     val = evaluate()
                     tracker.log({**val, "elapsed_s": time.time() - loop_start}, step=step, tokens=tokens)
-                stopping = distributed.any_rank(stop.received is not None)
+                # under DDP ranks agree on a signal at log steps only: no collective per step
+                at_log_step = step % t.log_interval == 0 or step == t.max_steps
+                stopping = (at_log_step or not distributed.active()) and distributed.any_rank(stop.received is not None)
                 if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
                     check_finite(loss_sum, step, run_dir)  # never replace a good checkpoint with a diverged one
                     if distributed.is_main():

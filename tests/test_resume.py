@@ -7,6 +7,8 @@ import signal
 import subprocess
 import sys
 import time
+
+import torch
 from pathlib import Path
 
 from conftest import TINY, cli_env, run_cli, run_dirs
@@ -43,3 +45,16 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     [reference] = run_dirs(straight)
     assert losses(run_dir) == losses(reference)  # every step once, identical losses
     assert [s for s, _ in losses(run_dir)] == list(range(1, 41))
+
+
+def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkpoint(workdir: Path) -> None:
+    # an absurd learning rate with no clipping: step 1 is finite, step 2's loss is NaN
+    result = run_cli("train", *TINY, "trainer.max_steps=20", "trainer.checkpoint_interval=1",
+                     "trainer.lr=1e12", "trainer.grad_clip=1e30", "eval.at_end=false", cwd=workdir)
+    assert result.returncode != 0
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error:") and "at step 2" in last and "Traceback" not in result.stderr
+    (run_dir,) = run_dirs(workdir)
+    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    assert state["step"] == 1  # the diverged step never replaced the good checkpoint
+    assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
