@@ -1,5 +1,5 @@
-"""torchrun with 2 CPU processes (gloo): one run directory, and the tokens of a global batch
-of 2 × trainer.batch_size per step."""
+"""torchrun with 2 CPU processes (gloo): one run directory, the tokens of a global batch of
+2 × trainer.batch_size per step, and the same training as one process with twice the batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TINY, cli_env, run_dirs
+import pytest
+
+from conftest import TINY, cli_env, run_cli, run_dirs
 
 
 def test_torchrun_two_processes_one_run(tmp_path: Path) -> None:
@@ -22,3 +24,13 @@ def test_torchrun_two_processes_one_run(tmp_path: Path) -> None:
     assert summary["tokens"] == steps * 2 * batch * seq_len
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]  # rank 0 alone logs
+
+    # one process with the global batch: the same windows, the same averaged gradients
+    (tmp_path / "single").mkdir()
+    single = run_cli("train", *TINY, "device=cpu", f"trainer.batch_size={2 * batch}", cwd=tmp_path / "single")
+    assert single.returncode == 0, single.stderr[-3000:]
+    [single_dir] = run_dirs(tmp_path / "single")
+    single_rows = [json.loads(line) for line in (single_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["tokens"] for r in rows] == [r["tokens"] for r in single_rows]
+    for ddp_row, one_row in zip(rows, single_rows):
+        assert ddp_row["train/loss"] == pytest.approx(one_row["train/loss"], rel=1e-4)
