@@ -74,8 +74,9 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
     """Perplexity against evaluation length: log-x (base 2) with the lengths and their multiples
     of the training length as ticks, log-y, the training length dashed. Lengths without a
     perplexity are left out of the line and named in its legend entry."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(10, 4.8))
     plotted: list[int] = []
+    y_range: list[float] = []
     for group in groups:
         stats = length_stats(group)
         if not stats:
@@ -89,6 +90,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
         mean = np.array([s.mean for _, s in points])
         std = np.array([s.std for _, s in points])
         line, = ax.plot(x, mean, marker="o", markersize=4, linewidth=1.6, label=label)
+        y_range += list(mean)
         if len(group.completed) > 1 and len(x):
             # clipped at the lowest mean: a log axis cannot draw a band that reaches below zero
             ax.fill_between(x, np.maximum(mean - std, mean.min() / 2), mean + std,
@@ -100,16 +102,20 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
         ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
     lengths = sorted(set(plotted))
     ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
+    # log-y only when perplexities span a wide range; a narrow one reads better on a linear axis
+    log_y = bool(y_range) and max(y_range) / min(y_range) > 4
+    if log_y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xticks(lengths)  # the evaluated lengths themselves, with the multiple when unambiguous
     ax.set_xticklabels([f"{n}\n({format_value(n / seq_lens[0])}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
-    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
-    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
-    ax.set_ylabel("validation perplexity (log scale)")
+    ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
     ax.set_title(title or "Length extrapolation: perplexity beyond the training length")
     ax.grid(alpha=0.3, which="both")
-    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="best", framealpha=0.9)
+    # outside the axes, so it never covers a line
+    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     return save_figure(fig, out)

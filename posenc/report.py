@@ -133,18 +133,34 @@ def is_best(c: Comparison, g: Group, col: Column) -> bool:
     return stat.mean is not None and stat.mean == c.best.get(col.key) and len(c.groups) > 1
 
 
-def rich_table(c: Comparison, title: str) -> Table:
-    table = Table(title=title, title_justify="left", show_lines=True)
-    table.add_column(", ".join(c.by) or "group", style="bold cyan")
-    table.add_column("runs", justify="right")
-    for col in c.columns:
-        table.add_column(col.header, justify="right")
-    for g in c.groups:
-        # the std on a second line keeps the table narrow enough for a terminal
-        cells = [format_stat(c.cells[(g.label, col.key)], col.fmt, sep="\n± ") for col in c.columns]
-        cells = [f"[bold green]{text}[/]" if is_best(c, g, col) else text for text, col in zip(cells, c.columns)]
-        table.add_row(g.label, runs_cell(g), *cells)
-    return table
+#: the terminal shows one table per family of columns, so each fits a terminal's width
+FAMILIES = (
+    ("quality", lambda key: not key.startswith(("convergence/tokens", "extrapolation/")) and key != RATE_COLUMN.key),
+    ("tokens to reach val/loss", lambda key: key.startswith("convergence/tokens")),
+    ("perplexity at evaluation length (tokens)", lambda key: key.startswith("extrapolation/")),
+    ("cost", lambda key: key == RATE_COLUMN.key),
+)
+
+
+def rich_tables(c: Comparison) -> list[Table]:
+    """The comparison as rich tables, one per column family (quality, convergence,
+    extrapolation, cost), each with the group and runs columns; best value per column green."""
+    tables = []
+    for family, belongs in FAMILIES:
+        columns = [col for col in c.columns if belongs(col.key)]
+        if not columns:
+            continue
+        table = Table(title=family, title_justify="left")
+        table.add_column(", ".join(c.by) or "group", style="bold cyan")
+        table.add_column("runs", justify="right")
+        for col in columns:
+            table.add_column(col.header.removeprefix("ppl@"), justify="right")
+        for g in c.groups:
+            cells = [format_stat(c.cells[(g.label, col.key)], col.fmt) for col in columns]
+            cells = [f"[bold green]{text}[/]" if is_best(c, g, col) else text for text, col in zip(cells, columns)]
+            table.add_row(g.label, runs_cell(g), *cells)
+        tables.append(table)
+    return tables
 
 
 def markdown_table(c: Comparison) -> str:
@@ -191,7 +207,9 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
     title = f"{sweep['name'] if sweep else 'comparison'}: {len(runs)} runs"
     by_text = ", ".join(c.by) or "nothing varies"
 
-    console.print(rich_table(c, f"{title}, grouped by {by_text} (mean ± std over seeds)"))
+    console.print(f"[bold]{title}[/], grouped by {by_text} (mean ± std over seeds)", highlight=False)
+    for table in rich_tables(c):
+        console.print(table)
     failed = failed_lines(c, out)
     for line in failed:
         console.print(f"[bold red]not averaged in:[/] {line}", highlight=False)
