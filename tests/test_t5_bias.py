@@ -54,3 +54,14 @@ def test_bias_is_one_learned_scalar_per_bucket_per_head():
     assert b[2, 5, 5] == enc.relative_attention_bias.weight[0, 2]
     assert b[1, 299, 0] == enc.relative_attention_bias.weight[NB - 1, 1]
     assert sum(p.numel() for p in enc.parameters()) == NB * 4
+
+
+def test_bias_equals_the_bucket_lookup_for_every_pair():
+    """The causal bias gathers from a table over distances 0..max_distance; it must equal
+    W[bucket(j - i)] for every query/key pair, far beyond max_distance and in the future too."""
+    torch.manual_seed(0)
+    enc = T5Bias(d_model=32, n_head=4)
+    torch.nn.init.normal_(enc.relative_attention_bias.weight)
+    q_pos, k_pos = torch.arange(100, 400), torch.arange(0, 500)
+    expected = enc.relative_attention_bias(enc.buckets(q_pos, k_pos)).permute(2, 0, 1)
+    torch.testing.assert_close(enc.bias(q_pos, k_pos), expected)

@@ -77,8 +77,13 @@ class T5Bias(PositionalEncoding):
         return relative_position_bucket(rel, self.bidirectional, self.num_buckets, self.max_distance)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (Tq, Tk, H)
-        return values.permute(2, 0, 1)  # (H, Tq, Tk)
+        if self.bidirectional:
+            values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (Tq, Tk, H)
+            return values.permute(2, 0, 1)  # (H, Tq, Tk)
+        # causal: every distance >= max_distance shares the last bucket, so a table over
+        # n = 0..max_distance and a gather give the bias without bucketing every (i, j) pair
+        table = self.relative_bias(torch.arange(self.max_distance + 1, device=q_pos.device))  # (H, D+1)
+        return table[:, (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance)]  # (H, Tq, Tk)
 
     def relative_bias(self, distance: Tensor) -> Tensor:
         """b_h(n) = W[bucket(-n), h] for distances n = i - j >= 0: (R,) -> (H, R)."""
