@@ -12,7 +12,6 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc import extrapolation
@@ -54,21 +53,21 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
     from rich.progress import Progress
 
+    from posenc.checkpoint import checkpoint_path, load_checkpoint, restore_model
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
     from posenc.report_console import console
     from posenc.train import build_data, build_model, encoding_summary
 
     run_dir = Path(run_dir)
-    checkpoint = run_dir / "checkpoints" / "last.pt"
-    if not checkpoint.exists():
-        raise UserError(f"{run_dir} has no checkpoints/last.pt — train it first (`posenc train`) or pass a run directory")
+    if not run_dir.is_dir():
+        raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
+    state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
     cfg = load_run_config(run_dir, overrides)
     device = resolve_device(cfg.device)
     autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    state = torch.load(checkpoint, map_location="cpu", weights_only=False)  # our own file: rng states inside
-    model.load_state_dict(state["model"])
+    restore_model(model, state, checkpoint_path(run_dir))
     model.to(device)
 
     with Progress(console=console, transient=True) as progress:

@@ -114,3 +114,16 @@ def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
         load_checkpoint(tmp_path / "other.pt")
     with pytest.raises(UserError, match="no checkpoint"):
         load_checkpoint(tmp_path / "missing.pt")
+
+
+@pytest.mark.parametrize("make_run, expected", [
+    (lambda cwd: str(cwd / "outputs" / "no_such_run"), "does not exist"),
+    (_corrupt_run, "corrupt or unreadable"),
+])
+def test_posenc_eval_refuses_a_missing_run_or_a_corrupt_checkpoint(workdir: Path, make_run, expected: str) -> None:
+    from typer.testing import CliRunner
+
+    from posenc.cli import app
+
+    result = CliRunner().invoke(app, ["eval", make_run(workdir)])
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, expected, workdir, set(run_dirs(workdir)))
