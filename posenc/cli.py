@@ -72,13 +72,18 @@ def train(ctx: typer.Context) -> None:
     from posenc import entry
 
     debug = user_wants_traceback(ctx.args)
-    os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we decide how to print them
     from posenc import distributed, launch
 
+    user_setting = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"  # let exceptions reach us; we decide how to print them
     try:  # resume and torchrun fix the run dir before Hydra picks one
         run_guarded(lambda: entry.hydra_train(launch.prepare_args(args)), debug)
     finally:
         distributed.shutdown()
+        if user_setting is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_setting
     if entry.FAILED_JOBS:
         fail(f"{len(entry.FAILED_JOBS)} of the sweep's jobs failed: " + "; ".join(entry.FAILED_JOBS))
 
