@@ -204,6 +204,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 if stopping:
                     stop.stop(run_dir, step)  # SIGTERM / Ctrl-C: checkpoint saved, metrics flushed
 
+        train_seconds = time.time() - loop_start  # the loop alone (a resumed run counts its earlier part)
         lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
         if cfg.eval.get("at_end", True):
             lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
@@ -216,7 +217,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "tokens": tokens,
             "params": n_params,
             "wall_time_s": wall,
-            "tokens_per_s": tokens / wall,
+            "tokens_per_s": tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             "seq_len": t.seq_len,
             "encoding": encoding_summary(model.encoding),
             "device": str(device),
