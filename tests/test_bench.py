@@ -32,6 +32,8 @@ def test_bench_times_each_encoding_against_nope_and_the_reference(tmp_path):
         assert r["peak_mem_mb"] > 0 and len(r["ms_per_step_rounds"]) == 2
         assert r["vs_reference"] == pytest.approx(r["tokens_per_s"] / rows["reference"]["tokens_per_s"])
     assert rows["nope"]["vs_nope"] == 1.0 and rows["reference"]["vs_reference"] == 1.0
+    # PaLM appendix B: 6N + 12·L·d·T FLOPs per token (N: every matmul parameter; nope has only those)
+    assert rows["nope"]["flops_per_token"] == 6 * rows["nope"]["params"] + 12 * 1 * 32 * 32
     # an encoding option reaches the encodings that have it, and only those
     assert rows["t5_bias"]["options"]["num_buckets"] == 8 and rows["nope"]["options"] == {}
     # 2x the training length: learned refuses it, the others run it

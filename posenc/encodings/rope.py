@@ -25,11 +25,6 @@ from posenc.encodings.rope_scaling import attention_scale, check_scaling, scaled
 STYLES = ("interleaved", "half")
 
 
-def rope_inv_freq(rot_dim: int, base: float) -> Tensor:
-    """θ_i = base^(-2i/d) for i = 0 .. d/2-1 (d = rot_dim), float32."""
-    return base ** (-torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim)
-
-
 def rotated_part(x: Tensor, rot_dim: int) -> Tensor:
     """x[..., :rot_dim], without recording a no-op slice when that is all of x (its backward
     would allocate a zeros tensor and copy the gradient into it, for every q and k)."""
