@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from posenc.report import compare
+from posenc.report.compare import compare
 
 
 def main(extra: list[str]) -> None:

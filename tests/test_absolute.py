@@ -5,9 +5,9 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.base import PositionOutOfRange
-from posenc.encodings.learned import Learned
-from posenc.encodings.sinusoidal import Sinusoidal, sinusoidal_table
+from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.nn.encodings.learned import Learned
+from posenc.nn.encodings.sinusoidal import Sinusoidal, sinusoidal_table
 
 
 def test_sinusoid_matches_vaswani():
@@ -36,7 +36,7 @@ def test_learned_refuses_position_max_len():
 
 
 def test_learned_model_refuses_long_sequences():
-    from posenc.model import GPT
+    from posenc.nn.model import GPT
 
     model = GPT(vocab_size=256, encoding=Learned(d_model=32, n_head=2, max_len=8), n_layer=1, n_head=2, d_model=32)
     model(torch.zeros(1, 8, dtype=torch.long))

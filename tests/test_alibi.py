@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.alibi import ALiBi, alibi_slopes
+from posenc.nn.encodings.alibi import ALiBi, alibi_slopes
 
 
 def reference_get_slopes(n: int) -> list[float]:

@@ -15,12 +15,12 @@ import warnings
 import pytest
 import torch
 
-from posenc import attention
-from posenc.bench import compose
-from posenc.configs import group_options
-from posenc.encodings.base import PositionalEncoding
-from posenc.flex import causal_block_mask, flex_bias
-from posenc.train import build_model
+from posenc.nn import attention
+from posenc.bench.timing import compose
+from posenc.config import group_options
+from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.flex import causal_block_mask, flex_bias
+from posenc.train.loop import build_model
 
 ENCODINGS = group_options("encoding")
 B, H, T, HD = 2, 4, 24, 8
@@ -174,7 +174,7 @@ def test_compiled_bf16_model_matches_eager_on_cuda(name):
 def test_fast_rope_is_the_papers_rotation(style, fraction):
     """Whatever kernel rotate uses (one complex product, flip + addcmul), each pair (a, b) of
     q and k becomes (a cos mθ_i - b sin mθ_i, a sin mθ_i + b cos mθ_i) (RoFormer eq. 13)."""
-    from posenc.encodings.rope import RoPE
+    from posenc.nn.encodings.rope import RoPE
 
     rope = RoPE(H * HD, H, base=100.0, fraction=fraction, style=style)
     q, k, v, pos = rotated_qkv(PositionalEncoding(H * HD, H))  # unrotated

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from conftest import TINY, run_cli
-from posenc.bench import bench
-from posenc.bench_cli import split_json_flag
+from posenc.bench.timing import bench
+from posenc.cli.bench import split_json_flag
 from posenc.errors import UserError
 
 FIELDS = {"name", "params", "tokens_per_s", "ms_per_step", "mfu", "peak_mem_mb", "vs_nope", "vs_reference",

@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc.convergence import convergence_metrics, elapsed_before, loss_auc, val_curve
+from posenc.metrics import convergence_metrics, elapsed_before, loss_auc, val_curve
 from posenc.errors import UserError
-from posenc.plots_length import extrapolation_groups, length_stats
-from posenc.report import build_comparison
-from posenc.runs import find_runs
+from posenc.report.plots_length import extrapolation_groups, length_stats
+from posenc.report.compare import build_comparison
+from posenc.report.runs import find_runs
 from conftest import run_cli
 
 

@@ -4,7 +4,7 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from posenc.configs import CONFIG_MODULE, group_options
+from posenc.config import CONFIG_MODULE, group_options
 
 GROUPS = ["encoding", "model", "dataset", "tokenizer", "trainer", "logger"]
 

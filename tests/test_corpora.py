@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from posenc.corpora import HubCorpus
-from posenc.data import load_tokens
+from posenc.data.hub_corpora import HubCorpus
+from posenc.data.packing import load_tokens
 from posenc.errors import UserError
-from posenc.tokenizers import BPETokenizer, ByteTokenizer
+from posenc.data.tokenizers import BPETokenizer, ByteTokenizer
 
 STORY = "Once upon a time a small robot learned to count the stars in the sky. "
 

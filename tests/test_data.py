@@ -3,9 +3,13 @@
 import numpy as np
 import pytest
 
-from posenc.data import PyStdlib, RandomWindows, TextFiles, eval_windows, load_tokens
+from posenc.data.corpora import PyStdlib, TextFiles
+
+from posenc.data.batches import RandomWindows, eval_windows
+
+from posenc.data.packing import load_tokens
 from posenc.errors import UserError
-from posenc.tokenizers import ByteTokenizer
+from posenc.data.tokenizers import ByteTokenizer
 
 
 def test_pystdlib_excludes_tests_and_splits_deterministically_by_file():

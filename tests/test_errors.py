@@ -62,7 +62,7 @@ def run_in_process(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[in
     """`posenc train ARGS` through the same Typer app, in this process (no torch import per case)."""
     from typer.testing import CliRunner
 
-    from posenc.cli import app
+    from posenc.cli.app import app
 
     for key, value in cli_env().items():
         if key.startswith(("HF_", "WANDB_")):
@@ -106,7 +106,7 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
 def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     import torch
 
-    from posenc.checkpoint import load_checkpoint
+    from posenc.train.checkpoint import load_checkpoint
     from posenc.errors import UserError
 
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
@@ -123,7 +123,7 @@ def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
 def test_posenc_eval_refuses_a_missing_run_or_a_corrupt_checkpoint(workdir: Path, make_run, expected: str) -> None:
     from typer.testing import CliRunner
 
-    from posenc.cli import app
+    from posenc.cli.app import app
 
     result = CliRunner().invoke(app, ["eval", make_run(workdir)])
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, expected, workdir, set(run_dirs(workdir)))

@@ -9,15 +9,15 @@ import numpy as np
 import pytest
 import torch
 
-from posenc import attention
-from posenc.encodings.alibi import ALiBi
-from posenc.encodings.learned import Learned
-from posenc.encodings.t5_bias import T5Bias
-from posenc.extrapolation import evaluate_extrapolation, perplexity_at, sliding_windows
-from posenc.model import GPT
+from posenc.nn import attention
+from posenc.nn.encodings.alibi import ALiBi
+from posenc.nn.encodings.learned import Learned
+from posenc.nn.encodings.t5_bias import T5Bias
+from posenc.eval.extrapolation import evaluate_extrapolation, perplexity_at, sliding_windows
+from posenc.nn.model import GPT
 from posenc.errors import UserError
-from posenc.eval_run import eval_run
-from posenc.plots_length import extrapolation_groups, plot_extrapolation, rope_decay_bound
+from posenc.eval.run import eval_run
+from posenc.report.plots_length import extrapolation_groups, plot_extrapolation, rope_decay_bound
 
 from conftest import TINY, run_cli, run_dirs
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.attention import causal_linear_attention, elu_feature_map
-from posenc.encodings.alibi import ALiBi
-from posenc.encodings.base import NoPE
-from posenc.encodings.rope import RoPE
-from posenc.model import GPT
+from posenc.nn.attention import causal_linear_attention, elu_feature_map
+from posenc.nn.encodings.alibi import ALiBi
+from posenc.nn.encodings.base import NoPE
+from posenc.nn.encodings.rope import RoPE
+from posenc.nn.model import GPT
 
 
 def eq19(q, k, v, enc, pos):

@@ -6,8 +6,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_module
 
-from posenc.configs import CONFIG_MODULE, group_options
-from posenc.train import build_model
+from posenc.config import CONFIG_MODULE, group_options
+from posenc.train.loop import build_model
 
 ENCODINGS = group_options("encoding")
 

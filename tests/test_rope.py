@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.rope import RoPE, apply_rotary
+from posenc.nn.encodings.rope import RoPE, apply_rotary
 
 
 def rotate_at(enc: RoPE, x: torch.Tensor, positions: list[int]) -> torch.Tensor:

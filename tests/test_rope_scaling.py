@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from posenc.encodings.rope import RoPE
-from posenc.encodings.rope_scaling import yarn_ramp
+from posenc.nn.encodings.rope import RoPE
+from posenc.nn.encodings.rope_scaling import yarn_ramp
 
 D_MODEL, N_HEAD = 64, 2  # head_dim 32
 

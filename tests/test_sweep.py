@@ -8,7 +8,7 @@ from pathlib import Path
 
 from conftest import TINY, run_cli, run_dirs
 
-from posenc.configs import group_options
+from posenc.config import group_options
 from posenc.sweep import sweep_group
 
 

@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from posenc.encodings.t5_bias import T5Bias, relative_position_bucket
+from posenc.nn.encodings.t5_bias import T5Bias, relative_position_bucket
 
 NB, MD = 32, 128
 

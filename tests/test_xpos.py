@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from posenc.encodings.rope import RoPE
-from posenc.encodings.xpos import XPos, xpos_zeta
+from posenc.nn.encodings.rope import RoPE
+from posenc.nn.encodings.xpos import XPos, xpos_zeta
 
 
 def score(enc, q, k, n: int, m: int, length: int = 4096) -> float:

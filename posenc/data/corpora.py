@@ -1,0 +1,134 @@
+"""Local corpora: documents as a ``datasets.Dataset`` (columns text, source), split
+deterministically by document into train and validation. Hub corpora: hub_corpora.py."""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import zlib
+from pathlib import Path
+
+from posenc.errors import UserError
+
+SPLITS = ("train", "validation")
+
+
+class Corpus:
+    """A source of documents. ``documents`` returns a Dataset with columns text, source."""
+
+    name: str = "corpus"
+
+    def __init__(self, name: str, val_fraction: float = 0.05) -> None:
+        if not 0.0 < val_fraction < 1.0:
+            raise UserError(f"dataset.val_fraction must be in (0, 1), got {val_fraction}")
+        self.name = name
+        self.val_fraction = float(val_fraction)
+
+    def documents(self):  # -> datasets.Dataset | datasets.DatasetDict
+        raise NotImplementedError
+
+    def fingerprint(self) -> str:
+        raise NotImplementedError
+
+    def split(self, docs) -> "datasets.DatasetDict":  # noqa: F821
+        """Deterministic split by document: a stable hash of the source picks validation."""
+        import datasets
+
+        if isinstance(docs, datasets.DatasetDict):
+            return docs  # the corpus ships its own split
+        if len(docs) < 2:
+            raise UserError(
+                f"dataset '{self.name}' has {len(docs)} document(s); it needs at least two to "
+                f"split into train and validation — add more text"
+            )
+        threshold = int(self.val_fraction * 10_000)
+        is_val = [zlib.crc32(s.encode()) % 10_000 < threshold for s in docs["source"]]
+        if all(is_val) or not any(is_val):  # few documents: fall back to the last one(s)
+            n_val = max(1, round(self.val_fraction * len(docs)))
+            is_val = [i >= len(docs) - n_val for i in range(len(docs))]
+        val_idx = [i for i, v in enumerate(is_val) if v]
+        train_idx = [i for i, v in enumerate(is_val) if not v]
+        return datasets.DatasetDict(train=docs.select(train_idx), validation=docs.select(val_idx))
+
+
+def _is_test_path(parts: tuple[str, ...]) -> bool:
+    return any(p in ("test", "tests", "idle_test") for p in parts)
+
+
+class PyStdlib(Corpus):
+    """The running interpreter's standard library source (tests excluded) plus pydoc topics:
+    ~11 MB of real text that every machine has, no network."""
+
+    def __init__(self, name: str = "pystdlib", val_fraction: float = 0.05) -> None:
+        super().__init__(name, val_fraction)
+        self.root = Path(sysconfig.get_paths()["stdlib"])
+
+    def files(self) -> list[Path]:
+        out = []
+        for f in sorted(self.root.rglob("*.py")):
+            parts = f.relative_to(self.root).parts
+            if parts[0] in ("site-packages", "dist-packages") or _is_test_path(parts[:-1]):
+                continue
+            if f.name.startswith("test_"):
+                continue
+            out.append(f)
+        return out
+
+    def documents(self):
+        import datasets
+
+        texts, sources = [], []
+        for f in self.files():
+            texts.append(f.read_text(encoding="utf-8", errors="replace"))
+            sources.append(str(f.relative_to(self.root)))
+        try:
+            from pydoc_data.topics import topics
+        except ImportError:  # some distributions strip pydoc_data
+            topics = {}
+        for key in sorted(topics):
+            texts.append(topics[key])
+            sources.append(f"pydoc_topics/{key}")
+        return datasets.Dataset.from_dict({"text": texts, "source": sources})
+
+    def fingerprint(self) -> str:
+        return f"pystdlib:{sys.version}:{self.root}:{self.val_fraction}"
+
+
+class TextFiles(Corpus):
+    """The user's own text files. Each file is cut into blocks of ``lines_per_doc`` lines so
+    that even a single file splits into train and validation by block."""
+
+    def __init__(
+        self, files: list[str], name: str = "text", val_fraction: float = 0.05, lines_per_doc: int = 200
+    ) -> None:
+        super().__init__(name, val_fraction)
+        if not files:
+            raise UserError("dataset=text needs files: dataset.files=[path/a.txt,path/b.txt]")
+        self.paths = [Path(os.path.expanduser(str(f))) for f in files]
+        for p in self.paths:
+            if not p.is_file():
+                raise UserError(f"dataset.files: '{p}' does not exist or is not a file — check the path")
+            if not os.access(p, os.R_OK):
+                raise UserError(f"dataset.files: '{p}' is not readable — check its permissions")
+        self.lines_per_doc = int(lines_per_doc)
+
+    def documents(self):
+        import datasets
+
+        texts, sources = [], []
+        for p in self.paths:
+            try:
+                lines = p.read_text(encoding="utf-8", errors="replace").splitlines(keepends=True)
+            except OSError as e:
+                raise UserError(f"dataset.files: cannot read '{p}' ({e.strerror}) — check the file") from e
+            for i in range(0, len(lines), self.lines_per_doc):
+                texts.append("".join(lines[i : i + self.lines_per_doc]))
+                sources.append(f"{p}:{i}")
+        return datasets.Dataset.from_dict({"text": texts, "source": sources})
+
+    def fingerprint(self) -> str:
+        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
+        return f"text:{stats}:{self.val_fraction}:{self.lines_per_doc}"
+
+

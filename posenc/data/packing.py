@@ -1,0 +1,116 @@
+"""Corpus -> tokens -> one flat token array per split on disk (memmap), cached.
+
+Packed arrays are cached under ``$POSENC_CACHE`` (default ``~/.cache/posenc``) in a
+directory named by a hash of (corpus, tokenizer, version), so the second run of the same
+corpus and tokenizer reads the arrays instead of tokenizing again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from posenc.data.corpora import SPLITS, Corpus
+
+#: bump when the packing format or splitting rule changes: old caches are then ignored
+DATA_VERSION = 1
+
+
+@dataclass
+class TokenData:
+    """The packed corpus: one flat token array per split, and what is needed for bpb."""
+
+    train: np.ndarray
+    validation: np.ndarray
+    meta: dict
+    path: Path
+
+    @property
+    def vocab_size(self) -> int:
+        return int(self.meta["vocab_size"])
+
+    def bytes_per_token(self, split: str = "validation") -> float:
+        """UTF-8 bytes of raw text per token, so bpb = loss / ln 2 / bytes_per_token."""
+        return self.meta["bytes"][split] / max(1, self.meta["tokens"][split])
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("POSENC_CACHE", Path.home() / ".cache" / "posenc"))
+
+
+def cache_key(corpus: Corpus, tokenizer) -> str:
+    key = f"{corpus.fingerprint()}|{tokenizer.fingerprint()}|v{DATA_VERSION}"
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def _token_dtype(vocab_size: int) -> np.dtype:
+    return np.dtype(np.uint16 if vocab_size <= 2**16 else np.uint32)
+
+
+def load_tokens(corpus: Corpus, tokenizer, log=print) -> TokenData:
+    """Return the packed arrays for (corpus, tokenizer), building and caching them once."""
+    directory = cache_root() / f"{corpus.name}-{tokenizer.name}-{cache_key(corpus, tokenizer)}"
+    if not (directory / "meta.json").exists():
+        log(f"tokenizing {corpus.name} with {tokenizer.name} into {directory} (once)")
+        _build(corpus, tokenizer, directory)
+    meta = json.loads((directory / "meta.json").read_text())
+    if hasattr(tokenizer, "load"):  # tokenizers that learned something read it back
+        tokenizer.load(directory)
+    dtype = np.dtype(meta["dtype"])
+    arrays = {s: np.memmap(directory / f"{s}.bin", dtype=dtype, mode="r") for s in SPLITS}
+    return TokenData(train=arrays["train"], validation=arrays["validation"], meta=meta, path=directory)
+
+
+def _build(corpus: Corpus, tokenizer, directory: Path) -> None:
+    import datasets
+
+    datasets.disable_progress_bars()
+    splits = corpus.split(corpus.documents())
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    # build in a temporary sibling and rename: a killed build never leaves a half cache
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", dir=directory.parent))
+    try:
+        tokenizer.fit((t for t in splits["train"]["text"]), tmp)
+        eos = getattr(tokenizer, "eos_id", None)
+
+        def tokenize(batch: dict) -> dict:
+            ids = tokenizer.encode_batch(batch["text"])
+            if eos is not None:
+                ids = [np.append(np.asarray(x, dtype=np.int64), eos) for x in ids]
+            return {"ids": ids, "n_bytes": [len(t.encode("utf-8")) for t in batch["text"]]}
+
+        dtype = _token_dtype(tokenizer.vocab_size)
+        meta: dict = {"corpus": corpus.name, "tokenizer": tokenizer.name, "vocab_size": tokenizer.vocab_size,
+                      "dtype": dtype.name, "version": DATA_VERSION, "tokens": {}, "bytes": {}, "documents": {}}
+        for split in SPLITS:
+            tokenized = splits[split].map(tokenize, batched=True, remove_columns=splits[split].column_names,
+                                          keep_in_memory=True, desc=f"tokenizing {split}")
+            n = sum(len(x) for x in tokenized["ids"]) if len(tokenized) else 0
+            arr = np.memmap(tmp / f"{split}.bin", dtype=dtype, mode="w+", shape=(max(n, 1),))
+            offset = 0
+            for chunk in tokenized.with_format("numpy").iter(batch_size=1024):
+                for ids in chunk["ids"]:
+                    arr[offset : offset + len(ids)] = ids
+                    offset += len(ids)
+            arr.flush()
+            del arr
+            meta["tokens"][split] = n
+            meta["bytes"][split] = int(sum(tokenized["n_bytes"]))
+            meta["documents"][split] = len(tokenized)
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=2))
+        try:
+            tmp.rename(directory)
+        except OSError:  # another process built it first: theirs is as good as ours
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+

@@ -1,5 +1,0 @@
-"""NoPE: no positional encoding. The base class already does nothing in every hook."""
-
-from posenc.encodings.base import NoPE
-
-__all__ = ["NoPE"]

@@ -1,0 +1,113 @@
+"""`posenc eval RUN_DIR [overrides…]`: perplexity of a trained run at several lengths.
+
+Loads the run's composed config (``.hydra/config.yaml``) and ``checkpoints/last.pt``, applies
+overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
+``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
+table and writes ``eval.json`` (``eval_<overrides>.json`` when overrides change the setup).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.eval import extrapolation
+from posenc.errors import UserError
+from posenc.tracking import write_json_atomic
+
+
+def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
+    """The run's config with Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.exists():
+        raise UserError(f"{run_dir} has no .hydra/config.yaml — pass a run directory made by `posenc train`")
+    cfg = OmegaConf.load(path)
+    for o in OverridesParser.create().parse_overrides(overrides):
+        key = o.key_or_group
+        exists = OmegaConf.select(cfg, key, default=_MISSING) is not _MISSING
+        if not exists and not o.is_add():
+            raise UserError(f"unknown config key '{key}' — check the spelling, or write +{key}=... to add it")
+        if isinstance(OmegaConf.select(cfg, key, default=None), DictConfig):
+            raise UserError(f"'{key}' is a config group; `posenc eval` can change its keys ({key}.<key>=…), not swap it")
+        OmegaConf.update(cfg, key, o.value(), force_add=o.is_add())
+    return cfg
+
+
+_MISSING = object()
+
+
+def output_name(overrides: list[str]) -> str:
+    """eval.json, or eval_<overrides>.json so evaluations with other settings sit side by side."""
+    if not overrides:
+        return "eval.json"
+    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-", "_".join(o.lstrip("+") for o in overrides)).strip("-")
+    return f"eval_{slug[:120]}.json"
+
+
+def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
+    """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
+    from rich.progress import Progress
+
+    from posenc.train.checkpoint import checkpoint_path, load_checkpoint, restore_model
+    from posenc.hardware import autocast_context, resolve_device, resolve_precision
+    from posenc.report.console import console
+    from posenc.train.loop import build_data, build_model, encoding_summary
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
+    state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
+    cfg = load_run_config(run_dir, overrides)
+    device = resolve_device(cfg.device)
+    autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
+    data = build_data(cfg)
+    model = build_model(cfg, data.vocab_size)
+    restore_model(model, state, checkpoint_path(run_dir))
+    model.to(device)
+
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("evaluating lengths", total=len(cfg.eval.lengths))
+        results = extrapolation.run_from_config(model, data.validation, cfg, device, autocast,
+                                                on_result=lambda r: progress.advance(task))
+    record = {
+        "run_dir": str(run_dir),
+        "overrides": overrides,
+        "step": state.get("step"),
+        "seq_len": cfg.trainer.seq_len,
+        "encoding": encoding_summary(model.encoding),
+        "device": str(device),
+        **extrapolation.summary(results, cfg.eval.get("stride")),
+    }
+    out = run_dir / output_name(overrides)
+    write_json_atomic(out, record)
+    print_results(record, results)
+    console.print(f"wrote [bold]{out}[/]")
+    return record, out
+
+
+def print_results(record: dict, results: list[extrapolation.LengthResult]) -> None:
+    from rich.table import Table
+
+    from posenc.report.console import console
+
+    enc = record["encoding"]
+    opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")
+    stride = record["extrapolation"]["stride"]
+    title = (f"{enc['name']}" + (f" ({opts})" if opts else "") + f" — trained at {record['seq_len']} tokens, "
+             + ("non-overlapping windows" if stride is None else f"sliding windows, stride {stride}"))
+    table = Table(title=title, title_justify="left")
+    for name in ("length", "× train", "ppl", "loss", "windows", "scored tokens", "time"):
+        table.add_column(name, justify="right")
+    table.add_column("note")
+    for r in results:
+        row = asdict(r)
+        defined = r.ppl is not None
+        table.add_row(f"{r.length:,}", f"{r.multiple:g}", f"{r.ppl:.3f}" if defined else "—",
+                      f"{r.loss:.4f}" if defined else "—", f"{row['windows']:,}", f"{r.scored_tokens:,}",
+                      f"{r.seconds:.1f} s", r.reason or "")
+    console.print(table)

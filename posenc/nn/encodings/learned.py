@@ -1,0 +1,27 @@
+"""Learned absolute positions (GPT-2, BERT): a max_len x d table added to token embeddings."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posenc.nn.encodings.base import PositionalEncoding
+
+
+class Learned(PositionalEncoding):
+    """x + W_pos[pos]. Positions >= max_len have no row: they are refused, never clamped."""
+
+    def __init__(self, d_model: int, n_head: int, max_len: int, name: str = "learned") -> None:
+        super().__init__(d_model, n_head, name)
+        if max_len <= 0:
+            raise ValueError(f"learned needs max_len > 0, got {max_len}")
+        self.max_len = int(max_len)
+        self.weight = nn.Parameter(torch.empty(self.max_len, d_model))
+        nn.init.normal_(self.weight, mean=0.0, std=0.02)  # GPT-2's wpe init
+
+    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+        # prepare() has refused lengths beyond max_len, so this index is always in range
+        return x + self.weight[pos].to(x.dtype)
+
+    def options(self) -> dict[str, object]:
+        return {"max_len": self.max_len}

@@ -1,0 +1,141 @@
+"""Rotary position embedding (Su et al., 2021, "RoFormer", §3.2-3.4).
+
+Each pair of query/key dimensions is rotated by an angle proportional to the position:
+
+    R^d_{Θ,m} x = (x_{2i} cos mθ_i - x_{2i+1} sin mθ_i,  x_{2i} sin mθ_i + x_{2i+1} cos mθ_i)_i
+    θ_i = base^(-2i/d),  i = 0 .. d/2 - 1
+
+so that <R_m q, R_n k> = <q, R_{n-m} k> depends on positions only through m - n.
+
+``style="interleaved"`` pairs (x[2i], x[2i+1]) as in the paper; ``style="half"`` pairs
+(x[i], x[i + d/2]) as GPT-NeoX and LLaMA do (the same maths after a fixed permutation).
+``fraction`` < 1 rotates only the first fraction·head_dim dimensions (partial rotary,
+GPT-NeoX/GPT-J) and leaves the rest untouched. ``scaling`` (none | linear | ntk | yarn) with
+``scaling_factor`` stretches the frequencies at evaluation time (see rope_scaling.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.rope_scaling import attention_scale, check_scaling, scaled_inv_freq
+
+STYLES = ("interleaved", "half")
+
+
+def rotated_part(x: Tensor, rot_dim: int) -> Tensor:
+    """x[..., :rot_dim], without recording a no-op slice when that is all of x (its backward
+    would allocate a zeros tensor and copy the gradient into it, for every q and k)."""
+    return x if rot_dim == x.shape[-1] else x[..., :rot_dim]
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
+    """Rotate the first 2·cos.shape[-1] dims of x by the angles whose cos/sin are given.
+
+    x: (..., T, head_dim); cos, sin: (T, rot_dim/2) float32 -> same shape and dtype as x.
+    Computed in float32 and cast back (torchtitan), since bf16 angles lose position.
+    """
+    rot_dim = 2 * cos.shape[-1]
+    xr, x_pass = rotated_part(x, rot_dim).float(), x[..., rot_dim:]
+    if style == "interleaved":
+        x1, x2 = xr[..., 0::2], xr[..., 1::2]  # (..., T, rot/2) each
+        out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
+    else:  # half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x·cos + flip(x)·(-sin, sin)
+        x2d = xr.unflatten(-1, (2, -1))  # (..., T, 2, rot/2): the halves x1, x2
+        out = torch.addcmul(x2d * cos[:, None, :], x2d.flip(-2), torch.stack((-sin, sin), dim=-2)).flatten(-2)
+    return torch.cat((out.type_as(x), x_pass), dim=-1) if x_pass.shape[-1] else out.type_as(x)
+
+
+def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
+    """The interleaved rotation as one complex product: (x_{2i} + i·x_{2i+1}) · e^{i·mθ_i}.
+
+    x: (..., T, head_dim); freqs: (T, rot_dim/2) complex64 -> same shape and dtype as x.
+    The same maths as ``apply_rotary(style="interleaved")`` in one elementwise kernel instead
+    of six plus a copy: in eager mode (CPU) it makes interleaved RoPE the cheapest style.
+    """
+    rot_dim = 2 * freqs.shape[-1]
+    xr = rotated_part(x, rot_dim).float()
+    if xr.stride(-1) != 1 or any(s % 2 for s in xr.stride()[:-1]) or xr.storage_offset() % 2:
+        xr = xr.contiguous()  # view_as_complex needs (re, im) pairs adjacent in memory
+    out = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (-1, 2))) * freqs).flatten(-2)
+    return torch.cat((out.type_as(x), x[..., rot_dim:]), dim=-1) if rot_dim < x.shape[-1] else out.type_as(x)
+
+
+class RoPE(PositionalEncoding):
+    """Rotary embedding of q and k; cos/sin cached as non-persistent buffers grown on demand."""
+
+    rotates = True
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        name: str = "rope",
+        base: float = 10000.0,
+        fraction: float = 1.0,
+        style: str = "interleaved",
+        scaling: str = "none",
+        scaling_factor: float = 1.0,
+        original_max_len: int | None = None,
+    ) -> None:
+        super().__init__(d_model, n_head, name)
+        if style not in STYLES:
+            raise ValueError(f"encoding.style must be one of {', '.join(STYLES)}, got '{style}'")
+        if not 0.0 < fraction <= 1.0:
+            raise ValueError(f"encoding.fraction must be in (0, 1], got {fraction}")
+        if base <= 1.0:
+            raise ValueError(f"encoding.base must be > 1, got {base}")
+        if fraction == 1.0 and self.head_dim % 2:
+            raise ValueError(
+                f"RoPE rotates pairs of dimensions, but head_dim = d_model/n_head = {self.head_dim} is odd — "
+                f"choose model.d_model and model.n_head so that d_model/n_head is even"
+            )
+        rot_dim = int(fraction * self.head_dim) // 2 * 2  # rotate whole pairs only
+        if rot_dim == 0:
+            raise ValueError(
+                f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
+                f"dimensions; use a larger fraction"
+            )
+        check_scaling(scaling, float(scaling_factor), original_max_len)
+        self.base = float(base)
+        self.fraction = float(fraction)
+        self.style = style
+        self.rot_dim = rot_dim
+        self.scaling = scaling
+        self.scaling_factor = float(scaling_factor)
+        self.original_max_len = original_max_len
+        #: YaRN's sqrt(1/t), folded into cos/sin so q and k are both scaled by it
+        self.attention_scale = attention_scale(scaling, self.scaling_factor)
+        inv_freq = scaled_inv_freq(self.base, rot_dim, scaling, self.scaling_factor, original_max_len)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("cos_cached", torch.empty(0, rot_dim // 2), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, rot_dim // 2), persistent=False)
+
+    def angles(self, pos: Tensor) -> Tensor:
+        """m·θ_i for every position m in pos: (T,) -> (T, rot_dim/2), float32."""
+        return pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
+
+    def prepare(self, length: int) -> None:
+        super().prepare(length)
+        if self.cos_cached.shape[0] < length:
+            n = max(length, 2 * self.cos_cached.shape[0])
+            theta = self.angles(torch.arange(n, device=self.inv_freq.device))
+            self.cos_cached = torch.cos(theta) * self.attention_scale
+            self.sin_cached = torch.sin(theta) * self.attention_scale
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
+        if self.style == "interleaved" and not torch.compiler.is_compiling():
+            # eager: one complex product; compiled: inductor fuses the real formula below into
+            # one kernel but does not generate code for complex ops
+            freqs = torch.complex(cos, sin)  # e^{i·mθ_i}, (T, rot/2)
+            return rotate_complex(q, freqs), rotate_complex(k, freqs)
+        return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
+
+    def options(self) -> dict[str, object]:
+        opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
+        if self.scaling != "none":
+            opts.update(scaling=self.scaling, scaling_factor=self.scaling_factor)
+        return opts

@@ -1,0 +1,68 @@
+"""xPos (Sun et al., 2022, "A Length-Extrapolatable Transformer", §3.1-3.2).
+
+RoPE whose rotation also scales: pair i of a query at position n is multiplied by
+ζ_i^(n/B) and of a key at position m by ζ_i^(-m/B), with
+
+    ζ_i = (2i/d + γ) / (1 + γ),   γ = 0.4,  B = scale_base = 512,
+
+so the score of pair i carries ζ_i^((n-m)/B) < 1: it still depends only on n - m, and it
+decays with distance, faster for the high-frequency pairs (small i) that RoPE leaves most
+unstable. The decay only makes sense for n >= m, so xPos is causal only. As the reference
+code does, positions are centred (shifted by half the length) before exponentiation so that
+ζ^(±n/B) never overflows; the shift cancels in n - m.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.nn.encodings.rope import RoPE, apply_rotary
+
+
+def xpos_zeta(rot_dim: int, gamma: float = 0.4) -> Tensor:
+    """ζ_i = (2i/d + γ) / (1 + γ) for i = 0 .. d/2-1, float32."""
+    return (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim + gamma) / (1 + gamma)
+
+
+class XPos(RoPE):
+    """RoPE with a per-dimension exponential decay in the query-key distance."""
+
+    causal_only = True
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        name: str = "xpos",
+        base: float = 10000.0,
+        scale_base: float = 512.0,
+        gamma: float = 0.4,
+        style: str = "interleaved",
+    ) -> None:
+        super().__init__(d_model, n_head, name, base=base, style=style)
+        if scale_base <= 0 or gamma <= 0:
+            raise ValueError(f"xpos needs scale_base > 0 and gamma > 0, got {scale_base}, {gamma}")
+        self.scale_base = float(scale_base)
+        self.gamma = float(gamma)
+        self.register_buffer("zeta", xpos_zeta(self.rot_dim, self.gamma), persistent=False)
+        self.center = 0
+
+    def prepare(self, length: int) -> None:
+        super().prepare(length)
+        self.center = length // 2  # keeps ζ^(±pos/B) in float range; cancels in n - m
+
+    def decay(self, pos: Tensor) -> Tensor:
+        """ζ_i^((pos - c)/B): (T,) -> (T, rot_dim/2), float32."""
+        exponent = (pos.to(torch.float32) - self.center) / self.scale_base
+        return self.zeta[None, :] ** exponent[:, None]
+
+    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
+        scale = self.decay(pos)  # (T, rot/2): queries scaled up by it, keys down
+        q = apply_rotary(q, cos * scale, sin * scale, self.style)
+        k = apply_rotary(k, cos / scale, sin / scale, self.style)
+        return q, k
+
+    def options(self) -> dict[str, object]:
+        return {"base": self.base, "scale_base": self.scale_base, "gamma": self.gamma, "style": self.style}

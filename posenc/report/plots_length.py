@@ -1,0 +1,121 @@
+"""PNG figures of length: RoPE's long-term decay (RoFormer §3.4.3) and perplexity against length.
+
+The extrapolation figure takes the groups of `posenc compare` (runs.py): one line per group,
+the mean over its completed seeds, ±1 sample std shaded. Runs are read from their directories
+only (summary.json, .hydra/), so runs made on another machine plot the same.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+import numpy as np
+
+from posenc.errors import UserError
+from posenc.report.plots import save_figure  # selects the Agg backend before pyplot draws anything
+from posenc.report.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
+
+
+def rope_decay_bound(distances: np.ndarray, head_dim: int, base: float) -> np.ndarray:
+    """RoFormer §3.4.3: the relative upper bound (1/(d/2)) Σ_{j=1}^{d/2} |S_j| of the score,
+    S_j = Σ_{k=0}^{j-1} e^{i(m-n)θ_k}, θ_k = base^(-2k/d), at each distance m - n."""
+    theta = base ** (-np.arange(0, head_dim, 2) / head_dim)  # (d/2,)
+    phases = np.exp(1j * np.outer(distances, theta))  # (R, d/2)
+    partial_sums = np.cumsum(phases, axis=1)  # S_1 .. S_{d/2}
+    return np.abs(partial_sums).mean(axis=1)
+
+
+def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) -> Path:
+    distances = np.arange(0, max_distance + 1)
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for base in bases:
+        ax.plot(distances, rope_decay_bound(distances, head_dim, base), label=f"base = {base:g}")
+    ax.set_xlabel("relative distance m − n (tokens)")
+    ax.set_ylabel("relative upper bound  (1/(d/2)) Σ_j |S_j|")
+    ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save_figure(fig, out)
+
+
+PPL_KEY = re.compile(r"^extrapolation/ppl@(\d+)$")
+
+
+def evaluated_lengths(group: Group) -> list[int]:
+    """The evaluation lengths (tokens) in the summaries of the group's completed runs."""
+    return sorted({int(m[1]) for r in group.completed for k in r.summary if (m := PPL_KEY.match(k))})
+
+
+def length_stats(group: Group) -> dict[int, Stat]:
+    """length -> perplexity mean ± std over the completed seeds evaluated there. A length where
+    any seed has no perplexity (null: not defined, e.g. learned beyond max_len) has no mean."""
+    stats = {}
+    for n in evaluated_lengths(group):
+        key = f"extrapolation/ppl@{n}"
+        stats[n] = aggregate([r.metric(key) for r in group.completed if key in r.summary])
+    return stats
+
+
+def extrapolation_groups(paths: Sequence[Path]) -> list[Group]:
+    """The runs under paths grouped as `posenc compare` groups them (by what the sweep varied;
+    a lone run or a sweep of seeds is labelled by its encoding)."""
+    runs = find_runs(paths)
+    if not any(r.ok and PPL_KEY.match(k) for r in runs for k in r.summary or {}):
+        raise UserError(f"no finished run with an extrapolation evaluation under {', '.join(map(str, paths))} "
+                        "— train with eval.at_end=true and eval.lengths=[1,2,4,...]")
+    return group_runs(runs, varying_keys(runs) or ["encoding"])
+
+
+def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> Path:
+    """Perplexity against evaluation length: log-x (base 2) with the lengths and their multiples
+    of the training length as ticks, log-y, the training length dashed. Lengths without a
+    perplexity are left out of the line and named in its legend entry."""
+    fig, ax = plt.subplots(figsize=(10, 4.8))
+    plotted: list[int] = []
+    y_range: list[float] = []
+    for group in groups:
+        stats = length_stats(group)
+        if not stats:
+            continue  # no completed run of this group was evaluated at other lengths
+        points = [(n, s) for n, s in stats.items() if s.mean is not None]
+        label = f"{group.label} (n={len(group.completed)})"
+        undefined = [n for n, s in stats.items() if s.mean is None]
+        if undefined:
+            label += f"; not defined at {', '.join(map(str, undefined))}"
+        x = np.array([n for n, _ in points])
+        mean = np.array([s.mean for _, s in points])
+        std = np.array([s.std for _, s in points])
+        line, = ax.plot(x, mean, marker="o", markersize=4, linewidth=1.6, label=label)
+        y_range += list(mean)
+        if len(group.completed) > 1 and len(x):
+            # clipped at the lowest mean: a log axis cannot draw a band that reaches below zero
+            ax.fill_between(x, np.maximum(mean - std, mean.min() / 2), mean + std,
+                            color=line.get_color(), alpha=0.2, linewidth=0)
+        plotted += stats
+    seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed
+                       if "trainer.seq_len" in r.config and evaluated_lengths(g)})
+    for i, seq_len in enumerate(seq_lens):
+        ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
+    lengths = sorted(set(plotted))
+    ax.set_xscale("log", base=2)
+    # log-y only when perplexities span a wide range; a narrow one reads better on a linear axis
+    log_y = bool(y_range) and max(y_range) / min(y_range) > 4
+    if log_y:
+        ax.set_yscale("log")
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)))
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xticks(lengths)  # the evaluated lengths themselves, with the multiple when unambiguous
+    ax.set_xticklabels([f"{n}\n({format_value(n / seq_lens[0])}×)" if len(seq_lens) == 1 else str(n) for n in lengths])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
+    ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
+    ax.set_title(title or "Length extrapolation: perplexity beyond the training length")
+    ax.grid(alpha=0.3, which="both")
+    # outside the axes, so it never covers a line
+    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    return save_figure(fig, out)
