@@ -78,3 +78,10 @@ def to_device(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[
     if device.type != "cuda":
         return tuple(t.to(device) for t in tensors)
     return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+
+
+def use_compile(setting, device: torch.device) -> bool:
+    """trainer.compile: true | false | auto (on for CUDA, off for CPU)."""
+    if setting == "auto":
+        return device.type == "cuda"
+    return bool(setting)

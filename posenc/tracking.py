@@ -14,6 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from posenc.rundir import METRICS_FILE, SUMMARY_FILE, write_json_atomic
+
 log = logging.getLogger("posenc")
 
 
@@ -31,7 +33,7 @@ class Tracker:
         self.run_dir = Path(run_dir)
         self.enabled = enabled
         self.wandb_run = None
-        self._metrics = open(self.run_dir / "metrics.jsonl", "a") if enabled else None
+        self._metrics = open(self.run_dir / METRICS_FILE, "a") if enabled else None
 
     def start_wandb(
         self,
@@ -83,7 +85,7 @@ class Tracker:
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        write_json_atomic(self.run_dir / "summary.json", summary)
+        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
         if self.wandb_run is not None:
             for k, v in summary.items():
                 if isinstance(v, (int, float, str, bool)) or v is None:
@@ -103,20 +105,3 @@ class Tracker:
 def _has_netrc_key() -> bool:
     netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
     return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON via a temp file and rename, so a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    with open(path) as f:
-        for line in f:
-            line = line.strip()
-            if line:
-                rows.append(json.loads(line))
-    return rows

@@ -20,7 +20,7 @@ from posenc.bench.timing import compose
 from posenc.config import group_options
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.flex import causal_block_mask, flex_bias
-from posenc.train.loop import build_model
+from posenc.build import build_model
 
 ENCODINGS = group_options("encoding")
 B, H, T, HD = 2, 4, 24, 8

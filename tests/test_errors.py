@@ -106,7 +106,7 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
 def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     import torch
 
-    from posenc.train.checkpoint import load_checkpoint
+    from posenc.rundir import load_checkpoint
     from posenc.errors import UserError
 
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")

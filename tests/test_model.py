@@ -7,7 +7,7 @@ import torch
 from hydra import compose, initialize_config_module
 
 from posenc.config import CONFIG_MODULE, group_options
-from posenc.train.loop import build_model
+from posenc.build import build_model
 
 ENCODINGS = group_options("encoding")
 

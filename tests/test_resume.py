@@ -12,7 +12,7 @@ import torch
 from pathlib import Path
 
 from conftest import TINY, cli_env, run_cli, run_dirs
-from posenc.tracking import read_jsonl
+from posenc.rundir import read_jsonl
 
 RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5", "trainer.eval_interval=20"]
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import TINY, run_cli, run_dirs
 
 from posenc.config import group_options
-from posenc.sweep import sweep_group
+from posenc.rundir import sweep_group
 
 
 def sweep_dirs(cwd: Path) -> list[Path]:

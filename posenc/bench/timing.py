@@ -25,11 +25,13 @@ import torch.nn.functional as F
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 
-from posenc.config import CONFIG_MODULE, group_options
+from posenc.config import compose, group_options
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.errors import UserError
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
-from posenc.train.loop import _instantiate, _use_compile, build_model, configure_optimizer, seed_everything
+from posenc.hardware import (autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision,
+                             use_compile)
+from posenc.build import build_model, build_tokenizer, seed_everything
+from posenc.train.loop import configure_optimizer
 
 REFERENCE = "reference"
 
@@ -175,17 +177,6 @@ def long_eval(subject: Subject, device: torch.device, autocast, vocab: int, leng
 
 
 # --- the run ----------------------------------------------------------------------------
-def compose(overrides: list[str]) -> DictConfig:
-    """The bench config: conf/config.yaml + conf/bench/default.yaml + the user's overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        return hydra_compose("config", overrides=["+bench=default", *overrides])
-
-
 def encoding_config(overrides: list[str], name: str) -> DictConfig:
     """The config for one encoding of the list. An ``encoding.KEY=V`` override applies to the
     encodings that have KEY (``encoding.base=500`` changes rope, not nope)."""
@@ -227,8 +218,8 @@ def bench(overrides: list[str], progress: Callable[[str], None] = lambda _: None
     precision = resolve_precision(cfg.trainer.precision, device)
     autocast = autocast_context(precision, device)
     enable_fast_matmul(device)
-    compiled = _use_compile(cfg.trainer.compile, device)
-    vocab = _instantiate(cfg.tokenizer, "tokenizer").vocab_size
+    compiled = use_compile(cfg.trainer.compile, device)
+    vocab = build_tokenizer(cfg).vocab_size
     B, T = int(b.batch_size), int(b.seq_len)
     torch.manual_seed(cfg.seed)
     window = torch.randint(vocab, (B, T + 1)).to(device)

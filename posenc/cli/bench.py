@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from posenc.tracking import write_json_atomic
+from posenc.rundir import write_json_atomic
 
 
 def split_json_flag(args: list[str]) -> tuple[list[str], str | None]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import shutil
 import sys
 from pathlib import Path
 
@@ -13,11 +12,9 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from posenc.train import distributed
-from posenc.train.checkpoint import checkpoint_path
 from posenc.config import CONFIG_PATH
 from posenc.cli.explain import explain
-from posenc.sweep import record_sweep
-from posenc.tracking import write_json_atomic
+from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
 
 log = logging.getLogger("posenc")
 
@@ -42,7 +39,7 @@ def run_job(cfg: DictConfig) -> float | None:
         summary = train(cfg, run_dir)
     except BaseException as e:
         if not multirun or isinstance(e, KeyboardInterrupt):
-            if not _has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
+            if not has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
             if isinstance(e, Exception):
                 _RUN_ERROR.append(e)
@@ -50,30 +47,13 @@ def run_job(cfg: DictConfig) -> float | None:
             raise
         message = explain(e)
         log.error("job %s failed: %s", hc.job.num, message)
-        write_json_atomic(run_dir / "summary.json", {"status": "failed", "error": message,
+        write_json_atomic(run_dir / SUMMARY_FILE, {"status": "failed", "error": message,
                                                        "overrides": list(hc.overrides.task)})
         FAILED_JOBS.append(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {message}")
         return None
     if distributed.is_main():
         print_summary(summary, run_dir)
     return summary.get("val/loss")
-
-
-def remove_run_dir(run_dir: Path) -> None:
-    """Delete a run dir and any parents (up to outputs/) that it leaves empty."""
-    shutil.rmtree(run_dir, ignore_errors=True)
-    parent = run_dir.parent
-    while parent.name and parent.name != "outputs":
-        try:
-            parent.rmdir()  # only succeeds when empty
-        except OSError:
-            break
-        parent = parent.parent
-
-
-def _has_results(run_dir: Path) -> bool:
-    metrics = run_dir / "metrics.jsonl"
-    return (metrics.exists() and metrics.stat().st_size > 0) or checkpoint_path(run_dir).exists()
 
 
 @hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")

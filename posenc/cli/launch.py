@@ -18,7 +18,7 @@ import yaml
 from hydra.experimental.callback import Callback
 
 from posenc.train import distributed
-from posenc.train.checkpoint import checkpoint_path
+from posenc.rundir import checkpoint_path
 from posenc.errors import UserError
 
 MULTIRUN_FLAGS = ("-m", "--multirun")

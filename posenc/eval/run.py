@@ -12,33 +12,10 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
-
+from posenc.config import load_run_config
 from posenc.eval import extrapolation
 from posenc.errors import UserError
-from posenc.tracking import write_json_atomic
-
-
-def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
-    """The run's config with Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    path = run_dir / ".hydra" / "config.yaml"
-    if not path.exists():
-        raise UserError(f"{run_dir} has no .hydra/config.yaml — pass a run directory made by `posenc train`")
-    cfg = OmegaConf.load(path)
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.key_or_group
-        exists = OmegaConf.select(cfg, key, default=_MISSING) is not _MISSING
-        if not exists and not o.is_add():
-            raise UserError(f"unknown config key '{key}' — check the spelling, or write +{key}=... to add it")
-        if isinstance(OmegaConf.select(cfg, key, default=None), DictConfig):
-            raise UserError(f"'{key}' is a config group; `posenc eval` can change its keys ({key}.<key>=…), not swap it")
-        OmegaConf.update(cfg, key, o.value(), force_add=o.is_add())
-    return cfg
-
-
-_MISSING = object()
+from posenc.rundir import write_json_atomic
 
 
 def output_name(overrides: list[str]) -> str:
@@ -53,10 +30,10 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
     from rich.progress import Progress
 
-    from posenc.train.checkpoint import checkpoint_path, load_checkpoint, restore_model
+    from posenc.build import build_data, build_model, encoding_summary, restore_weights
+    from posenc.rundir import checkpoint_path, load_checkpoint
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
     from posenc.report.console import console
-    from posenc.train.loop import build_data, build_model, encoding_summary
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -67,7 +44,7 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    restore_model(model, state, checkpoint_path(run_dir))
+    restore_weights(model, state, checkpoint_path(run_dir))
     model.to(device)
 
     with Progress(console=console, transient=True) as progress:

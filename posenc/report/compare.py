@@ -22,7 +22,7 @@ from posenc.metrics import DEFAULT_TARGETS, convergence_metrics, target_key
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
 from posenc.report.plots_length import PPL_KEY, plot_extrapolation
 from posenc.report.runs import Group, Run, Stat, aggregate, find_runs, group_runs, varying_keys
-from posenc.sweep import read_sweep
+from posenc.rundir import read_sweep
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from posenc.errors import UserError
-from posenc.tracking import read_jsonl
+from posenc.rundir import read_jsonl
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",

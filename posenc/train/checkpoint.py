@@ -21,18 +21,13 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.build import restore_weights
 from posenc.errors import UserError
+from posenc.rundir import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
 
-#: bump when the checkpoint layout changes incompatibly
-CHECKPOINT_VERSION = 1
-REQUIRED_KEYS = ("version", "model", "optimizer", "scheduler", "sampler", "rng", "step", "tokens", "config")
 #: config sections that must equal the checkpoint's for the weights and batches to make sense
 MUST_MATCH = ("model", "encoding", "tokenizer", "dataset", "seed", "trainer.seq_len", "trainer.batch_size",
               "trainer.grad_accum")
-
-
-def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / "last.pt"
 
 
 class TrainingDiverged(UserError, RuntimeError):
@@ -82,28 +77,6 @@ def save_checkpoint(run_dir: Path, model, optimizer, scheduler, batches, step: i
     return path
 
 
-def load_checkpoint(path: Path | str) -> dict:
-    """Read a checkpoint (a file, or a run dir holding checkpoints/last.pt); a missing, corrupt
-    or foreign file is a UserError saying so."""
-    path = Path(path)
-    if path.is_dir():
-        path = checkpoint_path(path)
-    if not path.is_file():
-        raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
-                        f"start a new run instead")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - truncated zip, pickle garbage, wrong file type...
-        raise UserError(f"checkpoint '{path}' is corrupt or unreadable ({type(e).__name__}) — "
-                        f"delete it and resume from an earlier copy, or start a new run") from None
-    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
-        raise UserError(f"'{path}' is not a posenc checkpoint — point at a run dir made by `posenc train`")
-    if state["version"] != CHECKPOINT_VERSION:
-        raise UserError(f"checkpoint '{path}' has format v{state['version']}, this posenc reads "
-                        f"v{CHECKPOINT_VERSION} — use the posenc version that wrote it, or start a new run")
-    return state
-
-
 def _select(container: dict, key: str):
     for part in key.split("."):
         if not isinstance(container, dict) or part not in container:
@@ -120,16 +93,6 @@ def check_compatible(state: dict, cfg: DictConfig, path: Path) -> None:
         if was != now:
             raise UserError(f"checkpoint '{path}' was trained with {key}={was}, but this run has {key}={now} — "
                             f"resume with the run's own settings, or start a new run")
-
-
-def restore_model(model: torch.nn.Module, state: dict, path: Path | str) -> None:
-    """Load the checkpoint's weights into model; a shape or key mismatch is a UserError."""
-    try:
-        model.load_state_dict(state["model"])
-    except RuntimeError as e:
-        first = str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else str(e)
-        raise UserError(f"checkpoint '{path}' does not fit this model ({first}) — "
-                        f"use the model/encoding settings it was trained with") from None
 
 
 def truncate_metrics(run_dir: Path, size: int) -> None:
@@ -152,7 +115,7 @@ def resume_training(run_dir: Path, cfg: DictConfig, model, optimizer, scheduler,
     path = checkpoint_path(run_dir)
     state = load_checkpoint(path)
     check_compatible(state, cfg, path)
-    restore_model(model, state, path)
+    restore_weights(model, state, path)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
     batches.load_state_dict(state["sampler"])

@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
-from hydra.errors import InstantiationException
-from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.train import distributed
@@ -24,53 +20,17 @@ from posenc.eval import extrapolation
 from posenc.train.checkpoint import GracefulStop, Resumed, TrainingDiverged, check_finite, resume_training, save_checkpoint
 from posenc.metrics import convergence_metrics, elapsed_before
 from posenc.data.batches import RandomWindows
-from posenc.data.packing import TokenData, load_tokens
-from posenc.nn.encodings.base import PositionalEncoding, PositionOutOfRange
-from posenc.errors import UserError
+from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
 from posenc.eval.loss import evaluate_loss, loss_metrics
 from posenc.hardware import (autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision,
-                             to_device)
+                             to_device, use_compile)
 from posenc.nn.model import GPT
 from posenc.train.progress import TrainProgress
-from posenc.sweep import wandb_group
-from posenc.tracking import Tracker, read_jsonl, write_json_atomic
-from posenc.validation import validate_config
+from posenc.rundir import METRICS_FILE, read_jsonl, wandb_group
+from posenc.tracking import Tracker
+from posenc.config import validate as validate_config
 
 log = logging.getLogger("posenc")
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
-
-
-def build_data(cfg: DictConfig) -> TokenData:
-    tokenizer = _instantiate(cfg.tokenizer, "tokenizer")
-    corpus = _instantiate(cfg.dataset, "dataset")
-    return load_tokens(corpus, tokenizer, log=log.info)
-
-
-def build_encoding(cfg: DictConfig) -> PositionalEncoding:
-    return _instantiate(cfg.encoding, "encoding", d_model=cfg.model.d_model, n_head=cfg.model.n_head)
-
-
-def build_model(cfg: DictConfig, vocab_size: int) -> GPT:
-    encoding = build_encoding(cfg)
-    return _instantiate(cfg.model, "model", vocab_size=vocab_size, encoding=encoding)
-
-
-def _instantiate(node: DictConfig, group: str, **kwargs):
-    """Hydra instantiate, with a bad value reported as a user error naming the group."""
-    try:
-        return instantiate(node, **kwargs)
-    except InstantiationException as e:
-        cause = e.__cause__
-        if isinstance(cause, UserError):
-            raise cause from None
-        if isinstance(cause, (ValueError, TypeError)):
-            raise UserError(f"{group}: {cause}") from None
-        raise
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float):
@@ -93,22 +53,10 @@ def configure_optimizer(model: GPT, tcfg: DictConfig, device: torch.device) -> t
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), fused=device.type == "cuda")
 
 
-def validate(cfg: DictConfig) -> None:
-    """Refuse wrong types and out-of-range settings before anything is built."""
-    validate_config(cfg)
-    try:  # the encoding's own rules (odd RoPE head dim, seq_len beyond learned max_len), before any data
-        build_encoding(cfg).check_length(cfg.trainer.seq_len)
-    except PositionOutOfRange as e:
-        raise UserError(str(e)) from None
-
-
-def encoding_summary(encoding: PositionalEncoding) -> dict:
-    return {"name": encoding.name, **encoding.options()}
-
-
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Train one model as cfg says, writing everything into run_dir; return the summary."""
-    validate(cfg)
+    validate_config(cfg)
+    check_encodable(cfg)
     started = time.time()
     device = distributed.local_device(resolve_device(cfg.device))
     precision = resolve_precision(cfg.trainer.precision, device)
@@ -130,7 +78,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     optimizer = configure_optimizer(model, t, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, t.max_steps, t.min_lr_ratio))
     step_model = distributed.wrap(model, device)
-    step_model = torch.compile(step_model) if _use_compile(t.compile, device) else step_model
+    step_model = torch.compile(step_model) if use_compile(t.compile, device) else step_model
     tokens_per_step = t.batch_size * t.seq_len * t.grad_accum * distributed.world_size()
     resumed = resume_training(run_dir, cfg, model, optimizer, scheduler, batches) if t.get("resume") else Resumed()
     bytes_per_token = data.bytes_per_token("validation")
@@ -156,7 +104,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         val: dict[str, float] = resumed.val
         window_start, window_tokens = time.time(), 0
         # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
-        loop_start = window_start - (elapsed_before(read_jsonl(run_dir / "metrics.jsonl"), step)
+        loop_start = window_start - (elapsed_before(read_jsonl(run_dir / METRICS_FILE), step)
                                      if step and tracker.enabled else 0.0)
         with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
             while step < t.max_steps:
@@ -227,7 +175,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
-            summary.update(convergence_metrics(read_jsonl(run_dir / "metrics.jsonl"), t.get("convergence_targets")))
+            summary.update(convergence_metrics(read_jsonl(run_dir / METRICS_FILE), t.get("convergence_targets")))
         tracker.summary(summary)
         exit_code = 0
         return summary
@@ -237,13 +185,3 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
 def _log_length(r: extrapolation.LengthResult) -> None:
     log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
-
-
-def _use_compile(setting, device: torch.device) -> bool:
-    """trainer.compile: true | false | auto (on for CUDA, off for CPU)."""
-    if setting == "auto":
-        return device.type == "cuda"
-    return bool(setting)
-
-
-__all__ = ["train", "build_model", "build_data", "save_checkpoint", "write_json_atomic"]
