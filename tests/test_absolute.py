@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.nn.encodings.base import Context, PositionOutOfRange
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.encodings.sinusoidal import Sinusoidal, sinusoidal_table
 
@@ -23,7 +23,7 @@ def test_sinusoidal_is_added_to_the_embeddings():
     enc = Sinusoidal(d_model=8, n_head=2, scale_embeddings=False)
     x = torch.zeros(1, 5, 8)
     enc.prepare(5)
-    torch.testing.assert_close(enc.embed(x, torch.arange(5))[0], sinusoidal_table(torch.arange(5), 8))
+    torch.testing.assert_close(enc.embed(x, Context.arange(5))[0], sinusoidal_table(torch.arange(5), 8))
     enc.prepare(100_000)  # any length: the sinusoid is defined everywhere
     assert enc.max_len is None
 

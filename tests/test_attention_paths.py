@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from posenc.nn import attention
-from posenc.bench.timing import compose
-from posenc.config import group_options
-from posenc.nn.encodings.base import PositionalEncoding
-from posenc.nn.flex import causal_block_mask, flex_bias
+from posenc.config import compose, group_options
+from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.flex import causal_block_mask
 from posenc.build import build_model
 
 ENCODINGS = group_options("encoding")
@@ -57,7 +56,7 @@ def rotated_qkv(encoding: PositionalEncoding):
     q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(T)
     encoding.prepare(T)
-    q, k = encoding.rotate(q, k, pos)
+    q, k = encoding.rotate(q, k, Context.arange(T, dtype=torch.float64))
     return q, k, v, pos
 
 
@@ -65,9 +64,9 @@ def rotated_qkv(encoding: PositionalEncoding):
 def test_every_cpu_path_equals_the_masked_reference(name):
     encoding = tiny_model(name).encoding.double()
     q, k, v, pos = rotated_qkv(encoding)
-    bias = encoding.bias(pos, pos)  # (H, T, T) or None
+    bias = encoding.bias(pos, pos) if encoding.has_bias else None  # (H, T, T)
     expected = reference(q, k, v, bias)
-    chosen = attention.attention_bias(encoding, pos, T, torch.float64, 0.0)
+    chosen = attention.position_bias(encoding, Context.arange(T, dtype=torch.float64), 0.0)
     assert (chosen is None) == (not encoding.has_bias)
     torch.testing.assert_close(attention.causal_attention(q, k, v, chosen), expected)
     if encoding.has_bias:  # the long-sequence path, in chunks that do not divide T
@@ -75,19 +74,22 @@ def test_every_cpu_path_equals_the_masked_reference(name):
         torch.testing.assert_close(chunked, expected)
 
 
+@pytest.mark.parametrize("shift", [0, 5])
 @pytest.mark.parametrize("name", BIASED)
-def test_score_mod_is_the_bias_computed_on_the_fly(name):
+def test_score_mod_is_the_bias_computed_on_the_fly(name, shift):
     """Every biased encoding offers FlexAttention a score_mod, and score_mod(0, h, i, j) is
-    bias[h, i, j] wherever key j is visible to query i."""
+    bias[h, pos_i, pos_j] wherever key j is visible to query i: with the default positions
+    (closed forms on q_idx - kv_idx) and with shifted ones (a lookup through the positions)."""
     encoding = tiny_model(name).encoding.double()
-    pos = torch.arange(T)
-    encoding.prepare(T)
-    mod = encoding.score_mod(pos, T)
+    pos = torch.arange(T) + shift
+    ctx = Context.arange(T) if shift == 0 else Context.at(pos)
+    encoding.prepare(ctx.length)
+    mod = encoding.score_mod(ctx)
     assert mod is not None, f"{name} has a bias but offers no score_mod: it would fall back on CUDA"
     h, i, j = torch.arange(H)[:, None, None], torch.arange(T)[None, :, None], torch.arange(T)[None, None, :]
     on_the_fly = mod(torch.zeros(H, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
     visible = (j <= i).expand(H, T, T)
-    torch.testing.assert_close(on_the_fly[visible], encoding.bias(pos, pos)[visible])
+    torch.testing.assert_close(on_the_fly[visible].double(), encoding.bias(pos, pos)[visible].double())
 
 
 @pytest.mark.parametrize("name", BIASED)
@@ -98,7 +100,7 @@ def test_flex_forward_equals_the_masked_reference(name):
     q, k, v, pos = rotated_qkv(encoding)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
-        out = flex_attention(q, k, v, score_mod=encoding.score_mod(pos, T),
+        out = flex_attention(q, k, v, score_mod=encoding.score_mod(Context.arange(T)),
                              block_mask=causal_block_mask(T, torch.device("cpu")))
     torch.testing.assert_close(out, reference(q, k, v, encoding.bias(pos, pos)))
 
@@ -117,19 +119,43 @@ def test_model_dense_and_chunked_paths_agree(name, monkeypatch):
 class AbsoluteBias(PositionalEncoding):
     """A bias that is not a function of i - j: it offers no score_mod."""
 
-    has_bias = True
-
     def bias(self, q_pos, k_pos):
         return (q_pos[:, None] * k_pos[None, :]).float().expand(self.n_head, -1, -1)
 
 
-def test_an_encoding_without_score_mod_falls_back_with_one_warning():
-    encoding, pos = AbsoluteBias(32, 4, name="absolute"), torch.arange(8)
+def test_overriding_bias_is_what_makes_an_encoding_biased():
+    """No flag to remember: a subclass that overrides bias has one, and attention uses it."""
+    encoding = AbsoluteBias(32, 4, name="absolute")
+    assert encoding.has_bias and not PositionalEncoding(32, 4).has_bias
+    assert encoding.relative_bias(torch.arange(4)) is None and encoding.score_mod(Context.arange(4)) is None
+    q, k, v, pos = rotated_qkv(PositionalEncoding(32, 4))
+    chosen = attention.position_bias(encoding, Context.arange(T, dtype=torch.float64), 0.0)
+    expected = reference(q, k, v, encoding.bias(pos, pos).double())
+    torch.testing.assert_close(attention.causal_attention(q, k, v, chosen), expected)
+
+
+@pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "flex", "kernel", "why"), [
+    ("cpu", 64, 0.0, True, True, "sdpa", None),            # CPU: FlexAttention has no backward
+    ("cuda", 64, 0.0, True, True, "flex", None),
+    ("cuda", 8, 0.0, True, True, "sdpa", "head_dim >= 16"),
+    ("cuda", 64, 0.1, True, True, "sdpa", "dropout"),
+    ("cuda", 64, 0.0, False, True, "sdpa", "no score_mod"),
+    ("cuda", 64, 0.0, True, False, "sdpa", "not available"),
+])
+def test_the_kernel_follows_what_the_encoding_offers_and_the_device_can_do(device, head_dim, dropout, offers,
+                                                                            flex, kernel, why):
+    chosen, reason = attention.select_kernel(device, head_dim, dropout, offers, flex_available=flex)
+    assert chosen == kernel
+    assert (reason is None) if why is None else (why in reason)
+
+
+def test_a_fallback_warns_once_per_reason(monkeypatch):
+    monkeypatch.setattr(attention, "_WARNED", set())
     with pytest.warns(RuntimeWarning, match="offers no score_mod"):
-        assert flex_bias(encoding, pos, 8) is None
+        attention.warn_once("x offers no score_mod")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second forward must not warn again
-        assert flex_bias(encoding, pos, 8) is None
+        attention.warn_once("x offers no score_mod")
 
 
 # --- CUDA only --------------------------------------------------------------------------
@@ -142,10 +168,10 @@ def test_flex_training_path_equals_masked_path_on_cuda(name, monkeypatch):
     for use_flex in (True, False):
         model = tiny_model(name, "cuda")
         if not use_flex:
-            monkeypatch.setattr(attention, "flex_bias", lambda *a: None)
+            monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         else:
-            assert isinstance(attention.attention_bias(model.encoding, torch.arange(256, device="cuda"),
-                                                       256, torch.float32, 0.0), attention.FlexBias)
+            assert isinstance(attention.position_bias(model.encoding, Context.arange(256, "cuda"), 0.0),
+                              attention.FlexBias)
         logits, loss = model(idx, idx)
         loss.backward()
         results.append((logits, {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
@@ -183,7 +209,7 @@ def test_fast_rope_is_the_papers_rotation(style, fraction):
     half = rope.rot_dim // 2
     first = torch.arange(half) * 2 if style == "interleaved" else torch.arange(half)
     second = first + 1 if style == "interleaved" else first + half
-    for x, rotated in zip((q, k), rope.rotate(q, k, pos)):
+    for x, rotated in zip((q, k), rope.rotate(q, k, Context.arange(T))):
         a, b = x[..., first], x[..., second]
         expected = x.clone()
         expected[..., first] = a * theta.cos() - b * theta.sin()

@@ -67,10 +67,19 @@ def test_encodings_differ_only_in_their_own_parameters():
 
 
 def test_rope_options_reach_the_encoding():
+    """What the user typed is what rotates: base 500 sets θ_i = 500^(-2i/d) on the rotated
+    dims, and fraction 0.5 of head_dim 16 rotates 8 dims and leaves the other 8 alone."""
+    from posenc.nn.encodings.base import Context
+
     model = tiny_model("rope", **{"encoding.base": 500, "encoding.style": "half", "encoding.fraction": 0.5})
-    assert model.encoding.options() == {"base": 500.0, "fraction": 0.5, "style": "half"} | {
-        k: v for k, v in model.encoding.options().items() if k not in ("base", "fraction", "style")
-    }
+    enc = model.encoding
+    assert (enc.base, enc.fraction, enc.style) == (500.0, 0.5, "half")
+    torch.testing.assert_close(enc.inv_freq, 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float32) / 8))
+    q = torch.randn(1, 4, 10, 16)
+    enc.prepare(10)
+    rotated, _ = enc.rotate(q, q, Context.arange(10))
+    torch.testing.assert_close(rotated[..., 8:], q[..., 8:])
+    assert not torch.allclose(rotated[:, :, 1:, :8], q[:, :, 1:, :8])  # position 0 is not rotated
 
 
 def test_weights_are_tied():

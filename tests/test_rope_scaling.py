@@ -7,6 +7,7 @@ import math
 import pytest
 import torch
 
+from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE
 from posenc.nn.encodings.rope_scaling import yarn_ramp
 
@@ -19,7 +20,7 @@ def rope(original_max_len: int = 1024, **kw) -> RoPE:
 
 def rotated(enc: RoPE, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
     enc.prepare(int(pos.max()) + 1)
-    return enc.rotate(q, k, pos)
+    return enc.rotate(q, k, Context.at(pos))
 
 
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])

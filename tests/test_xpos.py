@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE
 from posenc.nn.encodings.xpos import XPos, xpos_zeta
 
@@ -12,8 +13,8 @@ from posenc.nn.encodings.xpos import XPos, xpos_zeta
 def score(enc, q, k, n: int, m: int, length: int = 4096) -> float:
     """<f_q(q, n), f_k(k, m)> for a query at n and a key at m. q, k: (hd,)"""
     enc.prepare(length)
-    rq, _ = enc.rotate(q[None, None, None], q[None, None, None], torch.tensor([n]))
-    _, rk = enc.rotate(k[None, None, None], k[None, None, None], torch.tensor([m]))
+    rq, _ = enc.rotate(q[None, None, None], q[None, None, None], Context.at(torch.tensor([n])))
+    _, rk = enc.rotate(k[None, None, None], k[None, None, None], Context.at(torch.tensor([m])))
     return float((rq * rk).sum())
 
 
@@ -42,6 +43,10 @@ def test_each_pair_decays_as_zeta_to_the_distance_over_scale_base():
         assert ratios == sorted(ratios, reverse=True)
 
 
-def test_xpos_is_causal_only_and_rotates():
-    enc = XPos(d_model=64, n_head=2)
-    assert enc.causal_only and enc.rotates and not enc.has_bias
+def test_without_decay_xpos_is_rope():
+    """ζ_i = (2i/d + γ)/(1 + γ) -> 1 as γ grows: the decay vanishes and xPos is RoPE (Sun et al. §3.2)."""
+    torch.manual_seed(1)
+    xpos, rope = XPos(d_model=64, n_head=2, gamma=1e9), RoPE(d_model=64, n_head=2)
+    q, k = torch.randn(2, 32).unbind(0)
+    for n, m in ((5, 2), (300, 17), (40, 40)):
+        assert score(xpos, q, k, n, m) == pytest.approx(score(rope, q, k, n, m), rel=1e-4, abs=1e-5)

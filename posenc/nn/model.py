@@ -14,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import ScoreBias, attention_bias, causal_attention, causal_linear_attention
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.attention import PositionBias, causal_attention, position_bias
+from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.linear_attention import causal_linear_attention
 
 
 ATTENTIONS = ("softmax", "linear")
@@ -31,18 +32,18 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(
-        self, x: Tensor, encoding: PositionalEncoding, pos: Tensor, bias: ScoreBias | None
-    ) -> Tensor:
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
+                layer: int) -> Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, hd)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
-            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, pos))
+            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, ctx, layer))
         else:
-            q, k = encoding.rotate(q, k, pos)
-            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0)
+            q, k = encoding.rotate(q, k, ctx, layer)
+            content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
+            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0, content, ctx.pos)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -66,10 +67,9 @@ class Block(nn.Module):
         self.ln_2 = nn.LayerNorm(d_model)
         self.mlp = MLP(d_model, dropout)
 
-    def forward(
-        self, x: Tensor, encoding: PositionalEncoding, pos: Tensor, bias: ScoreBias | None
-    ) -> Tensor:
-        x = x + self.attn(self.ln_1(x), encoding, pos, bias)  # pre-LN residual
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
+                layer: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), encoding, ctx, bias, layer)  # pre-LN residual
         return x + self.mlp(self.ln_2(x))
 
 
@@ -92,7 +92,7 @@ class GPT(nn.Module):
                 raise ValueError(f"model.{key} must be positive, got {value}")
         if d_model % n_head != 0:
             raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
-        if attention == "linear" and encoding.has_bias:
+        if attention == "linear" and (encoding.has_bias or encoding.has_content_bias):
             raise ValueError(
                 f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
                 f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
@@ -144,17 +144,17 @@ class GPT(nn.Module):
 
         Returns logits (B, T, vocab) and the mean cross-entropy (nats/token) if targets.
         """
-        T = idx.shape[1]
-        if pos is None:
-            pos, length = torch.arange(T, device=idx.device), T
-        else:
-            length = int(pos.max()) + 1  # custom positions: one sync, by request
-        self.encoding.prepare(length)
-        x = self.encoding.embed(self.wte(idx), pos)  # (B, T, C)
+        dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
+            else self.wte.weight.dtype
+        # the per-forward context every hook sees; explicit positions cost one sync, by request
+        ctx = Context.arange(idx.shape[1], idx.device, dtype) if pos is None else Context.at(pos, dtype)
+        self.encoding.prepare(ctx.length)
+        x = self.encoding.embed(self.wte(idx), ctx)  # (B, T, C)
         x = self.drop(x)
-        bias = attention_bias(self.encoding, pos, length, x.dtype, self.drop.p if self.training else 0.0)
-        for block in self.blocks:
-            x = block(x, self.encoding, pos, bias)
+        # a position bias is computed once per forward and shared by every layer (as T5 does)
+        bias = position_bias(self.encoding, ctx, self.drop.p if self.training else 0.0)
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self.encoding, ctx, bias, layer)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:

@@ -17,7 +17,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
 
 
 def alibi_slopes(n_head: int) -> list[float]:
@@ -34,8 +34,6 @@ def alibi_slopes(n_head: int) -> list[float]:
 class ALiBi(PositionalEncoding):
     """b_h(i, j) = m_h · (j - i): a linear penalty on distance, fixed per head, any length."""
 
-    has_bias = True
-
     def __init__(self, d_model: int, n_head: int, name: str = "alibi") -> None:
         super().__init__(d_model, n_head, name)
         # fixed, not learned, not saved: recomputed from n_head on load
@@ -49,6 +47,18 @@ class ALiBi(PositionalEncoding):
         """b_h(n) = -m_h · n for distances n = i - j >= 0: (R,) -> (H, R); what FlexAttention's
         score_mod looks up per score, so no H x T x T tensor is ever built on CUDA."""
         return -self.slopes[:, None] * distance.to(torch.float32)[None, :]
+
+    def score_mod(self, ctx: Context) -> ScoreMod:
+        """Closed form: score - m_h·(i - j), computed from the indices themselves (no table,
+        no gather) when positions are the default 0..T-1."""
+        if not ctx.default_positions:
+            return super().score_mod(ctx)
+        slopes = self.slopes
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score - slopes[h] * (q_idx - kv_idx)
+
+        return mod
 
     def options(self) -> dict[str, object]:
         return {}

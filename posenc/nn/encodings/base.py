@@ -1,27 +1,76 @@
 """The one abstraction: a positional encoding.
 
-Every encoding in the literature acts in one (or more) of three places, so the base
-class has three hooks, each a no-op by default:
+Every encoding in the literature acts in one (or more) of these places, so the base class
+has one hook for each, a no-op by default:
 
-- ``embed``:  added to the token embeddings before the first block (sinusoidal, learned);
-- ``rotate``: a position-dependent transform of queries and keys (RoPE, xPos);
-- ``bias``:   a term added to the attention scores (T5 relative bias, ALiBi).
+- ``embed(x, ctx)``: added to the token embeddings before the first block (sinusoidal, learned);
+- ``rotate(q, k, ctx, layer)``: a position-dependent transform of queries and keys (RoPE,
+  xPos, a per-layer choice such as RoPE/NoPE hybrids, a length-dependent temperature);
+- ``bias(q_pos, k_pos)``: a term added to the attention logits that depends on positions
+  alone (T5's relative bias, ALiBi), computed once per forward and shared by all layers;
+- ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
+  (CoPE's contextual positions), computed in each layer.
 
-The base class itself is NoPE: no positional information at all, which a causal
-decoder can still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023).
-Attention never asks *which* encoding it has, only whether ``has_bias`` is true.
+The base class itself is NoPE: no positional information at all, which a causal decoder can
+still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
+offers is *derived* from which hooks it overrides (``has_bias``, ``has_content_bias``): there
+is no flag to remember, and attention never asks which encoding it has.
+
+Vocabulary, one name per concept:
+    bias           b_h(i, j), the (H, Tq, Tk) logit term an encoding's ``bias`` returns;
+    relative_bias  b_h(n) as a table over distances n = i - j, for a bias that depends on
+                   positions only through i - j (what a fused kernel looks up);
+    score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
+    content_bias   a logit term computed from q and k in each layer.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+#: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Context:
+    """What every hook may know about one forward pass, built once by the model.
+
+    pos: (T,) long positions of the tokens; length: largest position + 1, a Python int (so no
+    hook ever synchronises with the device to learn it); default_positions: pos is 0..T-1,
+    which lets a fused kernel compute a relative bias from q_idx - kv_idx with no gather.
+    """
+
+    pos: Tensor
+    length: int
+    default_positions: bool = True
+    dtype: torch.dtype = torch.float32
+
+    @classmethod
+    def arange(cls, T: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Context:
+        """The default context: positions 0..T-1."""
+        return cls(torch.arange(T, device=device), T, True, dtype)
+
+    @classmethod
+    def at(cls, pos: Tensor, dtype: torch.dtype = torch.float32) -> Context:
+        """A context for explicit positions (one host sync for their maximum)."""
+        return cls(pos, int(pos.max()) + 1 if pos.numel() else 0, False, dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return self.pos.device
+
+    @property
+    def T(self) -> int:
+        return self.pos.shape[0]
+
 
 class PositionalEncoding(nn.Module):
-    """Base class and NoPE. Subclasses override the hooks they need.
+    """Base class and NoPE. Subclasses override the hooks they need (see the module doc).
 
     Args:
         d_model: model width (what ``embed`` adds to).
@@ -31,12 +80,6 @@ class PositionalEncoding(nn.Module):
 
     #: longest sequence it can encode (positions 0..max_len-1); None means any length.
     max_len: int | None = None
-    #: whether ``bias`` returns a tensor; attention picks its kernel from this alone.
-    has_bias: bool = False
-    #: whether it only makes sense with a causal mask (xPos's decay, unidirectional buckets).
-    causal_only: bool = False
-    #: whether ``rotate`` acts on q and k (so it can also act on linear attention's φ(q), φ(k)).
-    rotates: bool = False
 
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
@@ -47,34 +90,54 @@ class PositionalEncoding(nn.Module):
         self.head_dim = d_model // n_head
         self.name = name
 
-    # --- the three hooks -------------------------------------------------------------
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        """x: (B, T, d_model) token embeddings, pos: (T,) positions -> (B, T, d_model)."""
+    # --- the hooks --------------------------------------------------------------------
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        """x: (B, T, d_model) token embeddings -> (B, T, d_model)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        """q, k: (B, H, T, head_dim), pos: (T,) -> q, k with position applied."""
+    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        """q, k: (B, H, T, head_dim) of block ``layer`` -> q, k with position applied."""
         return q, k
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
-        """q_pos: (Tq,), k_pos: (Tk,) -> (H, Tq, Tk) additive score bias, or None."""
-        return None
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """q_pos: (Tq,), k_pos: (Tk,) -> (H, Tq, Tk) additive logit bias b_h(i, j).
 
-    # --- what a fast kernel may use instead of ``bias`` ------------------------------
+        Only called when a subclass overrides it (``has_bias``); it takes positions, not a
+        context, so that long sequences can ask for one slice of queries at a time."""
+        raise NotImplementedError
+
+    def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
+        """q, k: (B, H, T, head_dim) after ``rotate`` -> (B, H, T, T) additive logit term.
+        Only called when a subclass overrides it (``has_content_bias``)."""
+        raise NotImplementedError
+
+    # --- what a fused kernel may use instead of ``bias`` -------------------------------
     def relative_bias(self, distance: Tensor) -> Tensor | None:
         """For a bias that depends on positions only through the distance n = i - j of query
         i and key j: distance (R,) long, n >= 0 -> (H, R) table b_h(n), differentiable in the
-        encoding's parameters. None (the default) for any other bias, or no bias."""
+        encoding's parameters. None (the default) for any other bias."""
         return None
 
-    def score_mod(self, pos: Tensor, length: int) -> ScoreMod | None:
+    def score_mod(self, ctx: Context) -> ScoreMod | None:
         """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` that computes
-        it on the fly, never as an H x T x T tensor; None where the encoding offers none.
+        it per score, never as an H x T x T tensor; None where the encoding offers none.
+        The default derives it from ``relative_bias``; a closed form may override it."""
+        table = self.relative_bias(torch.arange(ctx.length, device=ctx.device))  # (H, length)
+        if table is None:
+            return None
+        return relative_score_mod(table, None if ctx.default_positions else ctx.pos)
 
-        pos: (T,) positions; length: largest position + 1 (what ``prepare`` was given). The
-        default derives it from ``relative_bias``; override for a bias of another form."""
-        table = self.relative_bias(torch.arange(length, device=pos.device))  # (H, length)
-        return None if table is None else relative_score_mod(table, pos)
+    # --- derived facts ----------------------------------------------------------------
+    @property
+    def has_bias(self) -> bool:
+        """Whether this encoding adds a position bias: it overrides ``bias``."""
+        return type(self).bias is not PositionalEncoding.bias
+
+    @property
+    def has_content_bias(self) -> bool:
+        """Whether this encoding adds a logit term computed from q and k: it overrides
+        ``content_bias``."""
+        return type(self).content_bias is not PositionalEncoding.content_bias
 
     def prepare(self, length: int) -> None:
         """Called once per forward, before any hook, with the number of positions needed
@@ -82,7 +145,6 @@ class PositionalEncoding(nn.Module):
         cache here, so the hooks themselves never synchronise with the device."""
         self.check_length(length)
 
-    # --- helpers shared by every encoding --------------------------------------------
     def check_length(self, length: int) -> None:
         """Refuse a sequence the encoding cannot represent, with a message a user can act on."""
         if self.max_len is not None and length > self.max_len:
@@ -109,22 +171,19 @@ class PositionOutOfRange(ValueError):
     """A position beyond what the encoding can represent (e.g. learned beyond max_len)."""
 
 
-#: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+def relative_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:
+    """score + table[h, i - j]: a per-head bias over relative distance, looked up per score.
 
+    table: (H, R); pos: (T,) positions, or None for the default 0..T-1, where i - j is
+    q_idx - kv_idx itself and no gather through a positions tensor is needed. The future
+    (j > i) is masked by the caller's causal BlockMask; its distance is clamped to 0 only so
+    that the lookup stays in range."""
 
-def relative_score_mod(table: Tensor, pos: Tensor) -> ScoreMod:
-    """score + table[h, pos[i] - pos[j]]: a per-head bias over relative distance, looked up
-    per score. table: (H, R), pos: (T,). The future (j > i) is masked by the caller's causal
-    BlockMask; its distance is clamped to 0 only so that the lookup stays in range."""
-
-    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-        n = (pos[q_idx] - pos[kv_idx]).clamp(min=0)
-        return score + table[h, n]
+    if pos is None:
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[h, (q_idx - kv_idx).clamp(min=0)]
+    else:
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[h, (pos[q_idx] - pos[kv_idx]).clamp(min=0)]
 
     return mod
-
-
-def positions(length: int, device: torch.device | str | None = None) -> Tensor:
-    """The default positions 0..length-1 as a (T,) long tensor."""
-    return torch.arange(length, device=device)

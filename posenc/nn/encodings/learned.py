@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.base import Context, PositionalEncoding
 
 
 class Learned(PositionalEncoding):
@@ -19,9 +19,10 @@ class Learned(PositionalEncoding):
         self.weight = nn.Parameter(torch.empty(self.max_len, d_model))
         nn.init.normal_(self.weight, mean=0.0, std=0.02)  # GPT-2's wpe init
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
         # prepare() has refused lengths beyond max_len, so this index is always in range
-        return x + self.weight[pos].to(x.dtype)
+        table = self.weight[: ctx.T] if ctx.default_positions else self.weight[ctx.pos]  # (T, d_model)
+        return x + table.to(x.dtype)
 
     def options(self) -> dict[str, object]:
         return {"max_len": self.max_len}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.encodings.rope_scaling import attention_scale, check_scaling, scaled_inv_freq
 
 STYLES = ("interleaved", "half")
@@ -65,8 +65,6 @@ def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
 
 class RoPE(PositionalEncoding):
     """Rotary embedding of q and k; cos/sin cached as non-persistent buffers grown on demand."""
-
-    rotates = True
 
     def __init__(
         self,
@@ -125,14 +123,21 @@ class RoPE(PositionalEncoding):
             self.cos_cached = torch.cos(theta) * self.attention_scale
             self.sin_cached = torch.sin(theta) * self.attention_scale
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
+    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) each
         if self.style == "interleaved" and not torch.compiler.is_compiling():
             # eager: one complex product; compiled: inductor fuses the real formula below into
             # one kernel but does not generate code for complex ops
             freqs = torch.complex(cos, sin)  # e^{i·mθ_i}, (T, rot/2)
             return rotate_complex(q, freqs), rotate_complex(k, freqs)
         return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
+
+    def cos_and_sin(self, ctx: Context) -> tuple[Tensor, Tensor]:
+        """cos mθ_i and sin mθ_i at the context's positions: (T, rot/2) each, float32. With the
+        default positions a slice of the cache, not a gather."""
+        if ctx.default_positions:
+            return self.cos_cached[: ctx.T], self.sin_cached[: ctx.T]
+        return self.cos_cached[ctx.pos], self.sin_cached[ctx.pos]
 
     def options(self) -> dict[str, object]:
         opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}

@@ -7,7 +7,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.base import Context, PositionalEncoding
 
 
 def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -52,8 +52,8 @@ class Sinusoidal(PositionalEncoding):
             pos = torch.arange(n, device=self.table.device)
             self.table = sinusoidal_table(pos, self.d_model, self.base)
 
-    def embed(self, x: Tensor, pos: Tensor) -> Tensor:
-        pe = self.table[pos]  # (T, d_model); prepare() sized the cache
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        pe = self.table[: ctx.T] if ctx.default_positions else self.table[ctx.pos]  # (T, d_model); prepare() sized it
         if self.scale_embeddings:
             x = x * math.sqrt(self.d_model)
         return x + pe.to(x.dtype)

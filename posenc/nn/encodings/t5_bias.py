@@ -47,9 +47,6 @@ def relative_position_bucket(
 class T5Bias(PositionalEncoding):
     """b_h(i, j) = W[bucket(j - i), h], added to the scores of head h."""
 
-    has_bias = True
-    causal_only = False
-
     def __init__(
         self,
         d_model: int,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE, apply_rotary
 
 
@@ -27,8 +28,6 @@ def xpos_zeta(rot_dim: int, gamma: float = 0.4) -> Tensor:
 
 class XPos(RoPE):
     """RoPE with a per-dimension exponential decay in the query-key distance."""
-
-    causal_only = True
 
     def __init__(
         self,
@@ -57,9 +56,9 @@ class XPos(RoPE):
         exponent = (pos.to(torch.float32) - self.center) / self.scale_base
         return self.zeta[None, :] ** exponent[:, None]
 
-    def rotate(self, q: Tensor, k: Tensor, pos: Tensor) -> tuple[Tensor, Tensor]:
-        cos, sin = self.cos_cached[pos], self.sin_cached[pos]  # (T, rot/2)
-        scale = self.decay(pos)  # (T, rot/2): queries scaled up by it, keys down
+    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        cos, sin = self.cos_and_sin(ctx)  # (T, rot/2)
+        scale = self.decay(ctx.pos)  # (T, rot/2): queries scaled up by it, keys down
         q = apply_rotary(q, cos * scale, sin * scale, self.style)
         k = apply_rotary(k, cos / scale, sin / scale, self.style)
         return q, k
