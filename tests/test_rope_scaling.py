@@ -70,6 +70,77 @@ def test_yarn_interpolates_long_wavelengths_keeps_short_ones_and_scales_temperat
 
 def test_unknown_scaling_and_shrinking_factor_are_refused():
     with pytest.raises(ValueError, match="encoding.scaling must be one of"):
-        rope(scaling="dynamic")
+        rope(scaling="rotary")
     with pytest.raises(ValueError, match="scaling_factor must be >= 1"):
         rope(scaling="linear", scaling_factor=0.5)
+
+
+# --- every method on the issue's small case: d = 8, T = 16, s = 4, base 10000 -----------------
+# θ_i = 10000^(-2i/8) = 1, 0.1, 0.01, 0.001; wavelengths 2π/θ_i = 6.28, 62.8, 628, 6283
+SMALL = dict(d_model=8, n_head=1, original_max_len=16)
+PLAIN = [1.0, 0.1, 0.01, 0.001]
+
+
+def inv_freq_at(length: int, **kw) -> list[float]:
+    enc = RoPE(**SMALL, **kw)
+    enc.prepare(length)
+    return enc.inv_freq.tolist()
+
+
+@pytest.mark.parametrize(("scaling", "length", "expected"), [
+    ("linear", 16, [0.25, 0.025, 0.0025, 0.00025]),                 # θ/s
+    # base·s^(d/(d-2)) = 10000·4^(4/3) = 63496: θ_i = 63496^(-i/4)
+    ("ntk", 16, [1.0, 0.06300, 0.003969, 0.00025]),
+    ("dynamic", 16, PLAIN),                                          # L <= T: unchanged
+    # L = 64: base·(s·L/T − (s − 1))^(d/(d−2)) = 10000·13^(4/3) = 305,660: θ_i = 305660^(-i/4),
+    # so the slowest frequency is 0.001/13 (interpolated by s·L/T − (s − 1) = 13)
+    ("dynamic", 64, [1.0, 0.04253, 0.001809, 0.00007692]),
+    # wavelength 6.28 lies between T/4 = 4 and T/1 = 16: smooth = (16/6.283 − 1)/3 = 0.5155,
+    # θ' = (1 − 0.5155)·1/4 + 0.5155·1 = 0.6366; the others are longer than 16: θ/4
+    ("llama3", 16, [0.6366, 0.025, 0.0025, 0.00025]),
+    # turns over T = 16·θ/2π = 2.546, 0.2546, ...: γ_0 = (2.546 − 1)/31 = 0.0499, the rest 0
+    ("yarn", 16, [0.2874, 0.025, 0.0025, 0.00025]),
+])
+def test_each_method_matches_a_hand_computed_inv_freq(scaling, length, expected):
+    assert inv_freq_at(length, scaling=scaling, scaling_factor=4.0) == pytest.approx(expected, rel=2e-3)
+
+
+def test_longrope_uses_the_short_factors_within_T_and_the_long_ones_past_it():
+    kw = dict(scaling="longrope", scaling_factor=4.0, short_factor=[1.0, 1.0, 2.0, 2.0], long_factor=[1, 2, 4, 8])
+    assert inv_freq_at(16, **kw) == pytest.approx([1.0, 0.1, 0.005, 0.0005])
+    assert inv_freq_at(64, **kw) == pytest.approx([1.0, 0.05, 0.0025, 0.000125])
+    # attention factor sqrt(1 + ln s / ln T) on q and k: the score at distance 0 grows by its square
+    enc = RoPE(**SMALL, **kw)
+    assert enc.attention_scale == pytest.approx(math.sqrt(1 + math.log(4) / math.log(16)))
+
+
+def test_dynamic_rotates_positions_within_T_as_plain_rope():
+    torch.manual_seed(0)
+    q, pos = torch.randn(1, 1, 16, 8), torch.arange(16)
+    plain, _ = rotated(RoPE(**SMALL), pos, q, q)
+    dynamic, _ = rotated(RoPE(**SMALL, scaling="dynamic", scaling_factor=4.0), pos, q, q)
+    torch.testing.assert_close(dynamic, plain)
+
+
+def test_llama3_keeps_the_high_frequencies_exactly():
+    """At T = 64 the wavelengths 6.28 (< T/4 = 16) is kept, 62.8 is blended, the rest divided by s."""
+    plain = RoPE(d_model=8, n_head=1).inv_freq
+    llama3 = RoPE(d_model=8, n_head=1, original_max_len=64, scaling="llama3", scaling_factor=4.0).inv_freq
+    assert llama3[0] == plain[0]
+    assert plain[1] / 4 < llama3[1] < plain[1]
+    torch.testing.assert_close(llama3[2:], plain[2:] / 4)
+
+
+@pytest.mark.parametrize("scaling", ["linear", "ntk", "dynamic", "yarn", "llama3", "longrope"])
+def test_every_method_keeps_ropes_relative_property(scaling):
+    """Scores depend on positions only through m − n, at any length (RoFormer §3.4.2)."""
+    torch.manual_seed(0)
+    enc = RoPE(**SMALL, scaling=scaling, scaling_factor=4.0)
+    q, k = torch.randn(2, 1, 1, 1, 8).unbind(0)
+    scores = []
+    for shift in (0, 9, 40):
+        pos = torch.tensor([3 + shift, shift])
+        enc.prepare(64)  # one running length for all shifts (dynamic / longrope depend on it)
+        rq, rk = enc.rotate(torch.cat([q, k], 2), torch.cat([q, k], 2), Context.at(pos))
+        scores.append(float((rq[..., 0, :] * rk[..., 1, :]).sum()))
+    assert scores == pytest.approx([scores[0]] * 3, rel=1e-4)

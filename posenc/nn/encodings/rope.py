@@ -10,8 +10,11 @@ so that <R_m q, R_n k> = <q, R_{n-m} k> depends on positions only through m - n.
 ``style="interleaved"`` pairs (x[2i], x[2i+1]) as in the paper; ``style="half"`` pairs
 (x[i], x[i + d/2]) as GPT-NeoX and LLaMA do (the same maths after a fixed permutation).
 ``fraction`` < 1 rotates only the first fraction·head_dim dimensions (partial rotary,
-GPT-NeoX/GPT-J) and leaves the rest untouched. ``scaling`` (none | linear | ntk | yarn) with
-``scaling_factor`` stretches the frequencies at evaluation time (see rope_scaling.py).
+GPT-NeoX/GPT-J) and leaves the rest untouched; its frequencies are spread over the rotated dims
+(θ_i = base^(-2i/rot_dim)), unlike p-RoPE, which keeps the full spectrum and drops the lowest.
+``scaling`` (none | linear | ntk | dynamic | yarn | llama3 | longrope) with ``scaling_factor``
+changes the frequencies to run past the training length ``original_max_len`` (rope_scaling.py),
+in training (a fine-tune at the longer length) and evaluation alike.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.encodings.rope_scaling import attention_scale, check_scaling, scaled_inv_freq
+from posenc.nn.encodings.rope_scaling import LENGTH_DEPENDENT, attention_scale, check_scaling, scaled_inv_freq
 
 STYLES = ("interleaved", "half")
 
@@ -77,6 +80,10 @@ class RoPE(PositionalEncoding):
         scaling: str = "none",
         scaling_factor: float = 1.0,
         original_max_len: int | None = None,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
+        short_factor: list[float] | None = None,
+        long_factor: list[float] | None = None,
     ) -> None:
         super().__init__(d_model, n_head, name)
         if style not in STYLES:
@@ -96,7 +103,7 @@ class RoPE(PositionalEncoding):
                 f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
                 f"dimensions; use a larger fraction"
             )
-        check_scaling(scaling, float(scaling_factor), original_max_len)
+        check_scaling(scaling, float(scaling_factor), original_max_len, low_freq_factor, high_freq_factor)
         self.base = float(base)
         self.fraction = float(fraction)
         self.style = style
@@ -104,10 +111,14 @@ class RoPE(PositionalEncoding):
         self.scaling = scaling
         self.scaling_factor = float(scaling_factor)
         self.original_max_len = original_max_len
-        #: YaRN's sqrt(1/t), folded into cos/sin so q and k are both scaled by it
-        self.attention_scale = attention_scale(scaling, self.scaling_factor)
-        inv_freq = scaled_inv_freq(self.base, rot_dim, scaling, self.scaling_factor, original_max_len)
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.scaling_options = {"low_freq_factor": float(low_freq_factor), "high_freq_factor": float(high_freq_factor),
+                                "short_factor": list(short_factor) if short_factor else None,
+                                "long_factor": list(long_factor) if long_factor else None}
+        #: YaRN's / LongRoPE's attention factor, folded into cos/sin so q and k are both scaled by it
+        self.attention_scale = attention_scale(scaling, self.scaling_factor, original_max_len)
+        self.register_buffer("inv_freq", self.frequencies(original_max_len or 0), persistent=False)
+        #: the running length the cache was built for (dynamic / longrope depend on it)
+        self.cached_for = 0
         self.register_buffer("cos_cached", torch.empty(0, rot_dim // 2), persistent=False)
         self.register_buffer("sin_cached", torch.empty(0, rot_dim // 2), persistent=False)
 
@@ -115,10 +126,20 @@ class RoPE(PositionalEncoding):
         """m·θ_i for every position m in pos: (T,) -> (T, rot_dim/2), float32."""
         return pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
 
+    def frequencies(self, length: int) -> Tensor:
+        """θ'_i of the configured scaling when running ``length`` positions: (rot_dim/2,)."""
+        return scaled_inv_freq(self.scaling, self.base, self.rot_dim, self.scaling_factor, self.original_max_len,
+                               length, **self.scaling_options)
+
     def prepare(self, length: int) -> None:
         super().prepare(length)
+        if self.scaling in LENGTH_DEPENDENT and length != self.cached_for:
+            # θ' depends on the length being run: recompute exactly for it (once per new length)
+            self.inv_freq = self.frequencies(length).to(self.inv_freq.device)
+            self.cos_cached = self.cos_cached[:0]
+            self.cached_for = length
         if self.cos_cached.shape[0] < length:
-            n = max(length, 2 * self.cos_cached.shape[0])
+            n = length if self.scaling in LENGTH_DEPENDENT else max(length, 2 * self.cos_cached.shape[0])
             theta = self.angles(torch.arange(n, device=self.inv_freq.device))
             self.cos_cached = torch.cos(theta) * self.attention_scale
             self.sin_cached = torch.sin(theta) * self.attention_scale
@@ -143,4 +164,6 @@ class RoPE(PositionalEncoding):
         opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
         if self.scaling != "none":
             opts.update(scaling=self.scaling, scaling_factor=self.scaling_factor)
+            if self.scaling == "llama3":
+                opts.update({k: self.scaling_options[k] for k in ("low_freq_factor", "high_freq_factor")})
         return opts
