@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from posenc.nn import attention
-from posenc.bench.timing import compose
+from posenc.config import compose
 from posenc.config import group_options
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.flex import causal_block_mask, flex_bias
