@@ -14,7 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.train import TrainState, micro_batches, train_step
+from posenc.train.state import TrainState, micro_batches, train_step
 
 
 def sync(device: torch.device) -> None:

@@ -20,7 +20,7 @@ from torch import Tensor
 from posenc.bench.memory import sync
 from posenc.bench.reference import REFERENCE, PlainGPT
 from posenc.build import build_model, seed_everything
-from posenc.train import BatchSource, TrainState, micro_batches, new_train_state, train_step
+from posenc.train.state import BatchSource, TrainState, micro_batches, new_train_state, train_step
 
 
 class FixedBatch:
