@@ -3,6 +3,10 @@
 Every log step becomes one JSON object in ``metrics.jsonl`` (with ``step`` and ``tokens``)
 and, when ``logger=wandb``, the same dict in W&B with ``tokens`` as the x-axis. W&B never
 blocks a run: no key or no network falls back to offline with one warning.
+
+W&B learns from the metric declarations (posenc.metrics) how to summarise each history
+metric: its last value and its best one (``val/loss`` -> last and min, ``train/mfu`` -> last
+and max), so a runs table can sort by either; summary.json keeps the final values.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from posenc.metrics import METRICS, STEP, TOKENS, lookup
 from posenc.rundir import METRICS_FILE, SUMMARY_FILE, write_json_atomic
 
 log = logging.getLogger("posenc")
@@ -66,8 +71,11 @@ class Tracker:
                 return
             log.warning("W&B online failed (%s); logging offline instead", e)
             self.wandb_run = wandb.init(mode="offline", settings=settings, **kwargs)
-        self.wandb_run.define_metric("tokens")
-        self.wandb_run.define_metric("*", step_metric="tokens")
+        self.wandb_run.define_metric(TOKENS)
+        self.wandb_run.define_metric("*", step_metric=TOKENS)
+        for metric in METRICS:
+            if metric.wandb_summary:
+                self.wandb_run.define_metric(metric.wandb_name, step_metric=TOKENS, summary=metric.wandb_summary)
 
     @property
     def wandb_id(self) -> str | None:
@@ -76,11 +84,11 @@ class Tracker:
     def log(self, metrics: dict[str, float], step: int, tokens: int) -> None:
         if not self.enabled:
             return
-        row = {"step": step, "tokens": tokens, **{k: _json_safe(v) for k, v in metrics.items()}}
+        row = {STEP: step, TOKENS: tokens, **{k: _json_safe(v) for k, v in metrics.items()}}
         self._metrics.write(json.dumps(row) + "\n")
         self._metrics.flush()
         if self.wandb_run is not None:
-            self.wandb_run.log({"tokens": tokens, **metrics}, step=step)
+            self.wandb_run.log({TOKENS: tokens, **metrics}, step=step)
 
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
@@ -88,6 +96,8 @@ class Tracker:
         write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
         if self.wandb_run is not None:
             for k, v in summary.items():
+                if _summarised_by_wandb(k, v):
+                    continue  # W&B holds its last (= this) and best value; writing it would drop the best
                 if isinstance(v, (int, float, str, bool)) or v is None:
                     self.wandb_run.summary[k] = v
 
@@ -100,6 +110,12 @@ class Tracker:
                 self.wandb_run.finish(exit_code=exit_code)
             finally:
                 self.wandb_run = None
+
+
+def _summarised_by_wandb(key: str, value: Any) -> bool:
+    """A logged history metric that define_metric told W&B to summarise (last and best)."""
+    metric = lookup(key)
+    return value is not None and metric is not None and metric.wandb_summary is not None
 
 
 def _has_netrc_key() -> bool:

@@ -1,44 +1,104 @@
-"""`posenc bench`: one table/JSON row per encoding plus the plain reference, same shape."""
+"""`posenc bench` times the training step itself, and shows each row as soon as it is measured."""
 
 from __future__ import annotations
 
+import io
 import json
+from contextlib import nullcontext
+from pathlib import Path
 
 import pytest
+import torch
+from rich.console import Console
 
 from conftest import TINY, run_cli
-from posenc.bench.timing import bench
-from posenc.cli.bench import split_json_flag
+from posenc.bench.run import bench
+from posenc.bench.timing import build_subject, run_steps
+from posenc.build import build_data
+from posenc.cli.bench import run_bench, split_json_flag
+from posenc.config import compose
+from posenc.data.batches import RandomWindows
 from posenc.errors import UserError
+from posenc.rundir import load_checkpoint
+from posenc.train.loop import train
 
-FIELDS = {"name", "params", "tokens_per_s", "ms_per_step", "mfu", "peak_mem_mb", "vs_nope", "vs_reference",
-          "flops_per_token"}
+BENCH = [*TINY, "bench.steps=1", "bench.rounds=1", "bench.warmup=1"]
 
 
-def test_bench_times_each_encoding_against_nope_and_the_reference(tmp_path):
-    result = run_cli("bench", *TINY, "bench.encodings=[nope,learned,t5_bias]", "bench.steps=1",
-                     "bench.rounds=2", "bench.warmup=1", "bench.peak_flops=1e12", "bench.eval_length_multiple=2",
-                     "encoding.num_buckets=8", "--json", cwd=tmp_path)
+def test_a_bench_step_changes_the_parameters_exactly_as_a_training_step(tmp_path: Path):
+    # gradient accumulation, the LR warmup (lr/4 at the first step) and clipping all shape this
+    # step: a benchmark that skipped any of them would end with other parameters
+    overrides = [*TINY, "encoding=t5_bias", "trainer.max_steps=1", "trainer.grad_accum=2",
+                 "trainer.warmup_steps=4", "trainer.grad_clip=0.01", "trainer.checkpoint_interval=1"]
+    train(compose(overrides, bench=False), tmp_path)
+    trained = load_checkpoint(tmp_path)["model"]
+
+    cfg = compose(overrides)
+    data = build_data(cfg)
+    same_batches = RandomWindows(data.train, 32, 4, seed=cfg.seed)  # the windows training drew
+    subject = build_subject("t5_bias", cfg, data.vocab_size, same_batches, torch.device("cpu"), nullcontext)
+    initial = {k: v.clone() for k, v in subject.state.model.state_dict().items()}
+    run_steps(subject, 1)  # what the bench times
+    benched = subject.state.model.state_dict()
+
+    assert benched.keys() == trained.keys()
+    for name, value in trained.items():
+        assert torch.equal(benched[name], value), name
+    assert not all(torch.equal(initial[k], benched[k]) for k in initial)  # the step did change them
+
+
+def flops_per_token(vocab: int, n_layer: int, d: int, seq_len: int) -> int:
+    """PaLM appendix B, 6N + 12·L·d·T, with N counted from a GPT-2 block's shape: the tied
+    embedding V·d; per layer 2 LayerNorms (4d), QKV (3d² + 3d), the output projection (d² + d)
+    and the MLP (4d² + 4d, 4d² + d); the final LayerNorm (2d)."""
+    n = vocab * d + n_layer * (12 * d * d + 13 * d) + 2 * d
+    return 6 * n + 12 * n_layer * d * seq_len
+
+
+def test_rows_appear_and_are_saved_as_measured_and_a_failing_encoding_leaves_its_reason(tmp_path: Path):
+    out = tmp_path / "bench.json"
+    names = {"reference", "nope", "learned", "rope"}
+    printed: list[tuple[str, list[str]]] = []  # (a row's name, the names in the JSON file as it was printed)
+
+    class Log(io.StringIO):  # not a terminal: one plain line per row
+        def write(self, text: str) -> int:
+            if text.split() and text.split()[0] in names:
+                saved = json.loads(out.read_text())["results"] if out.exists() else []
+                printed.append((text.split()[0], [r["name"] for r in saved]))
+            return super().write(text)
+
+    console = Console(file=Log(), width=300)
+    # learned cannot encode position 16 of a 32-token window: its row fails, the others go on
+    with pytest.raises(UserError, match="1 of 4 models failed: learned"):
+        run_bench([*BENCH, "bench.encodings=[nope,learned,rope]", "encoding.max_len=16",
+                   "bench.eval_length_multiple=2", "--json", str(out)], console, console)
+
+    final = json.loads(out.read_text())["results"]
+    rows = {r["name"]: r for r in final}
+    assert set(rows) == names
+    assert rows["learned"]["status"] == "failed" and "max_len=16" in rows["learned"]["error"]
+    for name in ("reference", "nope", "rope"):
+        assert rows[name]["status"] == "ok" and rows[name]["tokens_per_s"] > 0 and rows[name]["peak_mem_mb"] > 0
+        assert rows[name]["flops_per_token"] == flops_per_token(256, 1, 32, 32)  # byte vocab, TINY's shape
+        assert rows[name]["warmup_s"] > 0  # reported apart from the timed steps
+    assert "max_len" not in rows["rope"]["options"]  # an encoding option reaches only the encodings that have it
+    assert rows["rope"]["eval"]["length"] == 64 and rows["rope"]["eval"]["status"] == "ok"
+    # every row was printed as soon as it was measured, and was in the JSON file by then
+    assert [name for name, _ in printed] == [r["name"] for r in final]
+    for i, (name, saved) in enumerate(printed):
+        assert saved == [r["name"] for r in final[: i + 1]], name
+
+
+def test_json_on_stdout_and_rows_on_stderr(tmp_path: Path):
+    result = run_cli("bench", *BENCH, "bench.encodings=[nope,rope]", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
-    out = json.loads(result.stdout)  # stdout is pure JSON; the table went to stderr
-    assert "posenc bench" in result.stderr
-    rows = {r["name"]: r for r in out["results"]}
-    assert list(rows) == ["nope", "learned", "t5_bias", "reference"]
+    out = json.loads(result.stdout)  # stdout is pure JSON
+    assert [r["name"] for r in out["results"]] == ["reference", "nope", "rope"]
     assert out["shape"] == {"n_layer": 1, "n_head": 2, "d_model": 32, "batch_size": 4, "seq_len": 32}
-    for r in rows.values():
-        assert FIELDS <= r.keys()
-        assert r["tokens_per_s"] == pytest.approx(4 * 32 / (r["ms_per_step"] / 1e3))
-        assert r["mfu"] == pytest.approx(r["tokens_per_s"] * r["flops_per_token"] / 1e12)
-        assert r["peak_mem_mb"] > 0 and len(r["ms_per_step_rounds"]) == 2
-        assert r["vs_reference"] == pytest.approx(r["tokens_per_s"] / rows["reference"]["tokens_per_s"])
-    assert rows["nope"]["vs_nope"] == 1.0 and rows["reference"]["vs_reference"] == 1.0
-    # PaLM appendix B: 6N + 12·L·d·T FLOPs per token (N: every matmul parameter; nope has only those)
-    assert rows["nope"]["flops_per_token"] == 6 * rows["nope"]["params"] + 12 * 1 * 32 * 32
-    # an encoding option reaches the encodings that have it, and only those
-    assert rows["t5_bias"]["options"]["num_buckets"] == 8 and rows["nope"]["options"] == {}
-    # 2x the training length: learned refuses it, the others run it
-    assert rows["learned"]["eval"]["status"] == "beyond max_len"
-    assert rows["t5_bias"]["eval"] == pytest.approx({"length": 64, "status": "ok", "seconds": rows["t5_bias"]["eval"]["seconds"]})
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("posenc bench") for line in lines)
+    for name in ("reference", "nope", "rope"):
+        assert any(line.startswith(f"{name} ") and "tokens/s" in line for line in lines), name
 
 
 @pytest.mark.parametrize("choice", ["bench.encodings=[nope,rope]", "encoding=nope,rope"])
@@ -46,6 +106,11 @@ def test_bench_refuses_an_option_no_listed_encoding_has(choice):
     # the CLI prints it as one error: line
     with pytest.raises(UserError, match=r"bench.encodings=\['nope', 'rope'\] has the option 'encoding.num_buckets'"):
         bench([*TINY, choice, "encoding.num_buckets=8"])
+
+
+def test_an_unknown_encoding_is_refused_before_anything_is_measured():
+    with pytest.raises(UserError, match="unknown encoding 'ropee'"):
+        bench([*TINY, "bench.encodings=[nope,ropee]"])
 
 
 @pytest.mark.parametrize(("argv", "expected"), [

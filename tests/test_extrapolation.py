@@ -13,11 +13,14 @@ from posenc.nn import attention
 from posenc.nn.encodings.alibi import ALiBi
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.encodings.t5_bias import T5Bias
-from posenc.eval.extrapolation import evaluate_extrapolation, perplexity_at, sliding_windows
+from posenc.config import compose
+from posenc.eval.extrapolation import evaluate_extrapolation
+from posenc.eval.loss import score_windows, sliding_windows
 from posenc.nn.model import GPT
 from posenc.errors import UserError
 from posenc.eval.run import eval_run
 from posenc.report.plots_length import extrapolation_groups, plot_extrapolation, rope_decay_bound
+from posenc.train.loop import train
 
 from conftest import TINY, run_cli, run_dirs
 
@@ -42,14 +45,17 @@ def test_chunked_long_evaluation_equals_dense(make, monkeypatch):
         for p in model.encoding.parameters():
             p.normal_()
     tokens = np.random.default_rng(0).integers(0, 64, 2000)
-    args = (model, tokens, 256, 1024, None, 1024, torch.device("cpu"))
-    dense = perplexity_at(*args)
+
+    def score():
+        return score_windows(model, tokens, 256, 1024, batch_size=4, device=torch.device("cpu"))
+
+    dense = score()
     monkeypatch.setattr(attention, "DENSE_BIAS_MAX_LEN", 64)
     monkeypatch.setattr(attention, "chunked_biased_attention",
                         functools.partial(attention.chunked_biased_attention, chunk=48))
-    chunked = perplexity_at(*args)
-    assert chunked[1:] == dense[1:]
-    assert chunked[0] == pytest.approx(dense[0], rel=1e-5)
+    chunked = score()
+    assert (chunked.scored_tokens, chunked.windows) == (dense.scored_tokens, dense.windows)
+    assert chunked.loss == pytest.approx(dense.loss, rel=1e-5)
 
 
 def test_every_length_scores_the_same_tokens_and_learned_is_not_defined_beyond_max_len():
@@ -61,6 +67,16 @@ def test_every_length_scores_the_same_tokens_and_learned_is_not_defined_beyond_m
     assert results[0].scored_tokens == results[1].scored_tokens == 960  # 1000 rounded to 64s
     assert results[1].ppl is not None
     assert results[2].ppl is None and "not defined" in results[2].reason
+
+
+def test_perplexity_at_the_training_length_is_the_runs_validation_perplexity(tmp_path):
+    """One evaluator: over the same validation tokens, the extrapolation at 1× and training's
+    own val/ppl are the same number (batched differently: equal up to float rounding)."""
+    seq_len, windows = 32, 2 * 4  # TINY: eval_batches · batch_size validation windows
+    cfg = compose([*TINY, "eval.at_end=true", "eval.lengths=[1]", f"eval.tokens={windows * seq_len}"], bench=False)
+    summary = train(cfg, tmp_path)
+    assert summary[f"extrapolation/ppl@{seq_len}"] == pytest.approx(summary["val/ppl"], rel=1e-5)
+    assert summary["extrapolation"]["lengths"][0]["scored_tokens"] == windows * seq_len
 
 
 def test_rope_decay_bound_decays_with_distance():

@@ -1,13 +1,23 @@
-"""The `posenc bench` command's argv handling and output: table for people, JSON for machines."""
+"""The `posenc bench` command's argv handling and output: rows for people as they are measured
+(a live table on a terminal, one plain line per row otherwise), JSON for machines.
+
+``--json FILE`` is rewritten (atomically) after every row, so a long bench that is stopped
+keeps what it measured; ``--json`` alone prints the JSON to stdout at the end, and the rows
+go to stderr so stdout stays machine-readable.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.console import Console, Group
+from rich.live import Live
+from rich.spinner import Spinner
 
+from posenc.bench import render
+from posenc.bench.run import Listener, bench
+from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
 
 
@@ -23,19 +33,76 @@ def split_json_flag(args: list[str]) -> tuple[list[str], str | None]:
     return args[:i] + rest, "-"
 
 
-def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
-    from posenc.bench.timing import bench, render
+class LinePrinter(Listener):
+    """Without a terminal (a log, a pipe): the title, then one plain line per row as it comes."""
 
+    def __init__(self, console: Console, json_file: Path | None) -> None:
+        self.console, self.json_file = console, json_file
+
+    def started(self, result: dict) -> None:
+        self.console.print(render.title(result), highlight=False, soft_wrap=True)
+
+    def row(self, result: dict) -> None:
+        if self.json_file:  # first the file, then the line: a row seen is a row saved
+            write_json_atomic(self.json_file, result)
+        self.console.print(render.line(result["results"][-1]), highlight=False, soft_wrap=True)
+
+    def __enter__(self) -> LinePrinter:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+class LiveTable(LinePrinter):
+    """On a terminal: the table grows a row as each model is measured, a spinner says what runs now."""
+
+    def __init__(self, console: Console, json_file: Path | None) -> None:
+        super().__init__(console, json_file)
+        self.result: dict | None = None
+        self.spinner = Spinner("dots", "starting")
+        self.live = Live(self.spinner, console=console, refresh_per_second=8, transient=False)
+
+    def _show(self, done: bool = False) -> None:
+        parts = [render.table(self.result)] if self.result else []
+        self.live.update(Group(*parts) if done else Group(*parts, self.spinner), refresh=True)
+
+    def started(self, result: dict) -> None:
+        self.result = result
+        self._show()
+
+    def progress(self, what: str) -> None:
+        self.spinner.update(text=what)
+
+    def row(self, result: dict) -> None:
+        if self.json_file:
+            write_json_atomic(self.json_file, result)
+        self._show()
+
+    def __enter__(self) -> LiveTable:
+        self.live.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.result:
+            self._show(done=True)  # the final table stays; the spinner goes
+        self.live.stop()
+
+
+def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
     overrides, json_to = split_json_flag(args)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console, transient=True) as progress:
-        task = progress.add_task("bench")
-        result = bench(overrides, lambda what: progress.update(task, description=what))
-    # with JSON on stdout, the table goes to stderr so stdout stays machine-readable
-    (err_console if json_to == "-" else console).print(render(result))
+    out = err_console if json_to == "-" else console  # with JSON on stdout, people read stderr
+    json_file = Path(json_to) if json_to and json_to != "-" else None
+    printer = (LiveTable if out.is_terminal else LinePrinter)(out, json_file)
+    with printer:
+        result = bench(overrides, printer)
     if json_to == "-":
         print(json.dumps(result, indent=2))
-    elif json_to:
-        write_json_atomic(Path(json_to), result)
-        console.print(f"wrote {json_to}")
+    elif json_file:
+        write_json_atomic(json_file, result)
+        out.print(f"wrote {json_file}", highlight=False)
+    failed = [r for r in result["results"] if r.get("status") == "failed"]
+    if failed:
+        raise UserError(f"{len(failed)} of {len(result['results'])} models failed: "
+                        + "; ".join(f"{r['name']} ({r['error']})" for r in failed))
     return result

@@ -8,7 +8,8 @@ L' = L, 2L, ... with two protocols, both here:
 - sliding window (``eval.stride=S``): windows of L' tokens advance by S and only their last
   S tokens are scored (all of the first window's), so each scored token sees >= L'-S context.
 
-Every length scores the same validation tokens: a fixed span of ``eval.tokens`` targets,
+Every length goes through the one evaluator (``posenc.eval.loss.score_windows``) and scores
+the same validation tokens: a fixed span of ``eval.tokens`` targets,
 rounded to a multiple of the longest length, so 16L sees 16 times fewer windows than L over
 the same text. A length the encoding cannot represent (learned beyond max_len) is reported
 as not defined, with the reason, never clamped.
@@ -16,18 +17,18 @@ as not defined, with the reason, never clamped.
 
 from __future__ import annotations
 
-import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.errors import UserError
+from posenc.eval.loss import score_windows
+from posenc.metrics import EXTRAPOLATION_PPL
+from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.nn.model import GPT
 
 
@@ -46,7 +47,7 @@ class LengthResult:
 
     @property
     def metric(self) -> str:
-        return f"extrapolation/ppl@{self.length}"
+        return EXTRAPOLATION_PPL.key(length=self.length)
 
 
 def eval_lengths(seq_len: int, multiples: list[float]) -> list[int]:
@@ -73,59 +74,6 @@ def eval_span(n_tokens: int, lengths: list[int], budget: int) -> int:
     return min(span, available)
 
 
-def sliding_windows(span: int, length: int, stride: int | None) -> list[tuple[int, int]]:
-    """(start, first scored target offset in the window) for windows covering targets
-    [0, span) exactly once. stride None: non-overlapping windows, all targets scored."""
-    if stride is None or stride >= length:
-        return [(s, 0) for s in range(0, span - length + 1, length)]
-    windows = [(0, 0)]  # the first window scores everything
-    end = length
-    while end < span:
-        step = min(stride, span - end)
-        end += step
-        windows.append((end - length, length - step))
-    return windows
-
-
-def _batches(tokens: np.ndarray, windows: list[tuple[int, int]], length: int, batch: int) -> Iterator:
-    """Group windows by their scored offset (all equal but the first and the last) into batches."""
-    i = 0
-    while i < len(windows):
-        j = i
-        while j < len(windows) and j - i < batch and windows[j][1] == windows[i][1]:
-            j += 1
-        starts = [s for s, _ in windows[i:j]]
-        w = torch.from_numpy(np.stack([tokens[s : s + length + 1] for s in starts]).astype(np.int64))
-        yield w[:, :-1], w[:, 1:], windows[i][1]
-        i = j
-
-
-@torch.no_grad()
-def perplexity_at(
-    model: GPT,
-    tokens: np.ndarray,
-    length: int,
-    span: int,
-    stride: int | None,
-    batch_tokens: int,
-    device: torch.device,
-    autocast=nullcontext,
-) -> tuple[float, int, int]:
-    """Mean next-token loss (nats) over targets [0, span) read in windows of ``length``;
-    returns (loss, scored tokens, windows)."""
-    windows = sliding_windows(span, length, stride)
-    batch = max(1, batch_tokens // length)
-    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
-    for x, y, first in _batches(tokens, windows, length, batch):
-        x, y = x.to(device), y.to(device)
-        with autocast():
-            logits, _ = model(x)  # (b, length, vocab)
-        scored = logits[:, first:].float()
-        total += F.cross_entropy(scored.reshape(-1, scored.shape[-1]), y[:, first:].reshape(-1), reduction="sum").double()
-        count += y[:, first:].numel()
-    return float(total) / count, count, len(windows)
-
-
 def evaluate_extrapolation(
     model: GPT,
     tokens: np.ndarray,
@@ -138,34 +86,31 @@ def evaluate_extrapolation(
     stride: int | None = None,
     on_result: Callable[[LengthResult], None] | None = None,
 ) -> list[LengthResult]:
-    """Perplexity at each multiple of seq_len over the same validation span (see module doc)."""
+    """Perplexity at each multiple of seq_len over the same validation span (see module doc),
+    each through the one evaluator, score_windows."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")
     lengths = eval_lengths(seq_len, multiples)
     span = eval_span(len(tokens), lengths, budget)
-    was_training = model.training
-    model.eval()
     results = []
-    try:
-        for multiple, length in zip(multiples, lengths):
-            started = time.time()
-            result = LengthResult(multiple, length, None, None, 0, 0, 0.0)
-            max_len = model.encoding.max_len
-            if max_len is not None and length > max_len:
-                result.reason = f"not defined: {model.encoding.name} has no positions beyond {max_len - 1}"
-            else:
-                try:
-                    loss, result.scored_tokens, result.windows = perplexity_at(
-                        model, tokens, length, span, stride, batch_tokens, device, autocast)
-                    result.loss, result.ppl = loss, math.exp(min(loss, 700.0))
-                except PositionOutOfRange as e:
-                    result.reason = f"not defined: {e}"
-            result.seconds = time.time() - started
-            results.append(result)
-            if on_result is not None:
-                on_result(result)
-    finally:
-        model.train(was_training)
+    for multiple, length in zip(multiples, lengths):
+        started = time.time()
+        result = LengthResult(multiple, length, None, None, 0, 0, 0.0)
+        max_len = model.encoding.max_len
+        if max_len is not None and length > max_len:
+            result.reason = f"not defined: {model.encoding.name} has no positions beyond {max_len - 1}"
+        else:
+            try:
+                scored = score_windows(model, tokens, length, span, batch_size=batch_tokens // length,
+                                       device=device, stride=stride, autocast=autocast)
+                result.loss, result.ppl = scored.loss, scored.ppl
+                result.scored_tokens, result.windows = scored.scored_tokens, scored.windows
+            except PositionOutOfRange as e:
+                result.reason = f"not defined: {e}"
+        result.seconds = time.time() - started
+        results.append(result)
+        if on_result is not None:
+            on_result(result)
     return results
 
 

@@ -12,10 +12,14 @@ import re
 from dataclasses import asdict
 from pathlib import Path
 
+from rich.console import Console
+
 from posenc.config import load_run_config
 from posenc.eval import extrapolation
 from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
+
+console = Console()  # the `posenc eval` command's output, for people
 
 
 def output_name(overrides: list[str]) -> str:
@@ -33,7 +37,6 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     from posenc.build import build_data, build_model, encoding_summary, restore_weights
     from posenc.rundir import checkpoint_path, load_checkpoint
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
-    from posenc.report.console import console
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -69,8 +72,6 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
 
 def print_results(record: dict, results: list[extrapolation.LengthResult]) -> None:
     from rich.table import Table
-
-    from posenc.report.console import console
 
     enc = record["encoding"]
     opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")

@@ -18,9 +18,10 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from posenc.metrics import DEFAULT_TARGETS, convergence_metrics, target_key
+from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TOKENS_PER_S, TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS,
+                            VAL_LOSS_AUC, VAL_PPL, convergence_metrics, lookup)
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
-from posenc.report.plots_length import PPL_KEY, plot_extrapolation
+from posenc.report.plots_length import plot_extrapolation
 from posenc.report.runs import Group, Run, Stat, aggregate, find_runs, group_runs, varying_keys
 from posenc.rundir import read_sweep
 
@@ -30,21 +31,26 @@ class Column:
     key: str              # the summary key
     header: str
     fmt: str              # "loss" | "ppl" | "tokens" | "rate"
-    lower_is_better: bool = True
+
+    @property
+    def lower_is_better(self) -> bool:
+        """From the metric's declaration (posenc.metrics); an undeclared key: lower."""
+        metric = lookup(self.key)
+        return metric is None or metric.lower_is_better
 
 
 BASE_COLUMNS = [
-    Column("val/loss", "val/loss", "loss"),
-    Column("val/ppl", "val/ppl", "ppl"),
-    Column("val/bpb", "val/bpb", "loss"),
-    Column("convergence/val_loss_auc", "AUC", "loss"),
+    Column(VAL_LOSS.name, VAL_LOSS.name, "loss"),
+    Column(VAL_PPL.name, VAL_PPL.name, "ppl"),
+    Column(VAL_BPB.name, VAL_BPB.name, "loss"),
+    Column(VAL_LOSS_AUC.name, "AUC", "loss"),
 ]
-RATE_COLUMN = Column("tokens_per_s", "tokens/s", "rate", lower_is_better=False)
+RATE_COLUMN = Column(TOKENS_PER_S.name, "tokens/s", "rate")
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float] | None) -> list[float]:
     """--target values, else the targets the runs were trained with, else the defaults."""
-    found = {float(k.split("@")[1]) for r in runs if r.ok for k in r.summary if k.startswith(target_key(0).split("@")[0])}
+    found = {float(m["target"]) for r in runs if r.ok for k in r.summary if (m := TOKENS_TO_LOSS.match(k))}
     return sorted(asked or found or DEFAULT_TARGETS, reverse=True)
 
 
@@ -52,9 +58,9 @@ def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[float]) -> l
     """The table's columns: quality, convergence (one per target), extrapolation, speed."""
     keys = {k for r in runs if r.ok for k in r.summary}
     cols = [c for c in BASE_COLUMNS if c.key in keys]
-    cols += [Column(target_key(t), f"→{t:g}", "tokens") for t in targets]
-    cols += [Column(k, k.removeprefix("extrapolation/"), "ppl") for k in sorted(keys, key=_length_order)
-             if k.startswith("extrapolation/")]
+    cols += [Column(TOKENS_TO_LOSS.key(target=t), f"→{t:g}", "tokens") for t in targets]
+    cols += [Column(k, f"ppl@{EXTRAPOLATION_PPL.match(k)['length']}", "ppl")
+             for k in sorted(keys, key=_length_order) if EXTRAPOLATION_PPL.match(k)]
     if metric not in {c.key for c in cols} and metric in keys:
         cols.insert(0, Column(metric, metric, "loss"))
     if RATE_COLUMN.key in keys:
@@ -107,8 +113,12 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str,
     groups = group_runs(runs, by)
     targets = convergence_targets(runs, targets)
     for run in runs:
-        if run.ok:  # the same numbers train wrote, at the targets asked for now, from metrics.jsonl
-            run.summary.update(convergence_metrics(run.rows, targets))
+        # convergence is the run's own (summary.json); targets it was not trained with come from
+        # its metrics.jsonl through the same function
+        missing = [t for t in targets if TOKENS_TO_LOSS.key(target=t) not in (run.summary or {})]
+        if run.ok and (missing or VAL_LOSS_AUC.name not in run.summary):
+            for key, value in convergence_metrics(run.rows, missing).items():
+                run.summary.setdefault(key, value)
     columns = columns_for(runs, metric, targets)
     cells, best = {}, {}
     for col in columns:
@@ -135,9 +145,9 @@ def is_best(c: Comparison, g: Group, col: Column) -> bool:
 
 #: the terminal shows one table per family of columns, so each fits a terminal's width
 FAMILIES = (
-    ("quality", lambda key: not key.startswith(("convergence/tokens", "extrapolation/")) and key != RATE_COLUMN.key),
-    ("tokens to reach val/loss", lambda key: key.startswith("convergence/tokens")),
-    ("perplexity at evaluation length (tokens)", lambda key: key.startswith("extrapolation/")),
+    ("quality", lambda key: not (TOKENS_TO_LOSS.match(key) or EXTRAPOLATION_PPL.match(key)) and key != RATE_COLUMN.key),
+    ("tokens to reach val/loss", lambda key: TOKENS_TO_LOSS.match(key) is not None),
+    ("perplexity at evaluation length (tokens)", lambda key: EXTRAPOLATION_PPL.match(key) is not None),
     ("cost", lambda key: key == RATE_COLUMN.key),
 )
 
@@ -195,7 +205,7 @@ def default_out(paths: Sequence[Path]) -> Path:
     return Path("outputs") / "compare" / time.strftime("%Y-%m-%d/%H-%M-%S")
 
 
-def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str = "val/ppl",
+def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str = VAL_PPL.name,
             out: Path | None = None, targets: Sequence[float] | None = None, console: Console | None = None) -> Path:
     """Compare the runs under paths; print the table; write plots and reports into out."""
     console = console or Console()
@@ -220,7 +230,7 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
                    f"Final {metric} by {by_text}"),
         plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a validation loss"),
     ]
-    if any(PPL_KEY.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
+    if any(EXTRAPOLATION_PPL.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
         plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}"))
     write_markdown(out / "report.md", c, title, sweep, failed, plots)
     write_html(out / "report.html", c, title, sweep, failed, plots)

@@ -7,6 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from posenc.metrics import PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN, TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME
+
 console = Console()
 
 
@@ -22,18 +24,18 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     table = Table(show_header=True, title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for name, fmt in (("val/loss", "{:.4f}"), ("val/ppl", "{:.3f}"), ("val/bpb", "{:.4f}")):
+    for name, fmt in ((VAL_LOSS.name, "{:.4f}"), (VAL_PPL.name, "{:.3f}"), (VAL_BPB.name, "{:.4f}")):
         if name in summary:
             table.add_row(name, fmt.format(summary[name]))
     seq_len = summary.get("seq_len")
     for r in (summary.get("extrapolation") or {}).get("lengths", []):
         label = f"ppl @ {r['length']}" + (f" ({r['multiple']:g}×)" if seq_len else "")
         table.add_row(label, _fmt(r["ppl"], "{:.3f}"))
-    targets = [k for k in summary if k.startswith("convergence/tokens_to_loss@")]
-    for key in sorted(targets, key=lambda k: -float(k.rsplit("@", 1)[1])):
-        table.add_row(f"tokens to val/loss {key.rsplit('@', 1)[1]}", _fmt(summary[key], "{:,}").replace("not defined", "not reached"))
-    for name, key, fmt in (("steps", "steps", "{:,}"), ("tokens", "tokens", "{:,}"), ("params", "params", "{:,}"),
-                           ("tokens/s", "tokens_per_s", "{:,.0f}"), ("wall time", "wall_time_s", "{:.1f} s")):
+    targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))}
+    for key, target in sorted(targets.items(), key=lambda kv: -float(kv[1])):
+        table.add_row(f"tokens to {VAL_LOSS.name} {target}", _fmt(summary[key], "{:,}").replace("not defined", "not reached"))
+    for name, key, fmt in (("steps", STEPS.name, "{:,}"), ("tokens", TOKENS_SEEN.name, "{:,}"), ("params", PARAMS.name, "{:,}"),
+                           ("tokens/s", TOKENS_PER_S.name, "{:,.0f}"), ("wall time", WALL_TIME.name, "{:.1f} s")):
         if summary.get(key) is not None:
             table.add_row(name, fmt.format(summary[key]))
     console.print(table)

@@ -16,18 +16,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from posenc.metrics import target_key
+from posenc.metrics import TOKENS, TOKENS_TO_LOSS, VAL_LOSS, lookup  # noqa: E402
 from posenc.report.runs import Group, aggregate, format_value  # noqa: E402
 
 DPI = 110
 
 
-def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+def mean_curve(group: Group, metric: str = VAL_LOSS.name) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
     """(tokens, mean, std) of a metric over the group's completed seeds, at the token
     counts every seed evaluated (same eval schedule = same points)."""
     curves = []
     for run in group.completed:
-        curves.append({row["tokens"]: row[metric] for row in run.rows if row.get(metric) is not None})
+        curves.append({row[TOKENS]: row[metric] for row in run.rows if row.get(metric) is not None})
     if not curves:
         return None
     tokens = sorted(set.intersection(*(set(c) for c in curves)))
@@ -59,7 +59,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
                         va="bottom", fontsize=7, color="grey")
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
-    ax.set_ylabel("validation loss (nats / token)")
+    ax.set_ylabel(f"validation loss ({VAL_LOSS.unit})")
     ax.set_title(title)
     ax.grid(alpha=0.3)
     # the first evaluation is far above the rest; zoom on where the groups differ
@@ -111,7 +111,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
     """Tokens to first reach each target validation loss: a cluster of bars per target,
     one bar per group; a group some seed never got there has no bar and says so."""
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    table = {(g.label, t): aggregate(g.values(target_key(t)))
+    table = {(g.label, t): aggregate(g.values(TOKENS_TO_LOSS.key(target=t)))
              for g in groups for t in targets}
     targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
     if not targets:
@@ -128,10 +128,10 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
         for xo, s in zip(offsets, stats):
             if s.mean is None:
                 ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
-    ax.set_xticks(x, [f"val/loss ≤ {t:g}" for t in targets])
+    ax.set_xticks(x, [f"{VAL_LOSS.name} ≤ {t:g}" for t in targets])
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter())
-    ax.set_ylabel("tokens to first reach it (lower = faster)")
+    ax.set_ylabel(f"{TOKENS_TO_LOSS.unit} to first reach it (lower = faster)")
     ax.set_title(title)
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8)
@@ -139,7 +139,9 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], pat
 
 
 def _unit(metric: str) -> str:
-    return {"val/loss": " (nats / token)", "val/bpb": " (bits / byte)"}.get(metric, "")
+    """' (nats/token)': the declared unit of a metric, for an axis label."""
+    declared = lookup(metric)
+    return f" ({declared.unit})" if declared is not None and declared.unit else ""
 
 
 def save_figure(fig, path: Path) -> Path:

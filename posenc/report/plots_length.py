@@ -7,7 +7,6 @@ only (summary.json, .hydra/), so runs made on another machine plot the same.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import matplotlib.ticker
 import numpy as np
 
 from posenc.errors import UserError
+from posenc.metrics import EXTRAPOLATION_PPL
 from posenc.report.plots import save_figure  # selects the Agg backend before pyplot draws anything
 from posenc.report.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
 
@@ -42,12 +42,9 @@ def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) 
     return save_figure(fig, out)
 
 
-PPL_KEY = re.compile(r"^extrapolation/ppl@(\d+)$")
-
-
 def evaluated_lengths(group: Group) -> list[int]:
     """The evaluation lengths (tokens) in the summaries of the group's completed runs."""
-    return sorted({int(m[1]) for r in group.completed for k in r.summary if (m := PPL_KEY.match(k))})
+    return sorted({int(m["length"]) for r in group.completed for k in r.summary if (m := EXTRAPOLATION_PPL.match(k))})
 
 
 def length_stats(group: Group) -> dict[int, Stat]:
@@ -55,7 +52,7 @@ def length_stats(group: Group) -> dict[int, Stat]:
     any seed has no perplexity (null: not defined, e.g. learned beyond max_len) has no mean."""
     stats = {}
     for n in evaluated_lengths(group):
-        key = f"extrapolation/ppl@{n}"
+        key = EXTRAPOLATION_PPL.key(length=n)
         stats[n] = aggregate([r.metric(key) for r in group.completed if key in r.summary])
     return stats
 
@@ -64,7 +61,7 @@ def extrapolation_groups(paths: Sequence[Path]) -> list[Group]:
     """The runs under paths grouped as `posenc compare` groups them (by what the sweep varied;
     a lone run or a sweep of seeds is labelled by its encoding)."""
     runs = find_runs(paths)
-    if not any(r.ok and PPL_KEY.match(k) for r in runs for k in r.summary or {}):
+    if not any(r.ok and EXTRAPOLATION_PPL.match(k) for r in runs for k in r.summary or {}):
         raise UserError(f"no finished run with an extrapolation evaluation under {', '.join(map(str, paths))} "
                         "— train with eval.at_end=true and eval.lengths=[1,2,4,...]")
     return group_runs(runs, varying_keys(runs) or ["encoding"])

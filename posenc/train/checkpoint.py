@@ -15,6 +15,7 @@ import os
 import random
 import signal
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.build import restore_weights
 from posenc.errors import UserError
 from posenc.rundir import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
+from posenc.train.state import TrainState
 
 #: config sections that must equal the checkpoint's for the weights and batches to make sense
 MUST_MATCH = ("model", "encoding", "tokenizer", "dataset", "seed", "trainer.seq_len", "trainer.batch_size",
@@ -51,28 +53,28 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(run_dir: Path, model, optimizer, scheduler, batches, step: int, tokens: int,
-                    cfg: DictConfig, wandb_id: str | None, val: dict | None = None) -> Path:
+def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
+                    val: dict | None = None) -> Path:
     """checkpoints/last.pt, written to a temp file and renamed: the last good one survives."""
     path = checkpoint_path(run_dir)
     path.parent.mkdir(exist_ok=True)
-    metrics = Path(run_dir) / "metrics.jsonl"
-    state = {
+    metrics = Path(run_dir) / METRICS_FILE
+    saved = {
         "version": CHECKPOINT_VERSION,
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler.state_dict(),
-        "sampler": batches.state_dict(),
+        "model": state.model.state_dict(),
+        "optimizer": state.optimizer.state_dict(),
+        "scheduler": state.scheduler.state_dict(),
+        "sampler": state.batches.state_dict(),
         "rng": rng_state(),
-        "step": step,
-        "tokens": tokens,
+        "step": state.step,
+        "tokens": state.tokens,
         "val": dict(val or {}),
         "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
     }
     tmp = path.with_suffix(".pt.tmp")
-    torch.save(state, tmp)
+    torch.save(saved, tmp)
     os.replace(tmp, path)
     return path
 
@@ -97,31 +99,34 @@ def check_compatible(state: dict, cfg: DictConfig, path: Path) -> None:
 
 def truncate_metrics(run_dir: Path, size: int) -> None:
     """Drop metrics.jsonl rows written after the checkpoint: they will be logged again."""
-    metrics = Path(run_dir) / "metrics.jsonl"
+    metrics = Path(run_dir) / METRICS_FILE
     if metrics.exists() and metrics.stat().st_size > size:
         with open(metrics, "r+b") as f:
             f.truncate(size)
 
 
+@dataclass
 class Resumed:
-    """What the loop continues from: step, tokens, last validation metrics, the W&B id."""
+    """What the loop continues from besides the TrainState: last validation metrics, the W&B id."""
 
-    def __init__(self, step: int = 0, tokens: int = 0, val: dict | None = None, wandb_id: str | None = None):
-        self.step, self.tokens, self.val, self.wandb_id = step, tokens, dict(val or {}), wandb_id
+    val: dict = field(default_factory=dict)
+    wandb_id: str | None = None
 
 
-def resume_training(run_dir: Path, cfg: DictConfig, model, optimizer, scheduler, batches) -> Resumed:
-    """Restore every piece of state from run_dir's checkpoint (in place) for an exact resume."""
+def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
+    """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
+    for an exact resume."""
     path = checkpoint_path(run_dir)
-    state = load_checkpoint(path)
-    check_compatible(state, cfg, path)
-    restore_weights(model, state, path)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    batches.load_state_dict(state["sampler"])
-    set_rng_state(state["rng"])
-    truncate_metrics(run_dir, state.get("metrics_bytes", 0))
-    return Resumed(state["step"], state["tokens"], state.get("val"), state.get("wandb_id"))
+    saved = load_checkpoint(path)
+    check_compatible(saved, cfg, path)
+    restore_weights(state.model, saved, path)
+    state.optimizer.load_state_dict(saved["optimizer"])
+    state.scheduler.load_state_dict(saved["scheduler"])
+    state.batches.load_state_dict(saved["sampler"])
+    state.step, state.tokens = saved["step"], saved["tokens"]
+    set_rng_state(saved["rng"])
+    truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
+    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"))
 
 
 def check_finite(loss: torch.Tensor | float, step: int, run_dir: Path) -> float:

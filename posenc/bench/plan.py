@@ -1,0 +1,55 @@
+"""What `posenc bench` measures: which encodings, each one's config, the shape.
+
+``bench.encodings=[nope,rope]`` (or ``encoding=nope,rope``) picks the encodings; every other
+override applies to all of them, and an ``encoding.KEY=V`` override to those that have KEY.
+"""
+
+from __future__ import annotations
+
+from omegaconf import DictConfig
+
+from posenc.config import compose, group_options
+from posenc.errors import UserError
+
+
+def select_encodings(overrides: list[str]) -> tuple[list[str], list[str], DictConfig]:
+    """(encoding names, the other overrides, the config without encoding options) of argv.
+    ``encoding=a,b`` selects, as ``bench.encodings=[a,b]`` does."""
+    chosen = [o.split("=", 1)[1].split(",") for o in overrides if o.startswith("encoding=")]
+    overrides = [o for o in overrides if not o.startswith("encoding=")]
+    cfg = compose([o for o in overrides if not o.lstrip("+~").startswith("encoding.")])
+    b = cfg.bench
+    names = chosen[-1] if chosen else list(b.encodings) if b.encodings else group_options("encoding")
+    known = group_options("encoding")
+    for name in names:
+        if name not in known:
+            raise UserError(f"unknown encoding '{name}' in bench.encodings — choose from {', '.join(known)}")
+    return names, overrides, cfg
+
+
+def encoding_config(overrides: list[str], name: str) -> DictConfig:
+    """The config for one encoding of the list. An ``encoding.KEY=V`` override applies to the
+    encodings that have KEY (``encoding.base=500`` changes rope, not nope)."""
+    own = [o for o in overrides if not o.lstrip("+~").startswith("encoding.")]
+    cfg = compose([*own, f"encoding={name}"])
+    keys = [o for o in overrides if o not in own and o.split("=", 1)[0].split(".", 1)[1] in cfg.encoding]
+    return compose([*own, f"encoding={name}", *keys]) if keys else cfg
+
+
+def check_encoding_overrides(overrides: list[str], names: list[str]) -> None:
+    """An ``encoding.KEY`` that no encoding in the list has is a typo: say so."""
+    for o in overrides:
+        key = o.lstrip("+~").split("=", 1)[0]
+        if key.startswith("encoding.") and not any(
+            key.split(".", 1)[1] in compose([f"encoding={n}"]).encoding for n in names
+        ):
+            raise UserError(f"no encoding in bench.encodings={names} has the option '{key}' — "
+                            f"see `posenc encodings` for each one's options")
+
+
+def validate(b: DictConfig) -> None:
+    for key in ("steps", "rounds", "batch_size", "seq_len"):
+        if b[key] <= 0:
+            raise UserError(f"bench.{key} must be positive, got {b[key]}")
+    if b.warmup < 0 or b.eval_length_multiple < 0:
+        raise UserError("bench.warmup and bench.eval_length_multiple must be >= 0")

@@ -1,0 +1,67 @@
+"""`posenc bench` results for people: a rich table on a terminal, one plain line per row in a log."""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+COLUMNS = ("model", "tokens/s", "ms/step", "MFU", "peak mem", "warm-up", "vs nope", "vs reference")
+
+
+def _fmt(v, spec: str, suffix: str = "") -> str:
+    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:{spec}}{suffix}"
+
+
+def title(result: dict) -> str:
+    shape = result["shape"]
+    accum = f" ×{result['grad_accum']} accum" if result.get("grad_accum", 1) > 1 else ""
+    return (f"posenc bench — {result['device']}, {result['precision']}, "
+            f"{'compiled' if result['compile'] else 'eager'}, L={shape['n_layer']} H={shape['n_head']} "
+            f"d={shape['d_model']} B={shape['batch_size']} T={shape['seq_len']}{accum}")
+
+
+def long_eval_cell(e: dict | None) -> str:
+    if not e:
+        return "—"
+    if e["status"] != "ok":
+        return e["status"]
+    return f"{e['length']}: {e['seconds']:.2f}s" + (f", {e['peak_mem_mb']:,.0f} MB" if "peak_mem_mb" in e else "")
+
+
+def cells(r: dict) -> list[str]:
+    """One row's cells, in COLUMNS order (a failed row: its name, then dashes)."""
+    if r.get("status") == "failed":
+        return [r["name"], *["—"] * (len(COLUMNS) - 1)]
+    return [r["name"], _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["ms_per_step"], ".1f"),
+            _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "%"), _fmt(r["peak_mem_mb"], ",.0f", " MB"),
+            _fmt(r.get("warmup_s"), ".1f", " s"), _fmt(r["vs_nope"], ".3f", "×"), _fmt(r["vs_reference"], ".3f", "×")]
+
+
+def table(result: dict) -> Table:
+    """The rows measured so far as a rich table."""
+    rows = result["results"]
+    long = any("eval" in r for r in rows)
+    failed = any(r.get("status") == "failed" for r in rows)
+    t = Table(title=title(result), title_justify="left")
+    for col in COLUMNS:
+        t.add_column(col, justify="left" if col == "model" else "right")
+    if long:
+        t.add_column("long eval", justify="right")
+    if failed:
+        t.add_column("note")
+    for r in rows:
+        extra = [long_eval_cell(r.get("eval"))] if long else []
+        note = [f"failed: {r['error']}" if r.get("status") == "failed" else ""] if failed else []
+        t.add_row(*cells(r), *extra, *note)
+    return t
+
+
+def line(r: dict) -> str:
+    """One row as a plain line, for logs and pipes: `rope  tokens/s 12,345  ms/step 10.4  ...`."""
+    if r.get("status") == "failed":
+        return f"{r['name']}  failed: {r['error']}"
+    parts = [f"{col} {cell}" for col, cell in zip(COLUMNS[1:], cells(r)[1:])]
+    if "eval" in r:
+        parts.append(f"long eval {long_eval_cell(r['eval'])}")
+    return "  ".join([r["name"], *parts])

@@ -1,0 +1,139 @@
+"""`posenc bench`: what each encoding costs per training step, at one shape, on this machine.
+
+For the plain reference (reference.py), then ``nope``, then every other encoding of
+``bench.encodings``, one after another: build it as training does, time its train_step
+(timing.py), measure its memory (memory.py), and hand its row to the listener at once, so a
+long bench shows each row as soon as it is measured. The baselines go first so that every
+row carries its ratios (``vs_nope``, ``vs_reference``) when it appears. An encoding that
+fails (beyond its max_len, out of memory, a kernel error) leaves a row that says why, and
+the others are still measured.
+
+FLOPs/token = 6N + 12·L·d·T (PaLM, appendix B); MFU = tokens/s · FLOPs/token / peak FLOP/s.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import resource
+from collections.abc import Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.bench.memory import long_eval, step_peak_bytes
+from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
+from posenc.bench.reference import REFERENCE
+from posenc.bench.timing import FixedBatch, build_subject, rate, time_subject
+from posenc.build import build_tokenizer
+from posenc.errors import UserError
+from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision, use_compile
+from posenc.nn.encodings.base import PositionOutOfRange
+
+BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
+
+
+class Listener:
+    """What the caller hears while the bench runs (the CLI prints, writes JSON); no-ops here."""
+
+    def started(self, result: dict) -> None:
+        """The header is known (device, shape, ...), no row yet."""
+
+    def progress(self, what: str) -> None:
+        """What is being done now: 'warming up rope'."""
+
+    def row(self, result: dict) -> None:
+        """A row was appended to result['results'] (the last one)."""
+
+
+def bench(overrides: list[str], listener: Listener | None = None) -> dict:
+    """Time every encoding (and the reference) at one shape; return the JSON-ready results."""
+    listener = listener or Listener()
+    names, overrides, cfg = select_encodings(overrides)
+    b = cfg.bench
+    validate(b)
+    check_encoding_overrides(overrides, names)
+    device = resolve_device(cfg.device)
+    precision = resolve_precision(cfg.trainer.precision, device)
+    autocast = autocast_context(precision, device)
+    enable_fast_matmul(device)
+    vocab = build_tokenizer(cfg).vocab_size
+    B, T = int(b.batch_size), int(b.seq_len)
+    torch.manual_seed(cfg.seed)
+    window = torch.randint(vocab, (B, T + 1))
+    batch = FixedBatch(window[:, :-1], window[:, 1:])  # on the host: train_step moves it, as in training
+    peak = peak_flops(device, b.peak_flops)
+    result = {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": precision, "compile": use_compile(cfg.trainer.compile, device), "torch": torch.__version__,
+        "shape": {**{k: cfg.model[k] for k in ("n_layer", "n_head", "d_model")}, "batch_size": B, "seq_len": T},
+        "grad_accum": int(cfg.trainer.grad_accum),
+        "steps": b.steps, "warmup": b.warmup, "rounds": b.rounds, "peak_flops": peak,
+        "memory_method": ("torch.cuda.max_memory_allocated over one step + params, grads, optimizer state"
+                          if device.type == "cuda" else
+                          "params + grads + optimizer state + tensors saved for backward (CPU estimate)"),
+        "process_max_rss_mb": None,
+        "config": OmegaConf.to_container(b, resolve=True),
+        "results": [],
+    }
+    listener.started(result)
+    order = [n for n in BASELINES if n in names or (n == REFERENCE and b.reference)]
+    order += [n for n in names if n not in order]
+    for name in order:
+        config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
+        result["results"].append(measure(name, config, vocab, batch, device, autocast, peak, listener))
+        add_ratios(result["results"])
+        result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        listener.row(result)
+    return result
+
+
+def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
+            autocast, peak: float | None, listener: Listener) -> dict:
+    """One row: speed, memory and (if asked) a long forward of one model; a failure (its config
+    included) is a row too."""
+    subject = None
+    try:
+        listener.progress(f"building {name}")
+        cfg = config()
+        b = cfg.bench
+        subject = build_subject(name, cfg, vocab, batch, device, autocast)
+        listener.progress(f"compiling and warming up {name}" if use_compile(cfg.trainer.compile, device)
+                          else f"warming up {name}")
+        timing = time_subject(subject, b.warmup, b.steps, b.rounds)
+        listener.progress(f"memory of {name}")
+        peak_bytes = step_peak_bytes(subject.state)
+        row = {"name": name, "status": "ok", "options": subject.options,
+               "params": sum(p.numel() for p in subject.state.model.parameters()),
+               **rate(timing, b.steps, subject.flops_per_token, peak),
+               "flops_per_token": subject.flops_per_token, "peak_mem_mb": peak_bytes / 2**20}
+        if b.eval_length_multiple and name != REFERENCE:
+            listener.progress(f"{b.eval_length_multiple}x length eval of {name}")
+            row["eval"] = long_eval(subject.state.model, device, autocast, vocab, int(b.seq_len * b.eval_length_multiple))
+        return row
+    except Exception as e:  # noqa: BLE001 - one encoding's failure must not cost the others' rows
+        return {"name": name, "status": "failed", "error": reason(e)}
+    finally:
+        del subject  # free this model's parameters and optimizer state before the next model
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def reason(e: Exception) -> str:
+    """Why a row failed, in one line."""
+    if isinstance(e, torch.OutOfMemoryError):
+        return "out of memory — use a smaller bench.batch_size or model"
+    first = (str(e).strip().splitlines() or [""])[0]
+    return first if isinstance(e, (UserError, PositionOutOfRange)) else f"{type(e).__name__}: {first}"
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Throughput relative to nope and to the reference, for every row measured so far (the
+    baselines come first, so a row has its ratios when it appears; the reference's vs_nope
+    is filled in once nope is measured)."""
+    by_name = {r["name"]: r for r in rows if r["status"] == "ok"}
+    for row in rows:
+        for other, key in (("nope", "vs_nope"), (REFERENCE, "vs_reference")):
+            ok = row["status"] == "ok" and other in by_name
+            row[key] = row["tokens_per_s"] / by_name[other]["tokens_per_s"] if ok else None

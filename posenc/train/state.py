@@ -1,0 +1,128 @@
+"""TrainState and train_step: one optimizer step, the same for `posenc train` and `posenc bench`.
+
+The training loop (loop.py) and the benchmark (posenc.bench) both build a TrainState with
+``new_train_state`` and advance it with ``train_step``, so the benchmark times exactly what
+training runs: gradient accumulation, autocast, clipping, AdamW and the LR schedule.
+
+AdamW with decoupled weight decay on matrices only (Loshchilov & Hutter, 2019), linear
+warmup then cosine decay to ``min_lr_ratio · lr``, gradient clipping by global norm.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from omegaconf import DictConfig
+from torch import Tensor, nn
+
+from posenc.hardware import to_device, use_compile
+from posenc.train import distributed
+
+Batch = tuple[Tensor, Tensor]  # (B, T) inputs, (B, T) targets
+
+
+class BatchSource(Protocol):
+    """Where micro-batches come from: RandomWindows in training, a fixed batch in the bench."""
+
+    def next(self) -> Batch: ...
+
+
+def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callable[[int], float]:
+    """Multiplier of trainer.lr at a step: linear warmup, then cosine decay to min_lr_ratio."""
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        progress = min(1.0, (step - warmup_steps) / max(1, max_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def configure_optimizer(model: nn.Module, tcfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only (not biases, LayerNorms, bias tables)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), fused=device.type == "cuda")
+
+
+@dataclass
+class TrainState:
+    """Everything one optimizer step reads and changes."""
+
+    model: nn.Module                 # the parameters: checkpoints and evaluation use this one
+    step_model: nn.Module            # what the step runs: the model, DDP-wrapped and/or compiled
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    batches: BatchSource             # saved in checkpoints (its RNG), so a resume draws the same batches
+    device: torch.device
+    autocast: Callable               # zero-argument factory of the precision's autocast context
+    grad_accum: int                  # micro-batches per optimizer step
+    grad_clip: float                 # max global gradient norm
+    step: int = 0                    # optimizer steps taken
+    tokens: int = 0                  # training tokens seen, over all ranks
+
+
+@dataclass
+class StepResult:
+    """What one step measured, as tensors on the device: reading them is a host sync, which
+    the loop does at log steps only."""
+
+    loss: Tensor                     # mean loss over the step's micro-batches (this rank's)
+    grad_norm: Tensor                # global gradient norm before clipping
+    lr: float                        # the learning rate the step used
+
+
+def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, device: torch.device,
+                    autocast: Callable) -> TrainState:
+    """The optimizer, the LR schedule and the step model (DDP under torchrun, compiled when
+    trainer.compile says so) for a model already on ``device``."""
+    optimizer = configure_optimizer(model, tcfg, device)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_lambda(tcfg.warmup_steps, tcfg.max_steps, tcfg.min_lr_ratio))
+    step_model = distributed.wrap(model, device)
+    if use_compile(tcfg.compile, device):
+        # a fresh compile per TrainState: a sweep's jobs (basic launcher) and a bench build many
+        # models in one process, and past dynamo's recompile limit (8 per function) later
+        # models would silently run eager
+        torch._dynamo.reset()
+        step_model = torch.compile(step_model)
+    return TrainState(model, step_model, optimizer, scheduler, batches, device, autocast,
+                      int(tcfg.grad_accum), float(tcfg.grad_clip))
+
+
+def micro_batches(state: TrainState) -> Iterator[Batch]:
+    """The next step's micro-batches from the state's source, drawn lazily (one at a time)."""
+    return (state.batches.next() for _ in range(state.grad_accum))
+
+
+def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
+    """Exactly one optimizer step over ``state.grad_accum`` micro-batches: forward under
+    autocast, backward of loss / grad_accum (the gradient of the mean), clip, AdamW, LR
+    schedule, zero the gradients. No host synchronisation inside."""
+    loss_sum = torch.zeros((), device=state.device)
+    seen = 0
+    for x, y in batches:
+        x, y = to_device((x, y), state.device)
+        with state.autocast():
+            _, loss = state.step_model(x, y)
+        (loss / state.grad_accum).backward()
+        loss_sum += loss.detach()
+        seen += 1
+        state.tokens += y.numel() * distributed.world_size()  # shapes only: no sync
+        if seen == state.grad_accum:
+            break
+    if seen != state.grad_accum:
+        raise ValueError(f"train_step needs {state.grad_accum} micro-batches (trainer.grad_accum), got {seen}")
+    grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), state.grad_clip)
+    lr = state.scheduler.get_last_lr()[0]
+    state.optimizer.step()
+    state.scheduler.step()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.step += 1
+    return StepResult(loss_sum / state.grad_accum, grad_norm, lr)

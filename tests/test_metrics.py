@@ -1,0 +1,55 @@
+"""The metric registry: every name a run writes is declared once, with the direction a reader
+expects; W&B summarises history metrics by their declared best."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from posenc import metrics as M
+from posenc.tracking import Tracker
+
+#: the names DESIGN.md promises in metrics.jsonl / summary.json / W&B, and which way is better
+EXPECTED = {
+    "train/loss": "lower", "train/lr": None, "train/grad_norm": None, "train/tokens_per_s": "higher",
+    "train/mfu": "higher", "val/loss": "lower", "val/ppl": "lower", "val/bpb": "lower",
+    "extrapolation/ppl@512": "lower", "convergence/tokens_to_loss@2.5": "lower",
+    "convergence/seconds_to_loss@2": "lower", "convergence/val_loss_auc": "lower", "tokens_per_s": "higher",
+}
+
+
+@pytest.mark.parametrize(("key", "better"), EXPECTED.items())
+def test_every_promised_name_is_declared_with_its_direction(key, better):
+    metric = M.lookup(key)
+    assert metric is not None, key
+    assert metric.better == better
+
+
+def test_a_family_names_its_members_and_reads_them_back():
+    key = M.EXTRAPOLATION_PPL.key(length=4096)
+    assert key == "extrapolation/ppl@4096" and M.EXTRAPOLATION_PPL.match(key) == {"length": "4096"}
+    assert M.TOKENS_TO_LOSS.key(target=2.0) == "convergence/tokens_to_loss@2"  # as trainer.convergence_targets=[2.0]
+    assert M.EXTRAPOLATION_PPL.match("extrapolation/ppl@") is None and M.lookup("val/losses") is None
+
+
+def test_each_metric_is_declared_once():
+    names = [m.name for m in M.METRICS]
+    assert len(names) == len(set(names))
+
+
+def test_wandb_keeps_the_best_and_the_last_validation_loss(tmp_path: Path, monkeypatch):
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    tracker = Tracker(tmp_path)
+    tracker.start_wandb(config={}, project="posenc-test", mode="offline")
+    for step, loss in enumerate([3.0, 2.0, 2.5], start=1):
+        tracker.log({"val/loss": loss, "train/tokens_per_s": 100.0 * step}, step=step, tokens=10 * step)
+    tracker.log({"train/lr": 0.1}, step=4, tokens=40)  # W&B commits step 3 when step 4 begins
+    tracker.summary({"status": "completed", "val/loss": 2.5, "params": 7})  # as train writes it at the end
+    summary = {k: (dict(v) if hasattr(v, "keys") else v) for k, v in dict(tracker.wandb_run.summary).items()}
+    tracker.finish()
+    assert summary["val/loss"] == {"last": 2.5, "min": 2.0}
+    assert summary["train/tokens_per_s"] == {"last": 300.0, "max": 300.0}
+    assert summary["params"] == 7 and summary["status"] == "completed"
+    assert json.loads((tmp_path / "summary.json").read_text())["val/loss"] == 2.5  # the file keeps the final value
