@@ -1,28 +1,210 @@
-"""Where posenc's Hydra configs live, and reading them outside of a run."""
+"""posenc's configuration: where conf/ lives, its typed schema, one override parser, and
+reading configs outside a run.
+
+The YAML files under conf/ are the user's interface; the dataclasses below are their schema
+(types only: the values live in the YAML, once). ``PosencConfig`` is registered in Hydra's
+ConfigStore as ``posenc_schema`` and named first in conf/config.yaml's defaults list, so every
+YAML (ours, an experiment's, a user's from ``--config-dir``) and every override is merged onto
+typed nodes: a wrong type or an unknown key is OmegaConf's own error, raised while composing
+(cli/explain.py makes it one line). The groups whose keys depend on the choice (encoding,
+dataset, tokenizer) are typed by the ``__init__`` of the class ``_target_`` names
+(choice_schema), so a new encoding is still one module plus one YAML. What types cannot say
+(positive sizes, d_model % n_head) is the RULES table of validate.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import math
+import typing
+from dataclasses import dataclass, field
+from functools import lru_cache
 from importlib.resources import files
-
-from numbers import Integral, Real
 from pathlib import Path
+from typing import Any, Dict, List, NamedTuple, Optional
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.core.config_store import ConfigStore
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.core.override_parser.types import Override
+from hydra.utils import get_class
+from omegaconf import MISSING, DictConfig, OmegaConf
 
 from posenc.errors import UserError
 
 #: the top-level conf/ directory, shipped inside the package as posenc.conf
 CONFIG_MODULE = "posenc.conf"
 CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+SCHEMA_NAME = "posenc_schema"
+#: groups whose keys are the constructor arguments of the class ``_target_`` names
+CHOICE_GROUPS = ("encoding", "dataset", "tokenizer")
 
 
-def config_dir():
-    return files(CONFIG_MODULE)
+# --- the schema ---------------------------------------------------------------------------
+@dataclass
+class TrainerConfig:
+    seq_len: int = MISSING
+    batch_size: int = MISSING
+    grad_accum: int = MISSING
+    max_steps: int = MISSING
+    lr: float = MISSING
+    min_lr_ratio: float = MISSING
+    warmup_steps: int = MISSING
+    weight_decay: float = MISSING
+    beta1: float = MISSING
+    beta2: float = MISSING
+    grad_clip: float = MISSING
+    log_interval: int = MISSING
+    eval_interval: int = MISSING
+    eval_batches: int = MISSING
+    checkpoint_interval: int = MISSING
+    precision: str = MISSING                    # auto | bf16 | fp16 | fp32
+    compile: Any = MISSING                      # auto | true | false
+    peak_flops: Optional[float] = MISSING
+    resume: Any = MISSING                       # false | <run dir> | auto | true
+    convergence_targets: List[float] = MISSING
 
 
+@dataclass
+class ModelConfig:
+    _target_: str = MISSING
+    n_layer: int = MISSING
+    n_head: int = MISSING
+    d_model: int = MISSING
+    dropout: float = MISSING
+    attention: str = MISSING                    # softmax | linear
+
+
+@dataclass
+class EvalConfig:
+    lengths: List[float] = MISSING              # multiples of trainer.seq_len (OmegaConf 2.3 iterates a List[Union] as nodes)
+    stride: Optional[int] = MISSING
+    tokens: int = MISSING
+    batch_tokens: int = MISSING
+    at_end: bool = MISSING
+
+
+@dataclass
+class LoggerConfig:
+    name: str = MISSING                         # wandb | none
+    # W&B's keys; logger=none leaves them unused, so they have defaults here
+    mode: str = "offline"
+    project: str = "posenc"
+    entity: Optional[str] = None
+    group: Optional[str] = None
+    job_type: str = "train"
+    tags: List[str] = field(default_factory=list)
+
+
+@dataclass
+class BenchConfig:
+    encodings: Optional[List[str]] = MISSING
+    steps: int = MISSING
+    warmup: int = MISSING
+    rounds: int = MISSING
+    batch_size: int = MISSING
+    seq_len: int = MISSING
+    peak_flops: Optional[float] = MISSING
+    reference: bool = MISSING
+    eval_length_multiple: int = MISSING
+
+
+@dataclass
+class PosencConfig:
+    seed: int = MISSING
+    device: str = MISSING                       # auto | cpu | cuda | cuda:N
+    name: str = MISSING                         # a sweep's name: its directory and W&B group
+    # typed per choice by choice_schema (from the _target_ class's __init__)
+    encoding: Dict[str, Any] = MISSING
+    model: ModelConfig = MISSING
+    dataset: Dict[str, Any] = MISSING
+    tokenizer: Dict[str, Any] = MISSING
+    trainer: TrainerConfig = MISSING
+    logger: LoggerConfig = MISSING
+    eval: EvalConfig = MISSING
+    bench: Optional[BenchConfig] = None         # only `posenc bench` composes it
+
+
+ConfigStore.instance().store(name=SCHEMA_NAME, node=PosencConfig)
+
+
+# --- the per-choice schema: a class's __init__ is the schema of its YAML ---------------------
+def _supported(annotation: Any) -> Any:
+    """annotation if OmegaConf can type a field with it, else Any (Literal, unions of containers…)."""
+    probe = dataclasses.make_dataclass("probe", [("x", annotation, field(default=MISSING))])
+    try:
+        OmegaConf.structured(probe)
+    except Exception:  # noqa: BLE001 - OmegaConf says "unsupported" in several ways
+        return Any
+    return annotation
+
+
+@lru_cache(maxsize=None)
+def choice_schema(target: str) -> type | None:
+    """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
+    (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
+    ``**kwargs`` gets no schema (None): any key is valid for it."""
+    cls = get_class(target)
+    signature = inspect.signature(cls.__init__)
+    if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
+        return None
+    try:
+        hints = typing.get_type_hints(cls.__init__)
+    except Exception:  # noqa: BLE001 - an annotation naming what only a type checker imports
+        hints = {}
+    fields = [(name, _supported(hints.get(name, Any)), field(default=MISSING))
+              for name, p in signature.parameters.items()
+              if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    fields += [(key, Any, field(default=MISSING)) for key in ("_target_", "_partial_", "_convert_", "_recursive_")]
+    return dataclasses.make_dataclass(cls.__name__, fields)
+
+
+def apply_choice_schemas(cfg: DictConfig) -> DictConfig:
+    """Check and type the encoding, dataset and tokenizer nodes of cfg in place against the
+    schema of their ``_target_``: a wrong type or an unknown key raises OmegaConf's
+    ValidationError / ConfigKeyError naming ``<group>.<key>``. Interpolations are checked
+    through their value and kept as they are."""
+    for group in CHOICE_GROUPS:
+        node = cfg.get(group)
+        if not isinstance(node, DictConfig) or "_target_" not in node:
+            continue
+        schema = choice_schema(node._target_)
+        if schema is None:
+            continue
+        # merged under the group's name, so OmegaConf's error names the full key
+        typed = OmegaConf.merge({group: OmegaConf.structured(schema)},
+                                {group: OmegaConf.to_container(node, resolve=True)})[group]
+        for key in node:
+            if not OmegaConf.is_interpolation(node, key):
+                node[key] = typed[key]
+    return cfg
+
+
+# --- one override parser -------------------------------------------------------------------
+class ParsedOverride(NamedTuple):
+    key: str            # 'trainer.max_steps', or a group: 'encoding', 'hydra/launcher'
+    value: Any          # as Hydra types it: 100 -> 100, 1e6 -> 1000000.0; a sweep -> its list
+    override: Override  # Hydra's own: .is_add(), .is_sweep_override(), .input_line, ...
+
+
+def parse_overrides(overrides: list[str]) -> list[ParsedOverride]:
+    """Overrides as Hydra's OverridesParser reads them (a syntax error is Hydra's
+    OverrideParseException). A choice or range sweep's value is the list of its values."""
+    from hydra.core.override_parser.types import ChoiceSweep, RangeSweep
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(list(overrides)):
+        value = o.value()
+        if isinstance(value, (ChoiceSweep, RangeSweep)):
+            value = list(o.sweep_iterator())
+        out.append(ParsedOverride(o.key_or_group, value, o))
+    return out
+
+
+# --- conf/ on disk ------------------------------------------------------------------------
 def group_options(group: str) -> list[str]:
     """The choices of a config group, e.g. group_options('encoding') -> ['alibi', ...]."""
-    directory = config_dir().joinpath(group)
+    directory = files(CONFIG_MODULE).joinpath(group)
     return sorted(p.name[: -len(".yaml")] for p in directory.iterdir() if p.name.endswith(".yaml"))
 
 
@@ -30,104 +212,119 @@ def encoding_catalogue() -> list[tuple[str, str, dict]]:
     """(name, one-line description, options with defaults) for every encoding config."""
     out = []
     for name in group_options("encoding"):
-        text = config_dir().joinpath("encoding", f"{name}.yaml").read_text()
+        text = files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
         lines = text.splitlines()
         header = [line.lstrip("# ").strip() for line in lines[: next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))]]
         doc = " ".join(header)
         node = OmegaConf.create(text)
-        options = {k: node._get_node(k)._value() for k in node if k not in ("_target_", "name")}
+        options = {k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")}
         out.append((name, doc, options))
     return out
 
 
+# --- reading a config outside a Hydra run ---------------------------------------------------
 def compose(overrides: list[str], bench: bool = True) -> DictConfig:
     """conf/config.yaml (+ conf/bench/default.yaml for `posenc bench`) with the user's overrides,
-    outside a Hydra run (no run dir, no logging)."""
+    outside a Hydra run (no run dir, no logging), typed by the schema."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_module
     from hydra.core.global_hydra import GlobalHydra
 
     GlobalHydra.instance().clear()
     with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        return hydra_compose("config", overrides=[*(["+bench=default"] if bench else []), *overrides])
+        cfg = hydra_compose("config", overrides=[*(["+bench=default"] if bench else []), *overrides])
+    return apply_choice_schemas(cfg)
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
-    """The run's config with Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
+    """The run's config, typed by the schema, with Hydra-syntax overrides of existing keys
+    (``+key=value`` adds one)."""
     path = run_dir / ".hydra" / "config.yaml"
     if not path.exists():
         raise UserError(f"{run_dir} has no .hydra/config.yaml — pass a run directory made by `posenc train`")
-    cfg = OmegaConf.load(path)
+    saved = OmegaConf.load(path)
     for group in ("model", "encoding", "dataset", "tokenizer"):  # runs made before the subpackages
-        target = OmegaConf.select(cfg, f"{group}._target_")
+        target = OmegaConf.select(saved, f"{group}._target_")
         if isinstance(target, str) and target.rpartition(".")[0] in MOVED_MODULES:
             module, _, name = target.rpartition(".")
-            cfg[group]["_target_"] = f"{MOVED_MODULES[module]}.{name}"
-    for o in OverridesParser.create().parse_overrides(overrides):
-        key = o.key_or_group
-        exists = OmegaConf.select(cfg, key, default=_MISSING) is not _MISSING
-        if not exists and not o.is_add():
-            raise UserError(f"unknown config key '{key}' — check the spelling, or write +{key}=... to add it")
+            saved[group]["_target_"] = f"{MOVED_MODULES[module]}.{name}"
+    cfg = OmegaConf.merge(OmegaConf.structured(PosencConfig), saved)
+    OmegaConf.set_struct(cfg, True)  # a key the run does not have is an error, as in `posenc train`
+    for key, value, o in parse_overrides(overrides):
         if isinstance(OmegaConf.select(cfg, key, default=None), DictConfig):
             raise UserError(f"'{key}' is a config group; `posenc eval` can change its keys ({key}.<key>=…), not swap it")
-        OmegaConf.update(cfg, key, o.value(), force_add=o.is_add())
-    return cfg
+        OmegaConf.update(cfg, key, value, merge=False, force_add=o.is_add())
+    return apply_choice_schemas(cfg)
 
 
-_MISSING = object()
 #: where the classes named by ``_target_`` in run dirs written before 0.2 live now
 MOVED_MODULES = {"posenc.model": "posenc.nn.model", "posenc.tokenizers": "posenc.data.tokenizers",
                  "posenc.corpora": "posenc.data.hub_corpora", "posenc.data": "posenc.data.corpora",
                  **{f"posenc.encodings.{m}": f"posenc.nn.encodings.{m}"
                     for m in ("alibi", "learned", "nope", "rope", "sinusoidal", "t5_bias", "xpos")}}
 
-#: trainer keys that must be positive integers
-POSITIVE_INTS = ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_interval", "eval_batches",
-                 "log_interval", "checkpoint_interval")
-#: model keys that must be positive integers
-MODEL_INTS = ("n_layer", "n_head", "d_model")
+
+# --- what types cannot say ------------------------------------------------------------------
+@dataclass(frozen=True)
+class Rule:
+    """key's value must satisfy holds; otherwise the error says `must be <must>` and shows example."""
+
+    key: str
+    holds: typing.Callable[[Any], bool]
+    must: str
+    example: Any
 
 
-def _int(value, key: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, Integral):
-        raise UserError(f"{key}={value!r} is not an integer — write e.g. {key}={max(minimum, 1) * 8}")
-    if value < minimum:
-        bound = "positive" if minimum == 1 else f">= {minimum}"
-        raise UserError(f"{key} must be {bound}, got {value} — use a {bound} value" if minimum == 1 else f"{key} must be {bound}, got {value} — use a value {bound}")
-    return int(value)
+def _positive(key: str, example: Any) -> Rule:
+    return Rule(key, lambda v: v > 0, "positive", example)
 
 
-def _real(value, key: str, low: float, high: float | None = None, low_open: bool = False,
-          high_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, Real):
-        raise UserError(f"{key}={value!r} is not a number — write e.g. {key}={low if not low_open else 0.1}")
-    too_low = value <= low if low_open else value < low
-    too_high = high is not None and (value >= high if high_open else value > high)
-    if too_low or too_high:
-        left, right = "(" if low_open else "[", ")" if high_open else "]"
-        interval = f"{left}{low}, {high if high is not None else '∞'}{right}"
-        raise UserError(f"{key}={value} is out of range — use a value in {interval}")
-    return float(value)
+RULES: tuple[Rule, ...] = (
+    *(_positive(f"trainer.{k}", e) for k, e in (
+        ("seq_len", 256), ("batch_size", 16), ("grad_accum", 1), ("max_steps", 300), ("log_interval", 10),
+        ("eval_interval", 50), ("eval_batches", 8), ("checkpoint_interval", 100), ("lr", 2e-3), ("grad_clip", 1.0))),
+    Rule("trainer.warmup_steps", lambda v: v >= 0, ">= 0", 30),
+    Rule("trainer.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]", 0.1),
+    Rule("trainer.weight_decay", lambda v: v >= 0, ">= 0", 0.1),
+    Rule("trainer.beta1", lambda v: 0 <= v < 1, "in [0, 1)", 0.9),
+    Rule("trainer.beta2", lambda v: 0 <= v < 1, "in [0, 1)", 0.95),
+    *(_positive(f"model.{k}", e) for k, e in (("n_layer", 4), ("n_head", 4), ("d_model", 256))),
+    Rule("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)", 0.0),
+    Rule("seed", lambda v: v >= 0, ">= 0", 0),
+)
+
+
+def head_split_fix(d_model: int, n_head: int) -> str:
+    """Two valid ways out of d_model % n_head != 0, each with an even head_dim (RoPE and xPos
+    rotate pairs of dimensions, so an odd head_dim would only trade this error for theirs):
+    the d_model nearest to the given one that is a multiple of 2·n_head, and the n_head nearest
+    to the given one that divides d_model into an even head_dim."""
+    step = 2 * n_head
+    d = max(step, round(d_model / step) * step)
+    divisors = {q for i in range(1, math.isqrt(d_model) + 1) if d_model % i == 0 for q in (i, d_model // i)}
+    heads = [h for h in divisors if (d_model // h) % 2 == 0]
+    fix = f"use model.d_model={d} (head_dim {d // n_head})"
+    if heads:
+        h = min(heads, key=lambda h: (abs(h - n_head), -h))
+        fix += f" or model.n_head={h} (head_dim {d_model // h})"
+    return fix
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check the trainer's and model's numbers: types, signs, and the shape rules of attention."""
-    t, m = cfg.trainer, cfg.model
-    for key in POSITIVE_INTS:
-        _int(t[key], f"trainer.{key}", 1)
-    _int(t.warmup_steps, "trainer.warmup_steps", 0)
-    _real(t.lr, "trainer.lr", 0.0, low_open=True)
-    _real(t.min_lr_ratio, "trainer.min_lr_ratio", 0.0, 1.0)
-    _real(t.weight_decay, "trainer.weight_decay", 0.0)
-    _real(t.beta1, "trainer.beta1", 0.0, 1.0, high_open=True)
-    _real(t.beta2, "trainer.beta2", 0.0, 1.0, high_open=True)
-    _real(t.grad_clip, "trainer.grad_clip", 0.0, low_open=True)
-    for key in MODEL_INTS:
-        _int(m[key], f"model.{key}", 1)
-    _real(m.dropout, "model.dropout", 0.0, 1.0, high_open=True)
-    if m.d_model % m.n_head:
-        raise UserError(f"model.d_model={m.d_model} is not divisible by model.n_head={m.n_head} — "
-                        f"pick d_model a multiple of n_head (e.g. {m.n_head * max(1, m.d_model // m.n_head)})")
-    _int(cfg.seed, "seed", 0)
+    """The rules types cannot state: every key has a value, the RULES ranges, and the shape
+    rule of attention (d_model % n_head). The first one broken is a UserError saying what to do."""
+    missing = [k for k in cfg if OmegaConf.is_missing(cfg, k)]
+    missing += [f"{k}.{m}" for k in cfg if k not in ("hydra", "bench") and OmegaConf.is_config(cfg._get_node(k))
+                for m in sorted(OmegaConf.missing_keys(cfg[k]))]
+    if missing:
+        raise UserError(f"{missing[0]} has no value — set it in its conf/ YAML file or on the command line "
+                        f"({missing[0]}=...)")
+    for rule in RULES:
+        value = OmegaConf.select(cfg, rule.key)
+        if not rule.holds(value):
+            raise UserError(f"{rule.key}={value} is out of range: it must be {rule.must} — "
+                            f"use e.g. {rule.key}={rule.example}")
+    d_model, n_head = cfg.model.d_model, cfg.model.n_head
+    if d_model % n_head:
+        raise UserError(f"model.d_model={d_model} is not divisible by model.n_head={n_head} — "
+                        f"{head_split_fix(d_model, n_head)}")

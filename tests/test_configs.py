@@ -4,17 +4,20 @@ import pytest
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-from posenc.config import CONFIG_MODULE, group_options
+from posenc.config import CONFIG_MODULE, apply_choice_schemas, group_options
 
 GROUPS = ["encoding", "model", "dataset", "tokenizer", "trainer", "logger"]
 
 
 @pytest.mark.parametrize("group", GROUPS)
-def test_every_option_composes(group):
+def test_every_option_composes_and_fits_the_schema(group):
+    """Hydra merges each YAML onto the schema (a wrong type or unknown key fails here), and the
+    encoding/dataset/tokenizer keys are arguments of the class their _target_ names."""
     for option in group_options(group):
         with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
             cfg = compose("config", overrides=[f"{group}={option}"])
-        OmegaConf.to_container(cfg, resolve=True)  # every interpolation resolves
+        apply_choice_schemas(cfg)
+        OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)  # every key set, every interpolation resolves
 
 
 def test_defaults_match_the_design():

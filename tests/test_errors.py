@@ -3,6 +3,7 @@ half-written run left under outputs/."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -37,8 +38,6 @@ CASES = [
     ("unknown encoding", ["encoding=rotary"], "unknown encoding 'rotary'"),
     ("unknown experiment", ["experiment=nope_vs_all"], "unknown experiment"),
     ("unknown key", ["trainer.max_stpes=3"], "unknown config key 'trainer.max_stpes'"),
-    ("non-numeric", ["trainer.max_steps=abc"], "not an integer"),
-    ("non-numeric lr", ["trainer.lr=fast"], "not a number"),
     ("negative size", ["trainer.batch_size=-4"], "must be positive"),
     ("d_model % n_head", ["model.d_model=30", "model.n_head=4"], "not divisible"),
     ("odd RoPE head dim", ["model.d_model=34"], "head_dim"),
@@ -57,6 +56,27 @@ CASES = [
     ("sweep bad key", ["model.depth=2", "-m", "encoding=rope,nope"], "unknown config key"),
 ]
 
+# A wrong type or an unknown key is refused by the schema (posenc/config.py) while Hydra
+# composes: the line carries OmegaConf's own words, the full key, and the type the schema
+# declares, or the schema node the key is not in. (case id, overrides, texts the line must hold)
+SCHEMA_CASES = [
+    ("int", ["trainer.max_steps=abc"], ["trainer.max_steps=abc", "could not be converted to Integer", "takes an int"]),
+    ("float", ["trainer.lr=fast"], ["trainer.lr=fast", "could not be converted to Float", "takes a float"]),
+    ("optional", ["trainer.peak_flops=x"], ["trainer.peak_flops", "takes a float or null"]),
+    ("bool", ["eval.at_end=maybe"], ["eval.at_end", "not a valid bool"]),
+    ("list", ["eval.lengths=3"], ["eval.lengths", "takes a list of"]),
+    ("unknown key", ["trainer.max_stpes=3"], ["unknown config key 'trainer.max_stpes'", "not in 'TrainerConfig'",
+                                             "did you mean trainer.max_steps?"]),
+    ("model key", ["model.depth=2"], ["unknown config key 'model.depth'", "not in 'ModelConfig'"]),
+    # per choice: the schema is the __init__ signature of the class _target_ names
+    ("encoding float", ["encoding.base=abc"], ["encoding.base=abc", "could not be converted to Float", "takes a float"]),
+    ("encoding int", ["encoding=learned", "encoding.max_len=x"], ["encoding.max_len", "takes an int"]),
+    ("encoding key", ["+encoding.bsae=3"], ["unknown config key 'encoding.bsae'", "not in 'RoPE'",
+                                            "did you mean encoding.base?"]),
+    ("dataset int", ["dataset=text", "dataset.files=[a.txt]", "dataset.lines_per_doc=many"],
+     ["dataset.lines_per_doc", "takes an int"]),
+]
+
 
 def run_in_process(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     """`posenc train ARGS` through the same Typer app, in this process (no torch import per case)."""
@@ -67,12 +87,14 @@ def run_in_process(args: list[str], monkeypatch: pytest.MonkeyPatch) -> tuple[in
     for key, value in cli_env().items():
         if key.startswith(("HF_", "WANDB_")):
             monkeypatch.setenv(key, value)
-    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # the CLI sets it for Hydra on every call
+    monkeypatch.delenv("HYDRA_FULL_ERROR", raising=False)  # a user's setting: it would ask for the traceback
     result = CliRunner().invoke(app, ["train", *args])
     return result.exit_code, result.stderr, result.stdout
 
 
 def assert_one_line_error(code: int, stderr: str, stdout: str, expected: str, workdir: Path, before: set) -> None:
+    """Exit != 0, stderr's last line is `error: what — what to do` holding expected, no
+    traceback, and no run or sweep directory left behind."""
     last = stderr.strip().splitlines()[-1] if stderr.strip() else ""
     assert code != 0, stdout[-2000:]
     assert last.startswith("error:"), stderr[-2000:]
@@ -87,6 +109,58 @@ def test_user_error_is_one_line(workdir: Path, monkeypatch: pytest.MonkeyPatch, 
     args = [a(workdir) if callable(a) else a for a in args]
     before = set(run_dirs(workdir))
     assert_one_line_error(*run_in_process([*TINY, *args], monkeypatch), expected, workdir, before)
+
+
+@pytest.mark.parametrize("args, expected", [c[1:] for c in SCHEMA_CASES], ids=[c[0] for c in SCHEMA_CASES])
+def test_wrong_type_or_unknown_key_is_the_schemas_error(workdir: Path, monkeypatch: pytest.MonkeyPatch, args: list,
+                                                        expected: list) -> None:
+    code, stderr, stdout = run_in_process([*TINY, *args], monkeypatch)
+    assert_one_line_error(code, stderr, stdout, "", workdir, set())
+    last = stderr.strip().splitlines()[-1]
+    assert all(text in last for text in expected), last
+
+
+@pytest.mark.parametrize("yaml_file, text, expected", [
+    ("trainer/fast.yaml", "defaults: [default, _self_]\nmax_steps: abc\n", ["trainer/fast", "trainer.max_steps",
+                                                                            "takes an int"]),
+    ("trainer/typo.yaml", "defaults: [default, _self_]\nmax_stpes: 3\n", ["unknown config key 'trainer.max_stpes'"]),
+    ("encoding/myrope.yaml", "_target_: posenc.nn.encodings.rope.RoPE\nname: myrope\nbase: ten\n",
+     ["encoding.base", "takes a float"]),
+    ("encoding/myrope.yaml", "_target_: posenc.nn.encodings.rope.RoPE\nname: myrope\nbsae: 10\n",
+     ["unknown config key 'encoding.bsae'", "not in 'RoPE'"]),
+])
+def test_a_user_yaml_with_a_wrong_type_or_key_is_refused_by_the_schema(workdir: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                       yaml_file: str, text: str, expected: list) -> None:
+    """A config of the user's own (--config-dir) extends the same schema as ours."""
+    path = workdir / "my_conf" / yaml_file
+    path.parent.mkdir(parents=True)
+    path.write_text(text)
+    group, choice = yaml_file[: -len(".yaml")].split("/")
+    code, stderr, stdout = run_in_process(["--config-dir", str(workdir / "my_conf"), *TINY, f"{group}={choice}"],
+                                          monkeypatch)
+    assert_one_line_error(code, stderr, stdout, "", workdir, set())
+    last = stderr.strip().splitlines()[-1]
+    assert all(text in last for text in expected), last
+
+
+@pytest.mark.parametrize("d_model, n_head", [(256, 3), (30, 4), (96, 5), (64, 7), (100, 8)])
+def test_the_head_split_fix_it_suggests_is_valid(d_model: int, n_head: int) -> None:
+    """Following either fix the d_model % n_head error suggests gives a config that validates and
+    builds RoPE (which needs an even head_dim), not the next error."""
+    from posenc.build import build_encoding
+    from posenc.config import compose, validate
+    from posenc.errors import UserError
+
+    shape = [f"model.d_model={d_model}", f"model.n_head={n_head}"]
+    cfg = compose(shape)
+    with pytest.raises(UserError, match="not divisible") as refused:
+        validate(cfg)
+    fixes = re.findall(r"(model\.(?:d_model|n_head)=\d+)", str(refused.value).split(" — ", 1)[1])
+    assert len(fixes) == 2, str(refused.value)
+    for fix in fixes:
+        fixed = compose([*shape, fix])
+        validate(fixed)
+        build_encoding(fixed)
 
 
 @pytest.mark.parametrize("args, expected", [(["trainer.max_stpes=3"], "unknown config key"),

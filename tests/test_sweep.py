@@ -92,3 +92,16 @@ def test_rope_bases_spans_10_to_1e6_log_spaced():
     assert bases[0] == 10 and bases[-1] == 1e6
     ratios = {round(b / a, 6) for a, b in zip(bases, bases[1:])}
     assert len(ratios) == 1 and ratios.pop() > 1  # a constant factor: evenly spaced on a log axis
+
+
+def test_a_failed_job_does_not_stop_the_sweep_and_is_reported(workdir: Path):
+    """Hydra's basic launcher runs the jobs in this process: each job's result (summary or
+    failure) comes back to the CLI as its return value."""
+    result = run_cli("train", "-m", *TINY, "trainer.max_steps=2", "model.attention=linear", "encoding=t5_bias,rope",
+                     cwd=workdir)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: 1 of the sweep's 2 jobs failed: job 0 (") and "encoding=t5_bias" in last, last
+    summaries = {r.name: json.loads((r / "summary.json").read_text()) for r in run_dirs(workdir)}
+    assert summaries["0_t5_bias"]["status"] == "failed" and "no score matrix" in summaries["0_t5_bias"]["error"]
+    assert summaries["1_rope"]["status"] == "completed"

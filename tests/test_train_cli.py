@@ -110,3 +110,10 @@ def test_train_help_shows_typer_and_hydra_groups(tmp_path):
     assert result.returncode == 0
     assert "Hydra overrides" in result.stdout  # Typer's help text
     assert "encoding:" in result.stdout and "rope" in result.stdout  # Hydra's config groups
+
+
+def test_plot_writes_under_outputs_plots_not_into_the_current_directory(tmp_path):
+    result = run_cli("plot", "decay", "--head-dim", "16", "--max-distance", "32", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "outputs" / "plots" / "rope_decay.png").read_bytes()[:4] == b"\x89PNG"
+    assert not list(tmp_path.glob("*.png"))

@@ -8,16 +8,17 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from posenc.config import compose, group_options
+from posenc.config import compose, group_options, parse_overrides
 from posenc.errors import UserError
 
 
 def select_encodings(overrides: list[str]) -> tuple[list[str], list[str], DictConfig]:
     """(encoding names, the other overrides, the config without encoding options) of argv.
     ``encoding=a,b`` selects, as ``bench.encodings=[a,b]`` does."""
-    chosen = [o.split("=", 1)[1].split(",") for o in overrides if o.startswith("encoding=")]
-    overrides = [o for o in overrides if not o.startswith("encoding=")]
-    cfg = compose([o for o in overrides if not o.lstrip("+~").startswith("encoding.")])
+    parsed = parse_overrides(overrides)
+    chosen = [value if isinstance(value, list) else [value] for key, value, _ in parsed if key == "encoding"]
+    overrides = [o.input_line for key, _, o in parsed if key != "encoding"]
+    cfg = compose([o.input_line for key, _, o in parsed if key != "encoding" and not key.startswith("encoding.")])
     b = cfg.bench
     names = chosen[-1] if chosen else list(b.encodings) if b.encodings else group_options("encoding")
     known = group_options("encoding")
@@ -30,16 +31,16 @@ def select_encodings(overrides: list[str]) -> tuple[list[str], list[str], DictCo
 def encoding_config(overrides: list[str], name: str) -> DictConfig:
     """The config for one encoding of the list. An ``encoding.KEY=V`` override applies to the
     encodings that have KEY (``encoding.base=500`` changes rope, not nope)."""
-    own = [o for o in overrides if not o.lstrip("+~").startswith("encoding.")]
+    parsed = parse_overrides(overrides)
+    own = [o.input_line for key, _, o in parsed if not key.startswith("encoding.")]
     cfg = compose([*own, f"encoding={name}"])
-    keys = [o for o in overrides if o not in own and o.split("=", 1)[0].split(".", 1)[1] in cfg.encoding]
+    keys = [o.input_line for key, _, o in parsed if key.startswith("encoding.") and key.split(".", 1)[1] in cfg.encoding]
     return compose([*own, f"encoding={name}", *keys]) if keys else cfg
 
 
 def check_encoding_overrides(overrides: list[str], names: list[str]) -> None:
     """An ``encoding.KEY`` that no encoding in the list has is a typo: say so."""
-    for o in overrides:
-        key = o.lstrip("+~").split("=", 1)[0]
+    for key, _, _ in parse_overrides(overrides):
         if key.startswith("encoding.") and not any(
             key.split(".", 1)[1] in compose([f"encoding={n}"]).encoding for n in names
         ):

@@ -1,16 +1,23 @@
-"""Turn Hydra's and OmegaConf's composition errors into one line a user can act on."""
+"""Every error a user can cause, as one line: what went wrong — what to do instead.
+
+Configuration errors are Hydra's and OmegaConf's own exceptions (the schema in posenc/config.py
+refuses a wrong type or an unknown key while composing); the line is built from their fields
+(the key, the value, the node's type hint, the keys next to it), never from their text.
+"""
 
 from __future__ import annotations
 
-import re
+import difflib
+import typing
 
 from posenc.errors import UserError
+
+SEE_KEYS = "`posenc train --cfg job` shows every key and its value"
 
 
 def explain(e: BaseException) -> str:
     """One line: what went wrong — what to do instead."""
     from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
-    from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(e, UserError):
         return str(e)
@@ -24,24 +31,71 @@ def explain(e: BaseException) -> str:
         return f"no config '{choice}' — check --config-name / --config-dir"
     if isinstance(e, OverrideParseException):
         return f"cannot parse override '{e.override}' — write key=value, a group choice, or a,b,c with -m"
-    if isinstance(e, ConfigCompositionException):
-        text = str(e)
-        m = re.search(r"Could not override '([^']+)'", text)
-        if m:
-            key = m.group(1)
-            return (f"unknown config key '{key}' — check the spelling (see `posenc train --help` and "
-                    f"`posenc train --cfg job`), or write +{key}=... to add a new key")
-        m = re.search(r"Could not append to config\. An item is already at '([^']+)'", text)
-        if m:
-            return f"'{m.group(1)}' already exists — drop the + prefix to override it"
-        cause = e.__cause__
-        if isinstance(cause, OmegaConfBaseException):
-            return f"{_first_line(text)}: {_first_line(str(cause))}"
-        return _first_line(text)
-    if isinstance(e, OmegaConfBaseException):
-        return f"bad configuration: {_first_line(str(e))}"
-    return f"{type(e).__name__}: {_first_line(str(e))} (run with --debug for the traceback)"
+    cause = _omegaconf_error(e)
+    if cause is not None:
+        line = config_error(cause, context=_lines(str(e))[0] if cause is not e else "")
+        if cause is e.__context__ and cause is not e.__cause__:
+            # Hydra re-raised a YAML file's error without chaining it: its first line names the file
+            line = f"{_lines(str(e))[0]} {line}"
+        return line
+    if isinstance(e, ConfigCompositionException):  # Hydra's own message: first line — the rest
+        first, *rest = _lines(str(e))
+        return f"{first} — {' '.join(rest) or SEE_KEYS}"
+    return f"{type(e).__name__}: {_lines(str(e))[0]} (run with --debug for the traceback)"
 
 
-def _first_line(text: str) -> str:
-    return next((line.strip() for line in text.splitlines() if line.strip()), text)
+def config_error(error, context: str = "") -> str:
+    """An OmegaConf error (ValidationError, ConfigKeyError, …) as one line, from its fields."""
+    from omegaconf import DictConfig
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    what = _lines(str(error))[0]  # OmegaConf's message; the lines after it repeat its fields
+    key = error.full_key or ""
+    if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and "." in key:
+        parent = error.parent_node
+        known = [f"{key.rpartition('.')[0]}.{k}" for k in parent.keys()] if isinstance(parent, DictConfig) else []
+        close = difflib.get_close_matches(key, [k for k in known if not k.rpartition(".")[2].startswith("_")], n=1)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"unknown config key '{key}' ({what}) — {hint}{SEE_KEYS}"
+    if isinstance(error, ValidationError) and "." in key:
+        node = error.child_node
+        expected = _type_name(node._metadata.type_hint) if node is not None else None
+        takes = f"{key} takes {expected}; " if expected else ""
+        return f"{key}={error.value}: {what} — {takes}{SEE_KEYS}"
+    where = context or (f"at {key}" if key else "in the configuration")
+    return f"{where}: {what} — {SEE_KEYS}"
+
+
+def _omegaconf_error(e: BaseException):
+    """e, or the OmegaConf error Hydra raised e from (or while handling), or None."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    for candidate in (e, e.__cause__, e.__context__):
+        if isinstance(candidate, OmegaConfBaseException):
+            return candidate
+    return None
+
+
+def _type_name(hint) -> str:
+    """int -> 'an int', Optional[float] -> 'a float or null', List[float] -> 'a list of float'."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        names = [_bare(a) for a in args if a is not type(None)]
+        return "a " + " or ".join(names) + (" or null" if type(None) in args else "")
+    if origin is list:
+        return f"a list of {' or '.join(_bare(a) for a in args) or 'values'}"
+    if origin is dict:
+        return "a mapping"
+    article = "an" if _bare(hint)[0] in "aeiou" else "a"
+    return f"{article} {_bare(hint)}"
+
+
+def _bare(hint) -> str:
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin is typing.Union:
+        return "|".join(_bare(a) for a in args)
+    return {bool: "bool (true or false)"}.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _lines(text: str) -> list[str]:
+    return [line.strip() for line in text.splitlines() if line.strip()] or [text]

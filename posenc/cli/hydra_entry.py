@@ -1,32 +1,49 @@
-"""The Hydra entry point behind `posenc train`: one call of run_job per job."""
+"""How `posenc train` enters Hydra: the task function (one job) and the call that runs it.
+
+Results travel as return values. The task returns the run's summary (a sweep job that fails
+returns ``{"status": "failed", "error": ...}`` instead, so the other jobs still run); Hydra
+wraps each in a JobReturn, and ``run_hydra`` returns them all, including those of jobs that
+a launcher ran in other processes (submitit pickles each JobReturn back). A single run's
+exception is re-raised by Hydra itself (``JobReturn.return_value``) and reaches the CLI.
+
+Why Hydra's ``Hydra`` class rather than ``@hydra.main``: ``@hydra.main`` reads ``sys.argv``,
+discards the task's return value, and prints (then ``sys.exit(1)``s) any exception unless the
+``HYDRA_FULL_ERROR`` environment variable is set. Hydra has no public API that runs an app on
+a given argv and hands back its results, so run_hydra does what ``hydra._internal.utils.
+_run_hydra`` does (parse argv with Hydra's own parser, build the search path, dispatch
+--help/--cfg/--info/-m) on ``hydra._internal.hydra.Hydra``, whose run/multirun return the
+JobReturns. It is private API, pinned by pyproject (hydra-core 1.3.x); tests/test_train_cli.py
+and tests/test_launcher.py exercise every path it takes.
+"""
 
 from __future__ import annotations
 
+import argparse
 import logging
-import sys
+import os
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
-import hydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from posenc.train import distributed
-from posenc.config import CONFIG_PATH
 from posenc.cli.explain import explain
+from posenc.config import CONFIG_PATH, apply_choice_schemas
+from posenc.errors import UserError
 from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
+from posenc.train import distributed
 
 log = logging.getLogger("posenc")
-
-#: one line per failed job of the current multirun, for the CLI's closing message
-FAILED_JOBS: list[str] = []
-#: a single run's exception, re-raised after Hydra returns (so Hydra prints nothing of its own)
-_RUN_ERROR: list[BaseException] = []
+CONFIG_NAME = "config"
 
 
-def run_job(cfg: DictConfig) -> float | None:
-    """Train one job. A single run re-raises (the CLI prints one line); a sweep job records
-    its failure in summary.json and returns, so one bad job never stops the others."""
+def run_job(cfg: DictConfig) -> dict:
+    """Train one job; return its summary. A single run re-raises (the CLI prints one line); a
+    sweep job records its failure in summary.json and returns it, so one bad job never stops
+    the others."""
     from posenc.report.console import print_summary
     from posenc.train.loop import train
 
@@ -36,40 +53,119 @@ def run_job(cfg: DictConfig) -> float | None:
     if multirun:
         record_sweep(Path(hc.sweep.dir))
     try:
-        summary = train(cfg, run_dir)
+        summary = train(apply_choice_schemas(cfg), run_dir)
     except BaseException as e:
-        if not multirun or isinstance(e, KeyboardInterrupt):
+        if not multirun or not isinstance(e, Exception):
             if not has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
-            if isinstance(e, Exception):
-                _RUN_ERROR.append(e)
-                return None
             raise
-        message = explain(e)
-        log.error("job %s failed: %s", hc.job.num, message)
-        write_json_atomic(run_dir / SUMMARY_FILE, {"status": "failed", "error": message,
-                                                       "overrides": list(hc.overrides.task)})
-        FAILED_JOBS.append(f"job {hc.job.num} ({' '.join(hc.overrides.task)}): {message}")
-        return None
+        failure = {"status": "failed", "error": explain(e), "overrides": list(hc.overrides.task)}
+        log.error("job %s failed: %s", hc.job.num, failure["error"])
+        write_json_atomic(run_dir / SUMMARY_FILE, failure)
+        return failure
     if distributed.is_main():
         print_summary(summary, run_dir)
-    return summary.get("val/loss")
+    return summary
 
 
-@hydra.main(version_base="1.3", config_path=CONFIG_PATH, config_name="config")
-def _hydra_main(cfg: DictConfig) -> float | None:
-    return run_job(cfg)
+def hydra_parser() -> argparse.ArgumentParser:
+    """Hydra's own command-line parser; a flag it does not know is a UserError, not argparse's
+    usage text and exit 2."""
+    from hydra._internal.utils import get_args_parser
+
+    parser = get_args_parser()
+    parser.prog = "posenc train"
+
+    def refuse(message: str) -> None:
+        raise UserError(f"{message} — see `posenc train --help`")
+
+    parser.error = refuse  # type: ignore[method-assign]
+    return parser
 
 
-def hydra_train(args: list[str]) -> None:
-    """Run Hydra on args exactly as if they followed a @hydra.main script on the command line."""
-    FAILED_JOBS.clear()
-    _RUN_ERROR.clear()
-    argv = sys.argv
-    sys.argv = ["posenc", *args]
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """argv as Hydra reads it: its flags apart, the overrides in .overrides (`-m` may come
+    after the overrides, as users type it)."""
+    return hydra_parser().parse_intermixed_args(argv)
+
+
+def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = run_job,
+              check: Callable[[DictConfig], None] = lambda cfg: None) -> list[JobReturn]:
+    """Run Hydra as `python app.py ARGS` would, with conf/ as the primary config; return every
+    job's JobReturn (none for --help, --cfg, --info). check(cfg) sees the composed config of a
+    run (or of a sweep's common part) before Hydra creates any directory."""
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.config_search_path import SearchPathQuery
+
+    if args.experimental_rerun is not None:
+        raise UserError("--experimental-rerun is not supported by posenc — rerun with the run's overrides")
+    if sum([bool(args.run), args.cfg is not None, bool(args.multirun), bool(args.shell_completion),
+            args.info is not None]) > 1:
+        raise UserError("only one of --run, --multirun, --cfg, --info and --shell-completion can be given")
+    config_name = args.config_name or CONFIG_NAME
+    search_path = create_automatic_config_search_path(None, None, args.config_path or CONFIG_PATH)
+    if args.config_dir is not None:  # as _run_hydra: the user's dir just before the schema provider
+        config_dir = os.path.abspath(args.config_dir)
+        if not os.path.isdir(config_dir):
+            raise UserError(f"--config-dir '{config_dir}' does not exist — pass a directory of YAML configs")
+        search_path.prepend(provider="command-line", path=f"file://{config_dir}",
+                            anchor=SearchPathQuery(provider="schema"))
+    # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
+    warnings.filterwarnings("ignore", message=r"(?s).*ConfigStore schema with the same name")
+    hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=search_path)
+    overrides = list(args.overrides)
     try:
-        _hydra_main()
+        if args.help:
+            hydra.app_help(config_name=config_name, args_parser=hydra_parser(), args=args)
+            return []
+        if args.hydra_help:
+            hydra.hydra_help(config_name=config_name, args_parser=hydra_parser(), args=args)
+            return []
+        if args.cfg is not None:
+            hydra.show_cfg(config_name=config_name, overrides=overrides, cfg_type=args.cfg,
+                           package=args.package, resolve=args.resolve)
+            return []
+        if args.info is not None:
+            hydra.show_info(args.info, config_name=config_name, overrides=overrides)
+            return []
+        if args.shell_completion:
+            hydra.shell_completion(config_name=config_name, overrides=overrides)
+            return []
+        # a config may set hydra.mode itself (an experiment that is always a sweep)
+        mode = hydra.get_mode(config_name=config_name, overrides=overrides)
+        if mode is None or (args.multirun and mode == RunMode.RUN):
+            mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
+            overrides.append(f"hydra.mode={mode.name}")
+        check(hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
+                                   with_log_configuration=False))
+        if mode == RunMode.RUN:
+            return [hydra.run(config_name=config_name, task_function=task, overrides=overrides)]
+        return list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
     finally:
-        sys.argv = argv
-    if _RUN_ERROR:
-        raise _RUN_ERROR.pop()
+        GlobalHydra.instance().clear()
+
+
+def job_returns(returned) -> list[JobReturn]:
+    """The JobReturns in what a sweeper returned (the basic sweeper: one list per batch)."""
+    if isinstance(returned, JobReturn):
+        return [returned]
+    if isinstance(returned, (list, tuple)):
+        return [r for item in returned for r in job_returns(item)]
+    return []
+
+
+def failures(returns: list[JobReturn]) -> list[str]:
+    """One line per failed job: 'job N (overrides): what went wrong'."""
+    out = []
+    for r in returns:
+        if r.status == JobStatus.FAILED:  # an exception the task did not turn into a result
+            error = explain(r._return_value)
+        elif isinstance(r._return_value, dict) and r._return_value.get("status") == "failed":
+            error = r._return_value.get("error")
+        else:
+            continue
+        num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"
+        out.append(f"job {num} ({' '.join(r.overrides or [])}): {error}")
+    return out

@@ -5,47 +5,47 @@
   ``hydra.run.dir`` at it, so .hydra/, train.log, metrics.jsonl and W&B stay in one place.
 - Under torchrun every rank runs the CLI: rank 0 picks the run dir and broadcasts it, so all
   ranks agree on one; the other ranks write no Hydra files of their own.
+
+Every override is read by Hydra's own parser (posenc.config.parse_overrides).
 """
 
 from __future__ import annotations
 
-import json
-import warnings
+import argparse
 from datetime import datetime
 from pathlib import Path
 
 import yaml
-from hydra.experimental.callback import Callback
 
-from posenc.train import distributed
-from posenc.rundir import checkpoint_path
+from posenc.cli.hydra_entry import parse_args
+from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
+from posenc.rundir import checkpoint_path
+from posenc.train import distributed
 
-MULTIRUN_FLAGS = ("-m", "--multirun")
-NO_RESUME = ("false", "null", "none", "")
-
-
-def _value(args: list[str], key: str) -> str | None:
-    for a in args:
-        if a.lstrip("+~").startswith(key + "="):
-            return a.split("=", 1)[1]
-    return None
+RESUME_KEY = "trainer.resume"
+NO_RESUME = (False, None, "false", "none", "")
 
 
-def _task_overrides(args: list[str]) -> list[str]:
-    """The overrides that define the run (not Hydra's own, not resume, not flags)."""
-    return sorted(a for a in args if "=" in a and not a.startswith("-") and not a.startswith("hydra")
-                  and not a.lstrip("+~").startswith("trainer.resume="))
+def _value(overrides: list[ParsedOverride], key: str):
+    """The value the last override of key sets, or None."""
+    return next((value for k, value, _ in reversed(overrides) if k == key), None)
 
 
-def find_resumable(outputs: Path, args: list[str]) -> Path:
-    """The newest run dir under outputs/ with a checkpoint and the same overrides as args."""
-    wanted = _task_overrides(args)
+def _task_overrides(overrides: list[ParsedOverride]) -> list[tuple[str, object]]:
+    """What defines a run: (key, value) of every override but Hydra's own and resume, sorted."""
+    return sorted(((k, v) for k, v, _ in overrides if not k.startswith("hydra") and k != RESUME_KEY),
+                  key=lambda kv: kv[0])
+
+
+def find_resumable(outputs: Path, overrides: list[ParsedOverride]) -> Path:
+    """The newest run dir under outputs/ with a checkpoint and the same overrides."""
+    wanted = _task_overrides(overrides)
     candidates = []
-    for overrides in outputs.rglob(".hydra/overrides.yaml"):
-        run_dir = overrides.parent.parent
+    for saved in outputs.rglob(".hydra/overrides.yaml"):
+        run_dir = saved.parent.parent
         ckpt = checkpoint_path(run_dir)
-        if ckpt.is_file() and _task_overrides(yaml.safe_load(overrides.read_text()) or []) == wanted:
+        if ckpt.is_file() and _task_overrides(parse_overrides(yaml.safe_load(saved.read_text()) or [])) == wanted:
             candidates.append((ckpt.stat().st_mtime, run_dir))
     if not candidates:
         raise UserError(f"trainer.resume=auto: no run under {outputs}/ with these overrides has a checkpoint — "
@@ -53,17 +53,16 @@ def find_resumable(outputs: Path, args: list[str]) -> Path:
     return max(candidates)[1]
 
 
-def resume_dir(args: list[str], cwd: Path) -> Path | None:
+def resume_dir(overrides: list[ParsedOverride], multirun: bool, cwd: Path) -> Path | None:
     """The run dir trainer.resume names (checked to exist and hold a checkpoint), or None."""
-    value = _value(args, "trainer.resume")
-    if value is None or value.strip("'\"").lower() in NO_RESUME:
+    value = _value(overrides, RESUME_KEY)
+    if value in NO_RESUME or (isinstance(value, str) and value.lower() in NO_RESUME):
         return None
-    value = value.strip("'\"")
-    if any(a in MULTIRUN_FLAGS for a in args):
+    if multirun:
         raise UserError("trainer.resume works on one run, not a -m sweep — resume each job's run dir on its own")
-    if value.lower() in ("auto", "true"):
-        return find_resumable(cwd / "outputs", args)
-    run_dir = Path(value).expanduser()
+    if value is True or str(value).lower() in ("auto", "true"):
+        return find_resumable(cwd / "outputs", overrides)
+    run_dir = Path(str(value)).expanduser()
     if not run_dir.is_dir():
         raise UserError(f"trainer.resume: run dir '{run_dir}' does not exist — pass a directory under outputs/ "
                         f"(or trainer.resume=auto for the latest matching run)")
@@ -77,44 +76,22 @@ def _quote(path: str) -> str:
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-def prepare_args(args: list[str], cwd: Path | None = None) -> list[str]:
-    """Hydra overrides with the run dir fixed where resume or torchrun need it."""
+def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
+    """argv as Hydra reads it, with the run dir fixed where resume or torchrun need it."""
     cwd = cwd or Path.cwd()
-    multirun = any(a in MULTIRUN_FLAGS for a in args)
-    if multirun:  # Hydra's parser wants the flag before the overrides; users put it anywhere
-        args = ["-m", *(a for a in args if a not in MULTIRUN_FLAGS)]
-    fixed = _value(args, "hydra.run.dir") is not None
-    out = list(args)
-    if multirun:  # submitit jobs fail in their own processes: the sweep's summaries tell
-        out.append("+hydra.callbacks.sweep_failures._target_=posenc.cli.launch.SweepFailures")
-    # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
-    warnings.filterwarnings("ignore", message=r"(?s).*ConfigStore schema with the same name")
-    run_dir = resume_dir(args, cwd) if not fixed else None
+    args = parse_args(argv)
+    overrides = parse_overrides(args.overrides)
+    fixed = _value(overrides, "hydra.run.dir") is not None
+    run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
-        out.append(f"hydra.run.dir={_quote(str(run_dir))}")
+        args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
         fixed = True
-    if distributed.launched() and not multirun:
+    if distributed.launched() and not args.multirun:
         distributed.init()
         if not fixed:
             # Hydra's own pattern, with the time taken once on rank 0 (encoding.name still resolves)
             stamp = distributed.broadcast(datetime.now().strftime("%Y-%m-%d/%H-%M-%S-%f"))
-            out.append(f"hydra.run.dir=outputs/{stamp}_${{encoding.name}}")
+            args.overrides.append(f"hydra.run.dir=outputs/{stamp}_${{encoding.name}}")
         if not distributed.is_main():
-            out += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
-    return out
-
-
-class SweepFailures(Callback):
-    """At the end of a sweep, read the jobs' summary.json files: a launcher that runs jobs in
-    other processes (submitit) cannot report their failures to the CLI any other way."""
-
-    def on_multirun_end(self, config, **kwargs) -> None:
-        from posenc.cli import hydra_entry as entry
-
-        if entry.FAILED_JOBS:  # jobs ran in this process and reported themselves
-            return
-        for summary in sorted(Path(config.hydra.sweep.dir).glob("*/summary.json")):
-            result = json.loads(summary.read_text())
-            if result.get("status") == "failed":
-                entry.FAILED_JOBS.append(f"{summary.parent.name} ({' '.join(result.get('overrides', []))}): "
-                                         f"{result.get('error')}")
+            args.overrides += ["hydra.output_subdir=null", "hydra/job_logging=disabled"]
+    return args

@@ -1,4 +1,8 @@
-"""`posenc plot decay|extrapolation`: the PNG figures of plots.py from the command line."""
+"""`posenc plot decay|extrapolation`: the PNG figures of report/plots_length.py from the command line.
+
+A figure goes next to the data it shows (the sweep or run directory) or, when it shows no
+data or several places' data, under outputs/plots/; never into the current directory.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,16 @@ from pathlib import Path
 
 import typer
 
+from posenc.cli.common import console, fail, run_guarded
+
+PLOTS_DIR = Path("outputs") / "plots"
+
 plot_app = typer.Typer(no_args_is_help=True, help="Figures as PNG: RoPE's long-term decay, perplexity against length.")
+
+
+def default_out(paths: list[Path], name: str) -> Path:
+    """PNG name inside the one directory given, else under outputs/plots/."""
+    return (paths[0] if len(paths) == 1 and paths[0].is_dir() else PLOTS_DIR) / name
 
 
 @plot_app.command()
@@ -14,14 +27,15 @@ def decay(
     bases: list[float] = typer.Option([500.0, 10000.0, 500000.0], "--base", help="RoPE base (repeat for several)"),
     head_dim: int = typer.Option(128, help="head dimension d (RoFormer's figure: 128)"),
     max_distance: int = typer.Option(256, help="largest relative distance on the x-axis"),
-    out: Path = typer.Option(Path("rope_decay.png"), help="PNG to write"),
+    out: Path = typer.Option(None, help=f"PNG to write [default: {PLOTS_DIR / 'rope_decay.png'}]"),
 ) -> None:
     """RoFormer §3.4.3: the upper bound of the relative score against distance, per base."""
-    from posenc.cli.app import console, fail, run_guarded
     from posenc.report.plots_length import plot_decay
 
     if head_dim < 2 or head_dim % 2 or max_distance < 1 or any(b <= 1 for b in bases):
         fail("--head-dim must be even and >= 2, --max-distance >= 1, every --base > 1")
+    out = out or PLOTS_DIR / "rope_decay.png"
+    out.parent.mkdir(parents=True, exist_ok=True)
     path = run_guarded(lambda: plot_decay(bases, head_dim, max_distance, out), debug=False)
     console.print(f"wrote [bold]{path}[/]")
 
@@ -29,12 +43,17 @@ def decay(
 @plot_app.command()
 def extrapolation(
     paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (as for `posenc compare`)"),
-    out: Path = typer.Option(Path("extrapolation.png"), help="PNG to write"),
+    out: Path = typer.Option(None, help="PNG to write [default: extrapolation.png in the one directory given, "
+                                        f"else {PLOTS_DIR}/]"),
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
     (mean ± std over seeds), training length marked."""
-    from posenc.cli.app import console, run_guarded
     from posenc.report.plots_length import extrapolation_groups, plot_extrapolation
 
-    path = run_guarded(lambda: plot_extrapolation(extrapolation_groups(paths), out), debug=False)
-    console.print(f"wrote [bold]{path}[/]")
+    def plot() -> Path:
+        groups = extrapolation_groups(paths)  # refuses missing paths before anything is written
+        target = out or default_out(paths, "extrapolation.png")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return plot_extrapolation(groups, target)
+
+    console.print(f"wrote [bold]{run_guarded(plot, debug=False)}[/]")

@@ -18,6 +18,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from posenc.config import parse_overrides
 from posenc.errors import UserError
 from posenc.rundir import read_jsonl
 
@@ -119,9 +120,9 @@ def load_run(path: Path) -> Run:
     config = OmegaConf.to_container(OmegaConf.load(path / ".hydra" / "config.yaml"), resolve=False)
     overrides_file = path / ".hydra" / "overrides.yaml"
     overrides = {}
-    for item in (OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []):
-        key, _, value = str(item).lstrip("+~").partition("=")
-        overrides[key] = value
+    saved = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
+    for key, value, o in parse_overrides([str(item) for item in saved]):
+        overrides[key] = value if isinstance(value, str) else o.get_value_element_as_str()
     summary_file = path / "summary.json"
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     metrics = path / "metrics.jsonl"

@@ -1,0 +1,56 @@
+"""What every command shares: the consoles, the one-line error, and the guard that makes one.
+
+A mistake a user can make prints one line, ``error: ...``, and exits 1 (130 on Ctrl-C, as
+shells expect); ``--debug`` or ``HYDRA_FULL_ERROR=1`` shows the full traceback instead.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TypeVar
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+console = Console()
+err_console = Console(stderr=True)
+
+#: a command whose arguments Typer passes through untouched, to Hydra's own parser
+HYDRA_ARGS = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True,
+                                   "help_option_names": []}}
+DEBUG_FLAG = "--debug"
+
+T = TypeVar("T")
+
+
+def user_wants_traceback(args: list[str]) -> bool:
+    return DEBUG_FLAG in args or os.environ.get("HYDRA_FULL_ERROR") == "1"
+
+
+def without_debug(args: list[str]) -> list[str]:
+    return [a for a in args if a != DEBUG_FLAG]
+
+
+def fail(message: str, code: int = 1) -> None:
+    """Print one `error:` line to stderr and exit with code."""
+    # escape: a message may quote the user's `[a,b]` lists, which rich would read as markup
+    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def run_guarded(func: Callable[[], T], debug: bool) -> T:
+    """func(), with any exception turned into one `error:` line (unless debug)."""
+    from posenc.cli.explain import explain
+
+    try:
+        return func()
+    except typer.Exit:
+        raise
+    except KeyboardInterrupt:
+        fail("interrupted", code=130)
+    except Exception as e:  # noqa: BLE001 - every exception becomes one line unless --debug
+        if debug:
+            raise
+        fail(explain(e))

@@ -1,0 +1,58 @@
+"""The commands whose arguments are all Hydra overrides: `posenc train` and `posenc bench`."""
+
+from __future__ import annotations
+
+import typer
+
+from posenc.cli.common import HYDRA_ARGS, console, err_console, fail, run_guarded, user_wants_traceback, without_debug
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def check_run(cfg) -> None:
+    """What the schema's types cannot say, checked before Hydra creates a run directory."""
+    from posenc.config import apply_choice_schemas, validate
+
+    validate(apply_choice_schemas(cfg))
+
+
+def train(ctx: typer.Context) -> None:
+    """Train one model, or a sweep with -m; the arguments are Hydra overrides.
+
+    Examples: `posenc train encoding=learned trainer.max_steps=100`,
+    `posenc train -m encoding=rope,nope encoding.base=500,10000`.
+    """
+    from posenc.cli.hydra_entry import failures, run_hydra
+    from posenc.cli.launch import prepare
+    from posenc.train import distributed
+
+    args = without_debug(ctx.args)
+    if any(a in HELP_FLAGS for a in args):  # Typer's help, then Hydra's (its groups and config)
+        console.print(ctx.get_help())
+        console.print()
+    try:  # resume and torchrun fix the run dir before Hydra picks one
+        returns = run_guarded(lambda: run_hydra(prepare(args), check=check_run), user_wants_traceback(ctx.args))
+    finally:
+        distributed.shutdown()
+    failed = failures(returns)
+    if failed:
+        fail(f"{len(failed)} of the sweep's {len(returns)} jobs failed: " + "; ".join(failed))
+
+
+def bench(ctx: typer.Context) -> None:
+    """Time training steps per encoding at one shape, against a plain nanoGPT-style reference.
+
+    The arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it.
+    Example: `posenc bench encoding=nope,rope,t5_bias model=base trainer.seq_len=1024 --json bench.json`.
+    """
+    from posenc.cli.bench import run_bench
+
+    if any(a in HELP_FLAGS for a in ctx.args):
+        console.print(ctx.get_help())
+        return
+    run_guarded(lambda: run_bench(without_debug(ctx.args), console, err_console), user_wants_traceback(ctx.args))
+
+
+def register(app: typer.Typer) -> None:
+    app.command(**HYDRA_ARGS)(train)
+    app.command(**HYDRA_ARGS)(bench)

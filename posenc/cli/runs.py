@@ -1,0 +1,39 @@
+"""The commands that read run directories: `posenc eval` and `posenc compare`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
+
+
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+    """Perplexity of a trained run at eval.lengths × its training length; Hydra overrides follow.
+
+    Examples: `posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64`,
+    `posenc eval outputs/…/run encoding.scaling=yarn encoding.scaling_factor=4`.
+    """
+    from posenc.eval.run import eval_run
+
+    run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
+
+
+def compare(
+    paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
+    by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
+    metric: str = typer.Option("val/ppl", "--metric", help="the metric plotted against the swept value"),
+    out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the sweep directory"),
+    target: list[float] = typer.Option(None, "--target", help="val/loss for tokens-to-loss (repeatable); default: the runs' own"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
+) -> None:
+    """Compare runs: a table (mean ± std over seeds), PNG plots, report.md and report.html."""
+    from posenc.report.compare import compare as compare_runs
+
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console), debug)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(eval_)
+    app.command()(compare)
