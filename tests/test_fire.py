@@ -86,3 +86,22 @@ def test_c_the_threshold_and_the_mlp_all_learn():
     (enc.bias(pos, pos) ** 2).sum().backward()
     for name, p in enc.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_bias_equals_the_papers_listing():
+    """The appendix's PyTorch listing, written out: positions, |L_multiplier·init_L| as the
+    threshold, log(|c·n| + 1) over log(|c·max(i, L)| + 1) + eps, then the MLP per (i, j)."""
+    torch.manual_seed(0)
+    enc = FIRE(d_model=32, n_head=4, init_L=12.0)
+    for p in enc.parameters():
+        torch.nn.init.normal_(p, std=0.5)  # any parameters, negative c and multiplier included
+    positions = torch.arange(40, dtype=torch.float)
+    rel_distance = positions[:, None] - positions[None, :]
+    threshold = torch.abs(enc.L_multiplier * enc.init_L)
+    pos_normalizer = torch.max(positions, threshold)[:, None]
+    rel_distance = torch.log(torch.abs(enc.c * rel_distance) + 1)
+    pos_normalizer = torch.log(torch.abs(enc.c * pos_normalizer) + 1) + 1e-6
+    expected = enc.mlp((rel_distance / pos_normalizer)[..., None]).permute(2, 0, 1)  # (H, T, T)
+    visible = torch.ones(40, 40, dtype=torch.bool).tril().expand(4, 40, 40)
+    pos = torch.arange(40)
+    torch.testing.assert_close(enc.bias(pos, pos)[visible], expected[visible], atol=1e-5, rtol=1e-5)

@@ -88,7 +88,14 @@ class FIRE(PositionalEncoding):
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = self.normalized_distance(q_pos, k_pos)  # (Tq, Tk)
-        return self.mlp(x[..., None]).permute(2, 0, 1)  # (Tq, Tk, 1) -> (Tq, Tk, H) -> (H, Tq, Tk)
+        first, second = self.mlp[0], self.mlp[2]
+        # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u), one hidden unit at a time: the
+        # same sum the score_mod computes, and no (Tq, Tk, width) tensor on long evaluations
+        out = second.bias[:, None, None].expand(self.n_head, *x.shape)  # (H, Tq, Tk)
+        for u in range(self.mlp_width):
+            hidden = torch.relu(first.weight[u, 0] * x + first.bias[u])  # (Tq, Tk)
+            out = out + second.weight[:, u, None, None] * hidden
+        return out
 
     def score_mod(self, ctx: Context) -> ScoreMod:
         """f_θ per score, written with the captured weights (a score_mod sees scalars, so the
