@@ -67,16 +67,17 @@ def test_every_normalised_distance_lies_in_zero_one_at_any_length():
     assert x[visible].min() >= 0 and x[visible].max() <= 1
 
 
-def test_the_default_threshold_lets_training_reach_every_input_extrapolation_uses():
-    """With the config's defaults the threshold starts at a quarter of the training length,
-    so training queries already map their farthest key to 1: the inputs a 16× longer
-    sequence produces, [0, 1], are all seen in training (at L >= T they would not be)."""
+def test_training_reaches_every_input_of_a_longer_sequence_only_with_the_threshold_below_it():
+    """Training queries (i < T) map their farthest key to ψ(T - 1)/ψ(max(L, T - 1)): 1 when
+    L < T, so every input in [0, 1] a longer sequence produces was seen; below 1 when L > T
+    (the paper's L0 = 512, the config's default, at T = 64)."""
     enc = build_encoding(compose(["encoding=fire", "trainer.seq_len=64", "model.n_head=4", "model.d_model=64"]))
-    assert enc.threshold.item() == 16.0
-    train = enc.normalized_distance(torch.arange(64), torch.arange(64))
-    torch.testing.assert_close(train.max(), torch.tensor(1.0))
-    paper_default = FIRE(d_model=64, n_head=4, init_L=512.0)
-    assert paper_default.normalized_distance(torch.arange(64), torch.arange(64)).max() < 0.6
+    assert enc.threshold.item() == 512.0  # the paper's
+    train, long = torch.arange(64), torch.arange(1024)
+    assert enc.normalized_distance(train, train).max() < 0.6
+    torch.testing.assert_close(enc.normalized_distance(long, long).max(), torch.tensor(1.0))
+    below = FIRE(d_model=64, n_head=4, init_L=16.0)
+    torch.testing.assert_close(below.normalized_distance(train, train).max(), torch.tensor(1.0))
 
 
 def test_c_the_threshold_and_the_mlp_all_learn():

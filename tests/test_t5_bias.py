@@ -107,17 +107,20 @@ def test_the_scaled_table_learns_in_a_few_steps_where_the_unscaled_one_cannot():
 
 @pytest.mark.parametrize("seq_len", [16, 24, 64, 100, 1024])
 def test_extrapolation_never_reads_a_bucket_training_cannot_reach(seq_len):
-    """With the default config (max_distance = the training length), every distance >= the
-    training length reads the bucket of distance training length - 1, which training reaches."""
+    """With the default config (max_distance = half the training length T), every distance >= T
+    reads the bucket of distance T - 1, which training reaches, and that bucket is shared by
+    every distance from T/2 on: not a bucket seen by one pair per window."""
     enc = build_encoding(compose(["encoding=t5_bias", f"trainer.seq_len={seq_len}"]))
     beyond = enc.bucket(-torch.arange(seq_len, 16 * seq_len + 1))
     assert torch.all(beyond == enc.bucket(torch.tensor(-(seq_len - 1))))
     trained = set(enc.bucket(-torch.arange(seq_len)).tolist())
     assert set(beyond.tolist()) <= trained
+    assert enc.max_distance == seq_len // 2
+    assert torch.all(enc.bucket(-torch.arange(seq_len // 2 - 1, seq_len)) == beyond[0])
 
 
 def test_a_max_distance_beyond_the_training_length_warns_with_what_to_set():
-    with pytest.warns(RuntimeWarning, match=r"buckets 27\.\.31 .*set encoding.max_distance=64"):
+    with pytest.warns(RuntimeWarning, match=r"buckets 27\.\.31 .*set encoding.max_distance to at most 64"):
         build_encoding(compose(["encoding=t5_bias", "trainer.seq_len=64", "encoding.max_distance=128"]))
 
 

@@ -13,19 +13,20 @@ a function of i - j alone. Because it depends on i as well as on i - j it is not
 ``relative_bias`` table; its ``score_mod`` computes the MLP per score from the captured weights.
 
 Parameters, as in the paper's listing: c = |c̃| initialised at 0.1; L = |λ · L0| with the
-multiplier λ learned (initialised at 1) and L0 fixed; eps = 1e-6 keeps the ratio finite.
-Where posenc deviates: L0 defaults to a quarter of the training length (the paper's 512 at
-training length 2048) rather than the absolute 512, because only with L below the training
-length do training queries reach the whole input range [0, 1] that longer sequences use; at
-L = 512 and T = 64 the MLP would be trained on [0, 0.5] and extrapolation would read its
-untrained half. And one FIRE serves all layers (posenc computes a position bias once per
-forward): the paper's FIRE-S sharing, where its main models learn one per layer.
+multiplier λ learned (initialised at 1) and L0 = 512 fixed; eps = 1e-6 keeps the ratio
+finite. Where posenc deviates: one FIRE serves all layers (posenc computes a position bias
+once per forward, as for T5), where the paper's main models learn one per layer.
 
 How its parameters are scaled, and which training can reach: the MLP weights, c and λ are
 O(0.1..1) numbers at PyTorch's default initialisation, so Adam's ~lr-per-step moves change
 them substantially within posenc's budgets; the output is O(1) at init, so the bias acts
-from the first step. Every MLP input a longer sequence produces lies in [0, 1], which
-training covers when L stays below the training length.
+from the first step. c, L and f_θ are closed-form functions of every position, so nothing is
+a table entry left untrained. But f_θ's *inputs*: training queries (i < T) reach
+x = ψ(T - 1)/ψ(max(L, T - 1)), which is 1 only when L < T. With L above the training length
+(the paper's 512 when T < 512) a longer sequence reads f_θ beyond the inputs it was trained
+on, on its linear (ReLU) continuation; with L < T training covers all of [0, 1]. Measured at
+T = 64 (2 layers, d = 128, 400 steps, 3 seeds) L0 = 512 gave ppl 6.04 at 64 and 6.58 at 1024,
+L0 = 16 gave 5.67 and 7.78: the default keeps the paper's 512; set ``init_L`` for the other.
 """
 
 from __future__ import annotations
@@ -42,9 +43,7 @@ class FIRE(PositionalEncoding):
     Args:
         mlp_width: hidden units of f_θ (paper: 32).
         init_c: initial c (paper: 0.1).
-        init_L: L0, the threshold's fixed base (L = |λ·L0|); None means train_len / 4, or the
-            paper's 512 when train_len is not given.
-        train_len: the training length, which sets the default threshold.
+        init_L: L0, the threshold's fixed base, L = |λ·L0| (paper: 512).
         eps: added to the normaliser (paper: 1e-6).
     """
 
@@ -55,13 +54,10 @@ class FIRE(PositionalEncoding):
         name: str = "fire",
         mlp_width: int = 32,
         init_c: float = 0.1,
-        init_L: float | None = None,
-        train_len: int | None = None,
+        init_L: float = 512.0,
         eps: float = 1e-6,
     ) -> None:
         super().__init__(d_model, n_head, name)
-        if init_L is None:
-            init_L = train_len / 4 if train_len else 512.0
         if mlp_width < 1 or not init_c > 0 or not init_L > 0:
             raise ValueError(f"FIRE needs mlp_width >= 1, init_c > 0 and init_L > 0, got mlp_width={mlp_width}, "
                              f"init_c={init_c}, init_L={init_L}")

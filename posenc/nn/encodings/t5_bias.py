@@ -13,12 +13,14 @@ How its parameters are scaled, and which of them training can reach (issue 15):
   ranked near NoPE by construction. ``scale`` (default √head_dim, as x-transformers' T5
   bias) multiplies the bias's step by that factor: for Adam a scale is the table's own
   learning rate, kept inside the encoding so the optimizer needs no special group.
-- Only buckets of distances shorter than the training length receive a gradient. The
-  default ``max_distance`` is the training length (``${trainer.seq_len}``), and every
-  distance >= max_distance reads the bucket of max_distance - 1: evaluation beyond the
-  training length reuses the last *trained* bucket (T5's "last bucket beyond"), never an
-  untrained one. A ``max_distance`` above the training length warns once, naming the
-  buckets that will stay at their initial zero and what to set instead.
+- Only buckets of distances shorter than the training length T receive a gradient. Every
+  distance >= max_distance reads the bucket of max_distance - 1 (T5's "last bucket
+  beyond"), and the config's default max_distance is T/2: evaluation beyond T reuses a
+  bucket trained on every distance T/2..T-1 (about a quarter of the causal pairs), never an
+  untrained one. At max_distance = T that bucket would hold distance T-1 alone, seen by one
+  pair per window: it stays near its initial zero, and measured at T = 64 the 16x perplexity
+  was 9.6 against 7.7 at T/2 (same perplexity at T). A max_distance above T warns once,
+  naming the buckets that stay at their initial zero and what to set instead.
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class T5Bias(PositionalEncoding):
 
     Args:
         num_buckets: buckets per direction (T5: 32).
-        max_distance: distances >= max_distance share the bucket of max_distance - 1; the
-            config sets it to the training length so that every bucket used is trained.
+        max_distance: distances >= max_distance share the bucket of max_distance - 1 (T5: 128);
+            None means train_len // 2, so that the shared bucket is trained on many pairs.
         bidirectional: a separate half of the buckets for the future (an encoder; a causal
             decoder masks the future anyway).
         scale: the bias is scale · W; None means √head_dim (x-transformers), 1.0 is T5's form.
@@ -79,12 +81,17 @@ class T5Bias(PositionalEncoding):
         n_head: int,
         name: str = "t5_bias",
         num_buckets: int = 32,
-        max_distance: int = 128,
+        max_distance: int | None = 128,
         bidirectional: bool = False,
         scale: float | None = None,
         train_len: int | None = None,
     ) -> None:
         super().__init__(d_model, n_head, name)
+        if max_distance is None:
+            if train_len is None:
+                raise ValueError("T5 bias: max_distance=null means half the training length, but no train_len "
+                                 "was given — set encoding.max_distance or encoding.train_len")
+            max_distance = max(1, int(train_len) // 2)
         if num_buckets < 2 or max_distance < 1:
             raise ValueError(f"T5 bias needs num_buckets >= 2 and max_distance >= 1, got "
                              f"num_buckets={num_buckets}, max_distance={max_distance}")
@@ -138,7 +145,7 @@ class T5Bias(PositionalEncoding):
         return (f"encoding '{self.name}': max_distance={self.max_distance} exceeds the training length "
                 f"{train_len}: {which} (distances {train_len}..{self.max_distance - 1} and beyond) get no "
                 f"gradient in training, so evaluation beyond {train_len} tokens adds their untrained initial "
-                f"bias — set encoding.max_distance={train_len} (its default, ${{trainer.seq_len}})")
+                f"bias — set encoding.max_distance to at most {train_len} (its default, null, is {train_len // 2})")
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs) -> None:
         # a checkpoint written before the scale existed was trained with T5's unscaled bias
