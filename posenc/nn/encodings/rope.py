@@ -10,7 +10,9 @@ so that <R_m q, R_n k> = <q, R_{n-m} k> depends on positions only through m - n.
 ``style="interleaved"`` pairs (x[2i], x[2i+1]) as in the paper; ``style="half"`` pairs
 (x[i], x[i + d/2]) as GPT-NeoX and LLaMA do (the same maths after a fixed permutation).
 ``fraction`` < 1 rotates only the first fraction·head_dim dimensions (partial rotary,
-GPT-NeoX/GPT-J) and leaves the rest untouched. ``scaling`` (none | linear | ntk | yarn) with
+GPT-NeoX/GPT-J) and leaves the rest untouched, its frequencies re-spread over the rotated width,
+θ_i = base^(-2i/(fraction·head_dim)). Not p-RoPE (``encoding=p_rope``, p_rope.py), which keeps
+RoPE's full-spectrum θ_i = base^(-2i/head_dim) and drops the lowest of them. ``scaling`` (none | linear | ntk | yarn) with
 ``scaling_factor`` stretches the frequencies at evaluation time (see rope_scaling.py).
 """
 
