@@ -26,10 +26,13 @@ it (its heads are folded into the batch), or one per head with ``per_head: true`
 zero, as in the paper, and is used unscaled: the logit term q·e[p] is a sum over head_dim
 products, so one Adam step (each entry moving by about lr) moves it by about lr·Σ_d |q_d|,
 head_dim·|q_d| times what it moves one scalar of a bias table (T5), which is what lets it reach
-logit-sized values within posenc's budgets with no extra scale. Training reaches the entries
-e[0 .. max p seen], at most e[L] for a training length L (p_ij <= i - j + 1); the default
-npos_max = L (``${trainer.seq_len}``) has no entry training cannot reach, and beyond L positions
-are clamped to the last one instead of reading untrained entries.
+logit-sized values within posenc's budgets with no extra scale (measured at 2 layers, d=128,
+4 heads, T=64, 400 steps, lr 2e-3: the std of q·e[p] over visible pairs is 2.4 and 1.7 in the two
+layers, next to 2.1 and 1.6 for q·k/√d; max |e| = 0.23). Training reaches the entries e[n]
+up to the largest p it produces, and a window of L tokens produces p_ij <= i - j + 1 <= L: the
+default npos_max = L (``${trainer.seq_len}``) holds no entry a training window cannot reach (how
+far the gates actually go is learned: p reached 60 of 63 in the run above), and beyond L the
+positions are clamped to the last entry rather than read from entries no window produced.
 
 **Cost.** The term depends on q and k, so it is dense: B·H·T² floats per layer, added to
 SDPA's float mask on CPU and CUDA alike. Long sequences are processed in chunks of queries
