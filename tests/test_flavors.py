@@ -37,8 +37,9 @@ def test_every_encoding_in_every_flavor_is_causal_and_starts_at_ln_vocab(encodin
         b, _ = model(changed)
     torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[:, t + 1], b[:, t + 1])
-    # an untrained model knows nothing: cross-entropy ≈ ln(vocab), the uniform guess
-    assert abs(loss.item() - math.log(VOCAB)) < 0.15
+    # an untrained model knows nothing: cross-entropy ≈ ln(vocab), the uniform guess (logits of
+    # std s add about s²/2 nats; llama's fan-in head starts at s ≈ 1/√3)
+    assert abs(loss.item() - math.log(VOCAB)) < 0.25
 
 
 def test_llama_has_no_biases_and_an_untied_head():

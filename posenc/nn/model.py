@@ -18,7 +18,7 @@ from torch import Tensor, nn
 from posenc.nn.attention import position_bias
 from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.flavors import Flavor, get_flavor
+from posenc.nn.flavors import Flavor, get_flavor, init_stds
 
 __all__ = ["ATTENTIONS", "GPT", "Block", "CausalSelfAttention", "MLP", "RMSNorm", "SwiGLU"]
 
@@ -66,20 +66,21 @@ class GPT(nn.Module):
         self._init_weights(n_layer)
 
     def _init_weights(self, n_layer: int) -> None:
-        """N(0, init_std) for matmul weights, σ/√(2L) on residual projections (GPT-2: each of
+        """N(0, σ) for matmul weights (σ from the flavour's init scheme), σ/√(2L) on residual projections (GPT-2: each of
         the 2L residual branches adds variance), zero biases; the encoding initialises its own."""
         f = self.flavor
-        nn.init.normal_(self.wte.weight, mean=0.0, std=f.embed_std if not f.tie_embeddings else f.init_std)
+        std, embed_std, head_std = init_stds(f, self.d_model)
+        nn.init.normal_(self.wte.weight, mean=0.0, std=embed_std if not f.tie_embeddings else std)
         for module in self.blocks.modules():
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, mean=0.0, std=f.init_std)
+                nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)
         for name, p in self.blocks.named_parameters():
             if name.endswith("c_proj.weight"):  # scaled init of residual projections (GPT-2)
-                nn.init.normal_(p, mean=0.0, std=f.init_std / math.sqrt(2 * n_layer))
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * n_layer))
         if not f.tie_embeddings:
-            nn.init.normal_(self.lm_head.weight, mean=0.0, std=f.head_std)
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=head_std)
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
