@@ -73,6 +73,7 @@ class ModelConfig:
     d_model: int = MISSING
     dropout: float = MISSING
     attention: str = MISSING                    # softmax | linear
+    flavor: str = MISSING                       # gpt2 | llama (posenc/nn/flavors.py)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from posenc.errors import UserError
 from posenc.rundir import load_checkpoint
 from posenc.train.loop import train
 
-BENCH = [*TINY, "bench.steps=1", "bench.rounds=1", "bench.warmup=1"]
+BENCH = [*TINY, "model.flavor=gpt2", "bench.steps=1", "bench.rounds=1", "bench.warmup=1"]  # gpt2: the FLOPs formula below
 
 
 def test_a_bench_step_changes_the_parameters_exactly_as_a_training_step(tmp_path: Path):

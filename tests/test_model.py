@@ -46,7 +46,8 @@ def test_loss_at_init_is_about_ln_vocab(encoding):
     idx, targets = torch.randint(0, 256, (4, 64)), torch.randint(0, 256, (4, 64))
     with torch.no_grad():
         _, loss = model(idx, targets)
-    assert abs(loss.item() - math.log(256)) < 0.15
+    # logits of std s add about s²/2 nats; the untied fan-in head starts at s ≈ 1/√3
+    assert abs(loss.item() - math.log(256)) < 0.25
 
 
 @pytest.mark.parametrize("encoding", ENCODINGS)
@@ -82,6 +83,6 @@ def test_rope_options_reach_the_encoding():
     assert not torch.allclose(rotated[:, :, 1:, :8], q[:, :, 1:, :8])  # position 0 is not rotated
 
 
-def test_weights_are_tied():
-    model = tiny_model("nope")
+def test_weights_are_tied_in_the_gpt2_flavor():
+    model = tiny_model("nope", **{"model.flavor": "gpt2"})
     assert model.lm_head.weight is model.wte.weight

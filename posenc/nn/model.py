@@ -1,7 +1,8 @@
-"""A decoder-only, pre-LayerNorm GPT whose only positional machinery is its encoding.
+"""A decoder-only, pre-norm GPT whose only positional machinery is its encoding.
 
-nanoGPT's shape: CausalSelfAttention, MLP, Block, GPT; tied embeddings and GPT-2's init.
-The model owns one encoding, computes positions once per forward, asks for the bias once
+nanoGPT's shape: CausalSelfAttention, MLP, Block (posenc/nn/blocks.py), GPT. The block recipe
+(norm, MLP, biases, tied head, init) is a flavour (posenc/nn/flavors.py): ``gpt2`` is nanoGPT's,
+``llama`` is RMSNorm, SwiGLU, no biases and an untied head. The model owns one encoding, computes positions once per forward, asks for the bias once
 (shared by all layers, as T5 does) and hands the encoding to every block's attention,
 which calls ``rotate`` on q and k. Nothing here knows an encoding's name.
 """
@@ -14,63 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import PositionBias, causal_attention, position_bias
+from posenc.nn.attention import position_bias
+from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.linear_attention import causal_linear_attention
+from posenc.nn.flavors import Flavor, get_flavor, init_stds
+
+__all__ = ["ATTENTIONS", "GPT", "Block", "CausalSelfAttention", "MLP", "RMSNorm", "SwiGLU"]
 
 
 ATTENTIONS = ("softmax", "linear")
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str = "softmax") -> None:
-        super().__init__()
-        self.n_head = n_head
-        self.attention = attention
-        self.c_attn = nn.Linear(d_model, 3 * d_model)
-        self.c_proj = nn.Linear(d_model, d_model)
-        self.dropout = dropout
-        self.resid_dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
-                layer: int) -> Tensor:
-        B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, H, T, hd)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
-            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, ctx, layer))
-        else:
-            q, k = encoding.rotate(q, k, ctx, layer)
-            content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
-            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0, content, ctx.pos)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
-        return self.resid_dropout(self.c_proj(y))
-
-
-class MLP(nn.Module):
-    def __init__(self, d_model: int, dropout: float) -> None:
-        super().__init__()
-        self.c_fc = nn.Linear(d_model, 4 * d_model)
-        self.c_proj = nn.Linear(4 * d_model, d_model)
-        self.dropout = nn.Dropout(dropout)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
-
-
-class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str = "softmax") -> None:
-        super().__init__()
-        self.ln_1 = nn.LayerNorm(d_model)
-        self.attn = CausalSelfAttention(d_model, n_head, dropout, attention)
-        self.ln_2 = nn.LayerNorm(d_model)
-        self.mlp = MLP(d_model, dropout)
-
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
-                layer: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), encoding, ctx, bias, layer)  # pre-LN residual
-        return x + self.mlp(self.ln_2(x))
 
 
 class GPT(nn.Module):
@@ -83,6 +36,7 @@ class GPT(nn.Module):
         d_model: int = 256,
         dropout: float = 0.0,
         attention: str = "softmax",
+        flavor: str | Flavor = "gpt2",
     ) -> None:
         super().__init__()
         if attention not in ATTENTIONS:
@@ -97,32 +51,36 @@ class GPT(nn.Module):
                 f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
                 f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
             )
+        self.flavor = get_flavor(flavor)
         self.vocab_size = vocab_size
         self.n_layer = n_layer
         self.d_model = d_model
         self.encoding = encoding
         self.wte = nn.Embedding(vocab_size, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, attention) for _ in range(n_layer))
-        self.ln_f = nn.LayerNorm(d_model)
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, attention, self.flavor) for _ in range(n_layer))
+        self.ln_f = make_norm(d_model, self.flavor)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017)
+        if self.flavor.tie_embeddings:
+            self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017)
+        self._init_weights(n_layer)
 
-        # GPT-2 init; the encoding initialises its own parameters
-        for module in (self.wte, self.blocks, self.ln_f):
-            module.apply(self._init_weights)
+    def _init_weights(self, n_layer: int) -> None:
+        """N(0, σ) for matmul weights (σ from the flavour's init scheme), σ/√(2L) on residual projections (GPT-2: each of
+        the 2L residual branches adds variance), zero biases; the encoding initialises its own."""
+        f = self.flavor
+        std, embed_std, head_std = init_stds(f, self.d_model)
+        nn.init.normal_(self.wte.weight, mean=0.0, std=embed_std if not f.tie_embeddings else std)
+        for module in self.blocks.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
         for name, p in self.blocks.named_parameters():
             if name.endswith("c_proj.weight"):  # scaled init of residual projections (GPT-2)
-                nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * n_layer))
-
-    @staticmethod
-    def _init_weights(module: nn.Module) -> None:
-        if isinstance(module, nn.Linear):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
-            if module.bias is not None:
-                nn.init.zeros_(module.bias)
-        elif isinstance(module, nn.Embedding):
-            nn.init.normal_(module.weight, mean=0.0, std=0.02)
+                nn.init.normal_(p, mean=0.0, std=std / math.sqrt(2 * n_layer))
+        if not f.tie_embeddings:
+            nn.init.normal_(self.lm_head.weight, mean=0.0, std=head_std)
 
     def num_params(self, non_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
@@ -131,10 +89,12 @@ class GPT(nn.Module):
     def flops_per_token(self, seq_len: int) -> float:
         """Training FLOPs per token, 6N + 12·L·d·T (PaLM, appendix B; nanoGPT's estimate_mfu).
 
-        N counts every parameter that takes part in a matmul: the tied embedding does (as the
-        output head), a learned position table does not (it is a lookup).
+        N counts the parameters on the matmul path (with nanoGPT, the small bias and norm
+        vectors too): a tied embedding once (as the output head), an untied head once; the
+        untied embedding and a learned position table do not count (they are lookups).
         """
-        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith("encoding."))
+        lookups = ("encoding.",) if self.flavor.tie_embeddings else ("encoding.", "wte.")
+        n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith(lookups))
         return 6 * n + 12 * self.n_layer * self.d_model * seq_len
 
     def forward(

@@ -29,6 +29,8 @@ the rotated frequencies as in RoPE (a zero frequency stays zero).
 
 from __future__ import annotations
 
+from torch import Tensor
+
 from posenc.nn.encodings.rope import RoPE
 
 

@@ -1,0 +1,109 @@
+"""A transformer block's parts, built as a flavour says: norm, attention, MLP.
+
+``CausalSelfAttention`` is the only place attention is called; the norm and MLP follow the
+flavour (posenc/nn/flavors.py). Every linear's bias follows ``flavor.bias``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.nn.attention import PositionBias, causal_attention
+from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.flavors import Flavor, swiglu_hidden
+from posenc.nn.linear_attention import causal_linear_attention
+
+
+class RMSNorm(nn.Module):
+    """x / √(mean(x²) + ε) · g (Zhang & Sennrich, 2019): LayerNorm without centring or bias."""
+
+    def __init__(self, d_model: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(d_model))
+
+    def forward(self, x: Tensor) -> Tensor:
+        # normalise in fp32 (bf16's mean of squares loses digits), then back to x's dtype
+        xf = x.float()
+        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+
+
+def make_norm(d_model: int, flavor: Flavor) -> nn.Module:
+    match flavor.norm:
+        case "layernorm":
+            return nn.LayerNorm(d_model, bias=flavor.bias)
+        case "rmsnorm":
+            return RMSNorm(d_model)
+    raise ValueError(f"unknown norm '{flavor.norm}'")
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str = "softmax",
+                 bias: bool = True) -> None:
+        super().__init__()
+        self.n_head = n_head
+        self.attention = attention
+        self.c_attn = nn.Linear(d_model, 3 * d_model, bias=bias)
+        self.c_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.dropout = dropout
+        self.resid_dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
+                layer: int) -> Tensor:
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        # (B, T, C) -> (B, H, T, hd)
+        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+        if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
+            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, ctx, layer))
+        else:
+            q, k = encoding.rotate(q, k, ctx, layer)
+            content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
+            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0, content, ctx.pos)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
+class MLP(nn.Module):
+    """GPT-2's MLP: W2·GELU(W1·x), hidden 4d."""
+
+    def __init__(self, d_model: int, dropout: float, bias: bool = True) -> None:
+        super().__init__()
+        self.c_fc = nn.Linear(d_model, 4 * d_model, bias=bias)
+        self.c_proj = nn.Linear(4 * d_model, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class SwiGLU(nn.Module):
+    """Shazeer (2020): W2·(SiLU(W1·x) ⊙ W3·x), hidden 8d/3 so it holds GELU-MLP's parameters."""
+
+    def __init__(self, d_model: int, dropout: float, bias: bool = False) -> None:
+        super().__init__()
+        hidden = swiglu_hidden(d_model)
+        self.c_fc = nn.Linear(d_model, 2 * hidden, bias=bias)  # W1 and W3 in one matmul
+        self.c_proj = nn.Linear(hidden, d_model, bias=bias)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, 2h) -> 2 × (B, T, h)
+        return self.dropout(self.c_proj(F.silu(gate) * up))
+
+
+class Block(nn.Module):
+    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str, flavor: Flavor) -> None:
+        super().__init__()
+        self.ln_1 = make_norm(d_model, flavor)
+        self.attn = CausalSelfAttention(d_model, n_head, dropout, attention, bias=flavor.bias)
+        self.ln_2 = make_norm(d_model, flavor)
+        mlp = SwiGLU if flavor.mlp == "swiglu" else MLP
+        self.mlp = mlp(d_model, dropout, bias=flavor.bias)
+
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
+                layer: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), encoding, ctx, bias, layer)  # pre-norm residual
+        return x + self.mlp(self.ln_2(x))
