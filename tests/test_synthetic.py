@@ -98,3 +98,20 @@ def test_unknown_task_or_short_length_is_refused():
         make_task("sorting", 64, 1, 0)
     with pytest.raises(ValueError, match="length"):
         TaskBatches("selective_copy", 20, 2, 0)
+
+
+def test_the_dataset_config_instantiates_to_a_task_spec():
+    from hydra import compose, initialize_config_module
+    from hydra.utils import instantiate
+
+    from posenc.config import CONFIG_MODULE
+    from posenc.data.synthetic import SyntheticTask
+
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        cfg = compose("config", overrides=["dataset=synthetic", "dataset.task=flip_flop", "trainer.seq_len=32"])
+    spec = instantiate(cfg.dataset)
+    assert isinstance(spec, SyntheticTask) and spec.task == "flip_flop" and spec.eval_multiples == [1, 2, 4, 8]
+    x, y = spec.batches(cfg.trainer.seq_len, 2, seed=0).next()
+    assert x.shape == (2, 32)
+    with pytest.raises(ValueError, match="dataset.task"):
+        SyntheticTask(task="sorting")

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import datasets
 import numpy as np
@@ -215,3 +216,33 @@ class TaskBatches:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
+
+
+@dataclass
+class SyntheticTask:
+    """``dataset=synthetic``: the task a run trains and is evaluated on (conf/dataset/synthetic.yaml).
+
+    Training draws ``batches(...)`` at trainer.seq_len; evaluation scores ``eval_instances``
+    instances at each of ``eval_multiples`` × trainer.seq_len (posenc.eval.tasks.evaluate_task).
+    ``options`` go to the task's generator (passkey: digits; selective_copy: tokens;
+    flip_flop: p_ignore).
+    """
+
+    task: str = "passkey"
+    name: str = "synthetic"
+    targets: str = "answer"
+    eval_multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    eval_instances: int = 256
+    options: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        check_task(self.task)
+        if self.targets not in TARGETS:
+            raise ValueError(f"dataset.targets must be one of {', '.join(TARGETS)}, got '{self.targets}'")
+        if self.eval_instances < 1 or not self.eval_multiples or min(self.eval_multiples) < 1:
+            raise ValueError("dataset.eval_instances and every dataset.eval_multiples must be positive")
+        self.eval_multiples = [int(m) for m in self.eval_multiples]
+        self.options = dict(self.options)  # Hydra hands a DictConfig
+
+    def batches(self, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> TaskBatches:
+        return TaskBatches(self.task, seq_len, batch_size, seed, rank, world_size, self.targets, **self.options)

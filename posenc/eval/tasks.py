@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor, nn
 
-from posenc.data.synthetic import make_task
+from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.nn.encodings.base import PositionOutOfRange
 
 MULTIPLES = (1, 2, 4, 8)
@@ -84,6 +84,16 @@ def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: S
     """
     return [{"multiple": m, **task_accuracy(model, task, m * train_length, n, seed, batch_tokens, device, **options)}
             for m in multiples]
+
+
+def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed: int = 0,
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu") -> list[dict]:
+    """A run's task evaluation as its config says (dataset=synthetic): ``length_accuracy`` at
+    spec.eval_multiples × train_length on spec.eval_instances instances. The seed picks the
+    evaluation set; every run of a comparison should pass the same one (e.g. 0), so all
+    encodings answer the same instances."""
+    return length_accuracy(model, spec.task, train_length, spec.eval_multiples, spec.eval_instances, seed,
+                           batch_tokens, device, **spec.options)
 
 
 def as_metrics(task: str, results: list[dict]) -> dict[str, float]:
