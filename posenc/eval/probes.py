@@ -216,7 +216,8 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
         for ax, key in zip(axes, ("q_sq_norm", "k_sq_norm")):
             for layer, row in enumerate(rot[key]):
                 ax.plot(row, marker=".", lw=1, label=f"layer {layer}")
-            ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
+            if rot["rotated_pairs"] < len(rot["theta"]):  # partial rotary: the unrotated pairs on the right
+                ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
             ax.set(xlabel="pair i (θ_i falls with i)", title=f"mean ‖{key[0]}‖² per pair")
         axes[0].legend(fontsize=6)
         save(fig, "rotary_pairs.png")
