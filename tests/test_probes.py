@@ -100,3 +100,15 @@ def test_linear_attention_is_refused():
     model = GPT(256, RoPE(D, H), n_layer=1, n_head=H, d_model=D, attention="linear")
     with pytest.raises(ValueError, match="softmax"):
         attention_probes(model, torch.randint(0, 256, (1, 8)))
+
+
+def test_probes_at_several_lengths_write_json_and_one_figure_set_per_length(tmp_path):
+    from posenc.eval.probes import probe_lengths, write_probes
+
+    model = model_with(ALiBi(D, H))
+    result = probe_lengths(model, {T: torch.randint(0, 256, (1, T)) for T in (8, 16)})
+    paths = write_probes(result, tmp_path, train_length=8)
+    assert json.loads((tmp_path / "probes.json").read_text()).keys() == {"8", "16"}
+    names = {str(p.relative_to(tmp_path)) for p in paths}
+    assert {"T8/entropy_T8.png", "T16/bias.png", "entropy_vs_length.png"} <= names
+    assert all(p.exists() for p in paths)

@@ -231,3 +231,45 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
         ax.legend(fontsize=6)
         save(fig, "bias.png")
     return paths
+
+
+def probe_lengths(model: nn.Module, idx_by_length: dict[int, Tensor]) -> dict[str, dict]:
+    """``attention_probes`` at several lengths (e.g. 1×, 2×, 4× the training length), keyed by
+    str(length) so the result is JSON as is. idx_by_length: {T: (B, T) token ids}."""
+    return {str(T): attention_probes(model, idx) for T, idx in sorted(idx_by_length.items())}
+
+
+def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None) -> list[Path]:
+    """probes.json plus each length's figures (in T<length>/ when there are several lengths)
+    and entropy_vs_length.png: each layer's mean entropy over heads and queries against T."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "probes.json.tmp"
+    tmp.write_text(json.dumps(probes_by_length))
+    tmp.replace(out / "probes.json")  # never a half-written file
+    paths = [out / "probes.json"]
+    several = len(probes_by_length) > 1
+    for T, probes in probes_by_length.items():
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length)
+    if several:
+        lengths = [int(T) for T in probes_by_length]
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        n_layer = len(next(iter(probes_by_length.values()))["entropy"])
+        for layer in range(n_layer):
+            means = [float(torch.tensor(p["entropy"][layer]).mean()) for p in probes_by_length.values()]
+            ax.plot(lengths, means, marker="o", label=f"layer {layer}")
+        if train_length:
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8)
+        ax.set(xscale="log", xlabel="context length T", ylabel="mean attention entropy (nats)")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "entropy_vs_length.png", dpi=110)
+        plt.close(fig)
+        paths.append(out / "entropy_vs_length.png")
+    return paths
