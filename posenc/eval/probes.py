@@ -1,0 +1,275 @@
+"""Probes of a trained model from one forward pass, without touching the model.
+
+Forward hooks on each block's ``c_attn`` (the nn.Linear producing q, k, v: (B, T, 3·d)) keep
+its output; the attention probabilities are then recomputed exactly as the model computes
+them: split heads, the encoding's ``rotate``, scaled dot products, its ``bias`` and
+``content_bias``, the causal mask, softmax. From them:
+
+- attention entropy H_i = -Σ_j p_ij log p_ij per layer, head and query position i (at most
+  log(i+1), reached by a uniform row);
+- mean attention distance D = Σ_j p_ij (i - j) per head (Vig & Belinkov, 2019);
+- for rotary encodings, the mean squared norm of q and of k in each rotated pair, per layer
+  and against the pair's frequency θ_i (Barbero et al., ICLR 2025: the highest frequencies
+  carry positional heads, the lowest act as semantic channels);
+- for position biases, b_h(n) against the distance n per head (``relative_bias`` where the
+  encoding offers it, else the last query's row of ``bias``).
+
+Everything returned is plain lists and numbers (JSON-ready); ``write_probe_figures`` draws PNGs.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from posenc.nn.attention import causal_mask_bias
+from posenc.nn.encodings.base import Context
+from posenc.nn.encodings.rope import RoPE
+
+
+def attention_entropy(p: Tensor) -> Tensor:
+    """p: (..., Tq, Tk) rows summing to 1 -> (..., Tq) entropy in nats (0·log 0 = 0)."""
+    return -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+
+
+def attention_distance(p: Tensor, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """p: (..., Tq, Tk) -> (..., Tq): the expected distance Σ_j p_ij · (i - j)."""
+    return (p * (q_pos[:, None] - k_pos[None, :]).to(p.dtype)).sum(-1)
+
+
+def frequency_pairs(head_dim: int, rot_dim: int, style: str) -> Tensor:
+    """(head_dim/2, 2) indices of the dimension pairs RoPE rotates together: (2i, 2i+1) when
+    interleaved, (i, i + rot_dim/2) for 'half'; the unrotated tail paired as (2j, 2j+1)."""
+    half = rot_dim // 2
+    if style == "half":
+        rotated = torch.stack((torch.arange(half), torch.arange(half) + half), dim=1)
+    else:
+        rotated = torch.arange(rot_dim).view(half, 2)
+    tail = torch.arange(rot_dim, head_dim - (head_dim - rot_dim) % 2).view(-1, 2)
+    return torch.cat((rotated, tail))
+
+
+def pair_sq_norms(x: Tensor, pairs: Tensor) -> Tensor:
+    """x: (..., head_dim) -> (..., n_pairs): x_a² + x_b² for each pair (a, b); over all pairs
+    of an even head_dim they sum to ||x||²."""
+    return x[..., pairs[:, 0]] ** 2 + x[..., pairs[:, 1]] ** 2
+
+
+class _Capture:
+    """Forward hooks keeping each layer's c_attn output for one forward."""
+
+    def __init__(self, model: nn.Module) -> None:
+        self.outputs: dict[int, Tensor] = {}
+        self.handles = [block.attn.c_attn.register_forward_hook(self._hook(i)) for i, block in enumerate(model.blocks)]
+
+    def _hook(self, layer: int):
+        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
+            self.outputs[layer] = output.detach().float()
+        return hook
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+@torch.no_grad()
+def capture_qkv(model: nn.Module, idx: Tensor) -> list[Tensor]:
+    """One eval-mode forward of ``model`` (a posenc GPT) on idx (B, T); per layer the output of
+    its c_attn, (B, T, 3C) in float32: q, k, v before heads are split and before ``rotate``."""
+    if any(block.attn.attention != "softmax" for block in model.blocks):
+        raise ValueError("attention probes need softmax attention (model.attention=softmax)")
+    capture = _Capture(model)
+    was_training = model.training
+    model.eval()
+    try:
+        model(idx)
+    finally:
+        capture.remove()
+        model.train(was_training)
+    return [capture.outputs[layer] for layer in range(len(model.blocks))]
+
+
+def split_heads(qkv: Tensor, n_head: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(B, T, 3C) -> q, k, v each (B, H, T, hd), as CausalSelfAttention splits them."""
+    return tuple(t.unflatten(-1, (n_head, -1)).transpose(1, 2) for t in qkv.chunk(3, dim=-1))
+
+
+@torch.no_grad()
+def attention_probabilities(model: nn.Module, idx: Tensor, qkv: list[Tensor] | None = None) -> list[Tensor]:
+    """Per layer the attention probabilities (B, H, T, T) the model used on idx (B, T):
+    softmax(q·kᵀ/√hd + b(i, j) + content bias, causal), as posenc.nn.attention computes them.
+    qkv: ``capture_qkv``'s output if already taken (else one forward here)."""
+    encoding, T = model.encoding, idx.shape[1]
+    ctx = Context.arange(T, idx.device, torch.float32)
+    qkv = capture_qkv(model, idx) if qkv is None else qkv
+    bias = encoding.bias(ctx.pos, ctx.pos).float() if encoding.has_bias else 0.0  # (H, T, T)
+    probs = []
+    for layer, block in enumerate(model.blocks):
+        q, k, _ = split_heads(qkv[layer], block.attn.n_head)
+        q, k = encoding.rotate(q, k, ctx, layer)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias  # (B, H, T, T)
+        if encoding.has_content_bias:
+            scores = scores + encoding.content_bias(q, k, ctx, layer).float()
+        probs.append(torch.softmax(causal_mask_bias(scores, ctx.pos, ctx.pos), dim=-1))
+    return probs
+
+
+@torch.no_grad()
+def rotary_frequency_norms(model: nn.Module, idx: Tensor, qkv: list[Tensor] | None = None) -> dict | None:
+    """For a rotary encoding, per layer the mean over batch, heads and positions of the squared
+    norm of q and of k in each dimension pair (before rotation, which preserves it), with each
+    pair's frequency θ_i (0 for pairs left unrotated). None for other encodings."""
+    encoding = model.encoding
+    if not isinstance(encoding, RoPE):
+        return None
+    qkv = capture_qkv(model, idx) if qkv is None else qkv
+    pairs = frequency_pairs(encoding.head_dim, encoding.rot_dim, encoding.style)
+    theta = torch.zeros(len(pairs))
+    theta[: encoding.rot_dim // 2] = encoding.inv_freq.float().cpu()
+    q_norms, k_norms = [], []
+    for layer, block in enumerate(model.blocks):
+        q, k, _ = qkv[layer].unflatten(-1, (3, block.attn.n_head, -1)).unbind(2)  # (B, T, H, hd)
+        q_norms.append(pair_sq_norms(q, pairs).mean(dim=(0, 1, 2)).tolist())
+        k_norms.append(pair_sq_norms(k, pairs).mean(dim=(0, 1, 2)).tolist())
+    return {"theta": theta.tolist(), "rotated_pairs": encoding.rot_dim // 2, "q_sq_norm": q_norms, "k_sq_norm": k_norms}
+
+
+@torch.no_grad()
+def position_bias_curve(encoding: nn.Module, max_distance: int, device: torch.device | str = "cpu") -> dict | None:
+    """b_h(n) for n = 0..max_distance-1 per head, or None for an encoding without a bias."""
+    if not encoding.has_bias:
+        return None
+    n = torch.arange(max_distance, device=device)
+    table = encoding.relative_bias(n)  # (H, R) or None
+    if table is None:  # a bias not of the distance alone: the row of the last query, read backwards
+        table = encoding.bias(n, n)[:, -1, :].flip(-1)
+    return {"distance": n.tolist(), "bias": table.float().cpu().tolist()}
+
+
+@torch.no_grad()
+def attention_probes(model: nn.Module, idx: Tensor) -> dict:
+    """All probes at one length T = idx.shape[1]: JSON-ready.
+
+    entropy[layer][head][i] and distance_by_query[layer][head][i]: averaged over the batch;
+    distance[layer][head]: averaged over queries too; max_entropy[i] = log(i+1), a uniform
+    row's; rotary and bias: see ``rotary_frequency_norms`` and ``position_bias_curve``."""
+    T = idx.shape[1]
+    pos = torch.arange(T, device=idx.device)
+    qkv = capture_qkv(model, idx)  # the one forward
+    entropy, distance = [], []
+    for p in attention_probabilities(model, idx, qkv):  # (B, H, T, T)
+        entropy.append(attention_entropy(p).mean(0).cpu())  # (H, T)
+        distance.append(attention_distance(p, pos, pos).mean(0).cpu())  # (H, T)
+    return {
+        "length": T,
+        "entropy": [e.tolist() for e in entropy],
+        "max_entropy": torch.log(torch.arange(1, T + 1, dtype=torch.float64)).tolist(),
+        "distance_by_query": [d.tolist() for d in distance],
+        "distance": [d.mean(-1).tolist() for d in distance],
+        "rotary": rotary_frequency_norms(model, idx, qkv),
+        "bias": position_bias_curve(model.encoding, T, idx.device),
+    }
+
+
+def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None) -> list[Path]:
+    """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
+    mean distance per layer and head, rotary pair norms, bias curves. Returns the paths written."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out, T = Path(out_dir), probes["length"]
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=110)
+        plt.close(fig)
+        paths.append(out / name)
+
+    n_layer = len(probes["entropy"])
+    fig, axes = plt.subplots(1, n_layer, figsize=(3.2 * n_layer, 3), sharey=True, squeeze=False)
+    for layer, ax in enumerate(axes[0]):
+        for h, row in enumerate(probes["entropy"][layer]):
+            ax.plot(row, lw=1, label=f"head {h}")
+        ax.plot(probes["max_entropy"], "k:", lw=1, label="uniform")
+        if train_length and train_length < T:
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8)
+        ax.set(title=f"layer {layer}", xlabel="query position")
+    axes[0][0].set_ylabel("attention entropy (nats)")
+    axes[0][-1].legend(fontsize=6)
+    save(fig, f"entropy_T{T}.png")
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis")
+    ax.set(xlabel="head", ylabel="layer", title=f"mean attention distance (T={T})")
+    fig.colorbar(im, ax=ax)
+    save(fig, f"distance_T{T}.png")
+
+    if probes["rotary"]:
+        rot = probes["rotary"]
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+        for ax, key in zip(axes, ("q_sq_norm", "k_sq_norm")):
+            for layer, row in enumerate(rot[key]):
+                ax.plot(row, marker=".", lw=1, label=f"layer {layer}")
+            if rot["rotated_pairs"] < len(rot["theta"]):  # partial rotary: the unrotated pairs on the right
+                ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
+            ax.set(xlabel="pair i (θ_i falls with i)", title=f"mean ‖{key[0]}‖² per pair")
+        axes[0].legend(fontsize=6)
+        save(fig, "rotary_pairs.png")
+
+    if probes["bias"]:
+        b = probes["bias"]
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        for h, row in enumerate(b["bias"]):
+            ax.plot(b["distance"], row, lw=1, label=f"head {h}")
+        ax.set(xlabel="distance n = i - j", ylabel="b_h(n)", title="position bias")
+        ax.legend(fontsize=6)
+        save(fig, "bias.png")
+    return paths
+
+
+def probe_lengths(model: nn.Module, idx_by_length: dict[int, Tensor]) -> dict[str, dict]:
+    """``attention_probes`` at several lengths (e.g. 1×, 2×, 4× the training length), keyed by
+    str(length) so the result is JSON as is. idx_by_length: {T: (B, T) token ids}."""
+    return {str(T): attention_probes(model, idx) for T, idx in sorted(idx_by_length.items())}
+
+
+def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None) -> list[Path]:
+    """probes.json plus each length's figures (in T<length>/ when there are several lengths)
+    and entropy_vs_length.png: each layer's mean entropy over heads and queries against T."""
+    import json
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "probes.json.tmp"
+    tmp.write_text(json.dumps(probes_by_length))
+    tmp.replace(out / "probes.json")  # never a half-written file
+    paths = [out / "probes.json"]
+    several = len(probes_by_length) > 1
+    for T, probes in probes_by_length.items():
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length)
+    if several:
+        lengths = [int(T) for T in probes_by_length]
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        n_layer = len(next(iter(probes_by_length.values()))["entropy"])
+        for layer in range(n_layer):
+            means = [float(torch.tensor(p["entropy"][layer]).mean()) for p in probes_by_length.values()]
+            ax.plot(lengths, means, marker="o", label=f"layer {layer}")
+        if train_length:
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8)
+        ax.set(xscale="log", xlabel="context length T", ylabel="mean attention entropy (nats)")
+        ax.legend(fontsize=6)
+        fig.tight_layout()
+        fig.savefig(out / "entropy_vs_length.png", dpi=110)
+        plt.close(fig)
+        paths.append(out / "entropy_vs_length.png")
+    return paths

@@ -1,0 +1,107 @@
+"""Exact-match accuracy on a synthetic task at 1×, 2×, 4×, 8× the training length.
+
+An instance is correct iff the argmax prediction at every answer position is the answer
+(teacher-forced: one forward per batch, no sampling), as in the length-generalisation papers
+(Kazemnejad et al., 2023; Jelassi et al., 2024). Each length reports the accuracy over n
+instances with a 95% Wilson score interval, which stays inside [0, 1] and is honest at 0 and 1.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor, nn
+
+from posenc.data.synthetic import SyntheticTask, make_task
+from posenc.nn.encodings.base import PositionOutOfRange
+
+MULTIPLES = (1, 2, 4, 8)
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (Wilson, 1927):
+    (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n), with p = correct/n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    # at p = 0 or 1 the bound is exactly 0 or 1; say so rather than 0.9999999999999999
+    return (0.0 if correct == 0 else centre - half), (1.0 if correct == n else centre + half)
+
+
+def instance_correct(logits: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+    """logits (B, L, V), y (B, L), mask (B, L) bool -> (B,) bool: every answer position right."""
+    right = logits.argmax(-1) == y  # (B, L)
+    return (right | ~mask).all(dim=1)
+
+
+@torch.no_grad()
+def task_accuracy(model: nn.Module, task: str, length: int, n: int = 256, seed: int = 0,
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu", **options) -> dict:
+    """Exact-match accuracy of ``model`` on ``n`` evaluation instances of ``task`` at ``length``.
+
+    model(x) must return (logits, _) as posenc.nn.model.GPT does. Returns a JSON-ready dict:
+    {length, n, correct, accuracy, low, high, token_accuracy} (token_accuracy: the fraction of
+    answer positions right, which shows progress before whole instances are). An encoding that
+    cannot represent the length (learned positions beyond max_len) gives accuracy None and the
+    reason under "skipped", instead of failing the other lengths.
+    """
+    ds = make_task(task, length, n, seed, **options).with_format("torch")
+    batch = max(1, batch_tokens // length)
+    was_training = model.training
+    model.eval()
+    correct = answers = answers_right = 0
+    try:
+        for start in range(0, n, batch):
+            rows = ds[start : start + batch]
+            ids, mask = rows["ids"].to(device), rows["answer_mask"].to(device)
+            x, y = ids[:, :-1], ids[:, 1:]
+            logits, _ = model(x)  # (b, length, vocab)
+            correct += int(instance_correct(logits, y, mask).sum())
+            answers += int(mask.sum())
+            answers_right += int(((logits.argmax(-1) == y) & mask).sum())
+    except PositionOutOfRange as e:
+        return {"length": length, "n": n, "correct": None, "accuracy": None, "low": None, "high": None,
+                "token_accuracy": None, "skipped": str(e)}
+    finally:
+        model.train(was_training)
+    low, high = wilson_interval(correct, n)
+    return {"length": length, "n": n, "correct": correct, "accuracy": correct / n, "low": low, "high": high,
+            "token_accuracy": answers_right / answers}
+
+
+def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[int] = MULTIPLES,
+                    n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
+                    **options) -> list[dict]:
+    """``task_accuracy`` at every multiple of the training length, each dict with its multiple.
+
+    Metric names for metrics.jsonl / W&B: ``tasks/<task>/accuracy@<length>`` (see ``as_metrics``).
+    """
+    return [{"multiple": m, **task_accuracy(model, task, m * train_length, n, seed, batch_tokens, device, **options)}
+            for m in multiples]
+
+
+def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed: int = 0,
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu") -> list[dict]:
+    """A run's task evaluation as its config says (dataset=synthetic): ``length_accuracy`` at
+    spec.eval_multiples × train_length on spec.eval_instances instances. The seed picks the
+    evaluation set; every run of a comparison should pass the same one (e.g. 0), so all
+    encodings answer the same instances."""
+    return length_accuracy(model, spec.task, train_length, spec.eval_multiples, spec.eval_instances, seed,
+                           batch_tokens, device, **spec.options)
+
+
+def as_metrics(task: str, results: list[dict]) -> dict[str, float]:
+    """Flat metrics for a Tracker: accuracy and its interval per length (skipped lengths left out)."""
+    out: dict[str, float] = {}
+    for r in results:
+        if r["accuracy"] is None:
+            continue
+        for key in ("accuracy", "low", "high", "token_accuracy"):
+            out[f"tasks/{task}/{key}@{r['length']}"] = r[key]
+    return out

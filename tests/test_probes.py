@@ -1,0 +1,114 @@
+"""Attention probes: entropy and distance maths, faithfulness to the model, RoPE pair norms, bias curves."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from posenc.eval.probes import (attention_distance, attention_entropy, attention_probabilities, attention_probes,
+                                capture_qkv, frequency_pairs, pair_sq_norms, split_heads, write_probe_figures)
+from posenc.nn.encodings.alibi import ALiBi
+from posenc.nn.encodings.base import NoPE
+from posenc.nn.encodings.rope import RoPE
+from posenc.nn.encodings.t5_bias import T5Bias
+from posenc.nn.model import GPT
+
+D, H = 32, 4
+
+
+def model_with(encoding, n_layer=2):
+    torch.manual_seed(0)
+    return GPT(256, encoding, n_layer=n_layer, n_head=H, d_model=D)
+
+
+def test_uniform_row_has_entropy_log_n_and_one_hot_row_entropy_zero_distance_i_minus_j():
+    n = 7
+    assert math.isclose(float(attention_entropy(torch.full((1, n), 1 / n))[0]), math.log(n), rel_tol=1e-6)
+    T, i, j = 10, 8, 3
+    p = torch.zeros(T, T)
+    p[i, j] = 1.0
+    pos = torch.arange(T)
+    assert float(attention_entropy(p)[i]) == 0.0
+    assert float(attention_distance(p, pos, pos)[i]) == i - j
+
+
+@pytest.mark.parametrize("encoding", [NoPE(D, H), RoPE(D, H), RoPE(D, H, style="half", fraction=0.5),
+                                      ALiBi(D, H), T5Bias(D, H, num_buckets=8, max_distance=16)], ids=lambda e: e.name)
+def test_recomputed_attention_reproduces_the_models_attention_output(encoding):
+    model = model_with(encoding)
+    with torch.no_grad():  # give T5's table something to show
+        for p in encoding.parameters():
+            p.normal_()
+    idx = torch.randint(0, 256, (2, 24))
+    outputs = {}
+    hooks = [b.attn.register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o)) for i, b in enumerate(model.blocks)]
+    probs = attention_probabilities(model, idx)
+    for h in hooks:
+        h.remove()
+    qkv = capture_qkv(model, idx)
+    for layer, block in enumerate(model.blocks):
+        _, _, v = split_heads(qkv[layer], H)
+        y = (probs[layer] @ v).transpose(1, 2).reshape(2, 24, D)  # (B, T, C)
+        assert torch.allclose(block.attn.c_proj(y), outputs[layer], atol=1e-5)
+        assert torch.allclose(probs[layer].sum(-1), torch.ones(2, H, 24))
+        assert (probs[layer].triu(1) == 0).all()  # causal
+
+
+@pytest.mark.parametrize("style,fraction", [("interleaved", 1.0), ("half", 1.0), ("half", 0.5)])
+def test_rope_pair_norms_sum_to_the_squared_norm_of_q(style, fraction):
+    q = torch.randn(3, 5, 16)
+    pairs = frequency_pairs(16, int(16 * fraction), style)
+    assert sorted(pairs.flatten().tolist()) == list(range(16))  # every dimension in one pair
+    assert torch.allclose(pair_sq_norms(q, pairs).sum(-1), q.pow(2).sum(-1))
+
+
+def test_rope_pairs_are_the_pairs_it_rotates_together():
+    """Rotation preserves the norm of each pair it rotates, and no other grouping."""
+    rope = RoPE(D, H, style="half")
+    rope.prepare(8)
+    from posenc.nn.encodings.base import Context
+    q = torch.randn(1, H, 8, D // H)
+    rq, _ = rope.rotate(q, q, Context.arange(8))
+    pairs = frequency_pairs(D // H, rope.rot_dim, "half")
+    assert torch.allclose(pair_sq_norms(rq, pairs), pair_sq_norms(q, pairs), atol=1e-5)
+
+
+def test_probes_are_json_ready_and_shaped_per_layer_head_and_position(tmp_path):
+    model = model_with(RoPE(D, H))
+    probes = attention_probes(model, torch.randint(0, 256, (2, 16)))
+    json.dumps(probes)
+    assert len(probes["entropy"]) == 2 and len(probes["entropy"][0]) == H and len(probes["entropy"][0][0]) == 16
+    assert all(e <= m + 1e-5 for row in probes["entropy"][1] for e, m in zip(row, probes["max_entropy"]))
+    rot = probes["rotary"]
+    assert len(rot["q_sq_norm"]) == 2 and len(rot["theta"]) == D // H // 2 and probes["bias"] is None
+    assert rot["theta"] == sorted(rot["theta"], reverse=True)  # pair 0 is the fastest
+    paths = write_probe_figures(probes, tmp_path, train_length=8)
+    assert {p.name for p in paths} == {"entropy_T16.png", "distance_T16.png", "rotary_pairs.png"}
+
+
+def test_bias_curve_is_alibis_linear_penalty():
+    probes = attention_probes(model_with(ALiBi(D, H)), torch.randint(0, 256, (1, 12)))
+    b = probes["bias"]
+    slopes = ALiBi(D, H).slopes
+    for h, row in enumerate(b["bias"]):
+        assert row == pytest.approx([-float(slopes[h]) * n for n in b["distance"]])
+    assert probes["rotary"] is None
+
+
+def test_linear_attention_is_refused():
+    model = GPT(256, RoPE(D, H), n_layer=1, n_head=H, d_model=D, attention="linear")
+    with pytest.raises(ValueError, match="softmax"):
+        attention_probes(model, torch.randint(0, 256, (1, 8)))
+
+
+def test_probes_at_several_lengths_write_json_and_one_figure_set_per_length(tmp_path):
+    from posenc.eval.probes import probe_lengths, write_probes
+
+    model = model_with(ALiBi(D, H))
+    result = probe_lengths(model, {T: torch.randint(0, 256, (1, T)) for T in (8, 16)})
+    paths = write_probes(result, tmp_path, train_length=8)
+    assert json.loads((tmp_path / "probes.json").read_text()).keys() == {"8", "16"}
+    names = {str(p.relative_to(tmp_path)) for p in paths}
+    assert {"T8/entropy_T8.png", "T16/bias.png", "entropy_vs_length.png"} <= names
+    assert all(p.exists() for p in paths)

@@ -1,0 +1,80 @@
+"""Task evaluation: exact match over answer positions, Wilson intervals, chance for an untrained model."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from posenc.data.synthetic import DIGITS, KEY_MARK, TASKS, make_task
+from posenc.eval.tasks import as_metrics, length_accuracy, task_accuracy, wilson_interval
+from posenc.nn.encodings.base import NoPE
+from posenc.nn.encodings.learned import Learned
+from posenc.nn.model import GPT
+
+
+class PasskeyReader(nn.Module):
+    """Told where the answer is: after the last key mark, predict the digits that followed the
+    first key mark (shift=0), or the digit one further along (shift=1, always wrong)."""
+
+    def __init__(self, shift: int = 0) -> None:
+        super().__init__()
+        self.shift = shift
+
+    def forward(self, x):
+        B, T = x.shape
+        logits = torch.zeros(B, T, 256)
+        for b in range(B):
+            marks = (x[b] == KEY_MARK).nonzero().flatten()
+            first, last = int(marks[0]), int(marks[-1])
+            for t in range(last, T):
+                logits[b, t, x[b, first + 1 + (t - last) + self.shift]] = 1.0
+        return logits, None
+
+
+class Oracle(nn.Module):
+    """Knows every instance: predicts the true next token everywhere."""
+
+    def __init__(self, instances: list[torch.Tensor]) -> None:
+        super().__init__()
+        self.next = {tuple(r[:-1].tolist()): r[1:] for r in instances}
+
+    def forward(self, x):
+        return torch.nn.functional.one_hot(torch.stack([self.next[tuple(r.tolist())] for r in x]), 256).float(), None
+
+
+def test_a_model_that_reads_the_key_scores_100_and_one_off_scores_0():
+    res = task_accuracy(PasskeyReader(), "passkey", 64, n=32, seed=1)
+    assert res["accuracy"] == 1.0 and res["correct"] == res["n"] == 32 and res["high"] == 1.0
+    assert task_accuracy(PasskeyReader(shift=1), "passkey", 64, n=32, seed=1)["accuracy"] < 0.2
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_an_oracle_scores_100_at_every_length(task):
+    oracle = Oracle([torch.tensor(r) for L in (48, 96) for r in make_task(task, L, 8, seed=0)["ids"]])
+    res = length_accuracy(oracle, task, 48, multiples=(1, 2), n=8, seed=0)
+    assert [r["accuracy"] for r in res] == [1.0, 1.0] and [r["length"] for r in res] == [48, 96]
+
+
+def test_an_untrained_model_scores_chance_on_passkey():
+    torch.manual_seed(0)
+    model = GPT(256, NoPE(64, 4), n_layer=2, n_head=4, d_model=64)
+    res = task_accuracy(model, "passkey", 64, n=200, seed=0, digits=1)
+    chance = 1 / len(DIGITS)
+    assert res["low"] <= chance and res["accuracy"] < 0.3  # no better than guessing one digit
+
+
+def test_wilson_interval_contains_p_stays_in_0_1_and_shrinks_with_n():
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    lo, hi = wilson_interval(30, 100)
+    assert lo < 0.3 < hi
+    assert wilson_interval(300, 1000)[1] - wilson_interval(300, 1000)[0] < hi - lo
+    # the textbook value: 0 successes in n gives an upper bound of z²/(n+z²)
+    assert math.isclose(wilson_interval(0, 20)[1], 1.96**2 / (20 + 1.96**2), rel_tol=1e-3)
+
+
+def test_a_length_the_encoding_cannot_encode_is_skipped_not_fatal():
+    model = GPT(256, Learned(32, 4, max_len=64), n_layer=1, n_head=4, d_model=32)
+    res = length_accuracy(model, "copy", 64, multiples=(1, 2), n=4)
+    assert res[0]["accuracy"] is not None and res[1]["accuracy"] is None and "max_len" in res[1]["skipped"]
+    assert set(as_metrics("copy", res)) == {f"tasks/copy/{k}@64" for k in ("accuracy", "low", "high", "token_accuracy")}
