@@ -112,3 +112,19 @@ def test_probes_at_several_lengths_write_json_and_one_figure_set_per_length(tmp_
     names = {str(p.relative_to(tmp_path)) for p in paths}
     assert {"T8/entropy_T8.png", "T16/bias.png", "entropy_vs_length.png"} <= names
     assert all(p.exists() for p in paths)
+
+
+def test_posenc_probe_writes_its_figures_into_the_run_dir(workdir):
+    """`posenc probe RUN_DIR` on any finished run: probes.json and PNGs at 1x, 2x, 4x its length."""
+    import json
+
+    from conftest import TINY, run_cli, run_dirs
+
+    assert run_cli("train", *TINY, cwd=workdir).returncode == 0
+    run = run_dirs(workdir)[0]
+    result = run_cli("probe", str(run), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    probes = json.loads((run / "probes" / "probes.json").read_text())
+    assert set(probes) == {"32", "64", "128"}  # TINY trains at 32 tokens
+    assert (run / "probes" / "entropy_vs_length.png").stat().st_size > 0
+    assert list((run / "probes" / "T32").glob("*.png"))

@@ -1,4 +1,4 @@
-"""The commands that read run directories: `posenc eval` and `posenc compare`."""
+"""The commands that read run directories: `posenc eval`, `posenc probe` and `posenc compare`."""
 
 from __future__ import annotations
 
@@ -20,6 +20,15 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
     run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
 
 
+def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+    """Attention probes of a trained run at 1×, 2×, 4× its training length: entropy, distance,
+    RoPE frequency usage, position biases -> RUN_DIR/probes/ (probes.json and PNGs)."""
+    from posenc.eval.probe_run import probe_run
+
+    paths = run_guarded(lambda: probe_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
+    console.print(f"wrote [bold]{len(paths)}[/] files under [bold]{Path(run_dir) / 'probes'}[/]")
+
+
 def compare(
     paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
@@ -37,3 +46,4 @@ def compare(
 def register(app: typer.Typer) -> None:
     app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(eval_)
     app.command()(compare)
+    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(probe)

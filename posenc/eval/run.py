@@ -30,13 +30,12 @@ def output_name(overrides: list[str]) -> str:
     return f"eval_{slug[:120]}.json"
 
 
-def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
-    """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
-    from rich.progress import Progress
-
-    from posenc.build import build_data, build_model, encoding_summary, restore_weights
-    from posenc.rundir import checkpoint_path, load_checkpoint
+def load_trained(run_dir: Path, overrides: list[str]):
+    """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
+    what `posenc eval` and `posenc probe` start from."""
+    from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
+    from posenc.rundir import checkpoint_path, load_checkpoint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -48,7 +47,18 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
     restore_weights(model, state, checkpoint_path(run_dir))
-    model.to(device)
+    return cfg, data, model.to(device), state, autocast
+
+
+def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
+    """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
+    from rich.progress import Progress
+
+    from posenc.build import encoding_summary
+
+    run_dir = Path(run_dir)
+    cfg, data, model, state, autocast = load_trained(run_dir, overrides)
+    device = next(model.parameters()).device
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("evaluating lengths", total=len(cfg.eval.lengths))
