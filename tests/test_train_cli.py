@@ -117,3 +117,23 @@ def test_plot_writes_under_outputs_plots_not_into_the_current_directory(tmp_path
     assert result.returncode == 0, result.stderr
     assert (tmp_path / "outputs" / "plots" / "rope_decay.png").read_bytes()[:4] == b"\x89PNG"
     assert not list(tmp_path.glob("*.png"))
+
+
+def test_no_encoding_parameter_is_weight_decayed():
+    """One optimiser rule for every encoding: its own parameters (T5's table, learned positions)
+    learn free of weight decay, the model's matrices are decayed."""
+    import torch
+    from omegaconf import OmegaConf
+
+    from posenc.build import build_model
+    from posenc.config import compose
+    from posenc.train.state import configure_optimizer
+
+    for name in ("t5_bias", "learned"):
+        model = build_model(compose([f"encoding={name}", "model.n_layer=1", "model.d_model=32", "model.n_head=2"]), 256)
+        opt = configure_optimizer(model, OmegaConf.create({"weight_decay": 0.1, "lr": 1e-3, "beta1": 0.9, "beta2": 0.95}),
+                                  torch.device("cpu"))
+        decay_of = {id(p): g["weight_decay"] for g in opt.param_groups for p in g["params"]}
+        for n, p in model.named_parameters():
+            expected = 0.0 if n.startswith("encoding.") or p.dim() < 2 else 0.1
+            assert decay_of[id(p)] == expected, n

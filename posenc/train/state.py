@@ -44,9 +44,13 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callabl
 
 
 def configure_optimizer(model: nn.Module, tcfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (not biases, LayerNorms, bias tables)."""
-    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    """AdamW with weight decay on the model's matrices only: not on biases and norms, and not on
+    any parameter of the positional encoding (T5's table, FIRE's MLP, CoPE's and learned
+    positions' tables), so that no encoding's own parameters are pulled to zero while they learn
+    — one rule for every encoding."""
+    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    decay = [p for n, p in params if p.dim() >= 2 and not n.startswith("encoding.")]
+    no_decay = [p for n, p in params if p.dim() < 2 or n.startswith("encoding.")]
     groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), fused=device.type == "cuda")
 
