@@ -111,7 +111,7 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     ckpt = load_checkpoint(run_dir)
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     # the run's values: its saved overrides, else its group choices, else its last checkpoint's config
-    choices = dict(yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"]) if hydra_file.is_file() else {}
+    choices = yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"] if hydra_file.is_file() else {}
     saved_values = {k: v for k, v, _ in saved_parsed}
 
     def run_value(key: str):
