@@ -1,15 +1,22 @@
 """A run stopped by SIGTERM after a checkpoint and resumed reaches the same losses, step for
-step, as the run that was never interrupted (CPU, deterministic)."""
+step, as the run that was never interrupted (CPU, deterministic). The run dir is the source of
+truth: a resume restores the run's own overrides, refuses to change the experiment, and a
+refused or no-op resume leaves the run dir as it was."""
 
 from __future__ import annotations
 
+import shlex
+import shutil
 import signal
 import subprocess
 import sys
 import time
 
-import torch
 from pathlib import Path
+
+import pytest
+import torch
+import yaml
 
 from conftest import TINY, cli_env, run_cli, run_dirs
 from posenc.rundir import read_jsonl
@@ -37,7 +44,10 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     stopped_at = len(losses(run_dir))
     assert stopped_at < 40, "the run finished before SIGTERM arrived"
 
-    resumed = run_cli("train", *RUN, f"trainer.resume={run_dir}", cwd=interrupted)
+    # the printed command, verbatim: the run's own overrides come from its run dir
+    printed = stderr.strip().splitlines()[-1].split("`")[1]
+    assert shlex.split(printed)[:2] == ["posenc", "train"]
+    resumed = run_cli(*shlex.split(printed)[1:], cwd=interrupted)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert run_dirs(interrupted) == [run_dir]  # continued in the same directory
 
@@ -58,3 +68,62 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkp
     state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
     assert state["step"] == 1  # the diverged step never replaced the good checkpoint
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished 4-step TINY rope run (model.d_model=32, not model=tiny's default)."""
+    cwd = tmp_path_factory.mktemp("finished")
+    result = run_cli("train", *TINY, cwd=cwd)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [run_dir] = run_dirs(cwd)
+    return run_dir
+
+
+@pytest.fixture
+def run_dir(finished_run: Path, tmp_path: Path) -> Path:
+    """A copy of the finished run, for a test to resume."""
+    return Path(shutil.copytree(finished_run, tmp_path / "outputs" / "run"))
+
+
+def snapshot(run_dir: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(run_dir)): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+def test_extending_a_run_with_only_its_dir_keeps_its_own_overrides(run_dir: Path) -> None:
+    before = losses(run_dir)
+    result = run_cli("train", f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=run_dir.parent.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert config["model"]["d_model"] == 32 and config["trainer"]["seq_len"] == 32  # TINY's, not the defaults
+    assert config["trainer"]["max_steps"] == 6
+    assert losses(run_dir)[:4] == before  # the first 4 steps are kept, not retrained
+    assert [s for s, _ in losses(run_dir)] == list(range(1, 7))  # then it continues: 5, 6, each once
+    # and the extended run is again resumable from its dir alone: it is now complete at 6
+    again = run_cli("train", f"trainer.resume={run_dir}", cwd=run_dir.parent.parent)
+    assert again.returncode == 0 and "trainer.max_steps=" in again.stdout
+
+
+def test_a_resume_that_changes_the_experiment_is_refused_and_writes_nothing(run_dir: Path) -> None:
+    before = snapshot(run_dir)
+    result = run_cli("train", f"trainer.resume={run_dir}", "encoding=nope", "trainer.max_steps=6",
+                     cwd=run_dir.parent.parent)
+    assert result.returncode != 0
+    after = snapshot(run_dir)
+    assert after[".hydra/config.yaml"] == before[".hydra/config.yaml"]
+    assert after["summary.json"] == before["summary.json"]
+    assert after == before
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and "encoding=nope" in lines[0]
+    assert "max_steps=6" not in lines[0].split("—")[0]  # an allowed change is not named as the problem
+
+
+def test_resuming_a_finished_run_says_so_and_touches_nothing(run_dir: Path) -> None:
+    before = snapshot(run_dir)
+    mtimes = {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")}
+    result = run_cli("train", f"trainer.resume={run_dir}", cwd=run_dir.parent.parent)
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout.strip().splitlines()
+    assert len(out) == 1 and "complete" in out[0] and "trainer.max_steps=" in out[0]
+    assert snapshot(run_dir) == before
+    assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == mtimes

@@ -3,6 +3,11 @@
 - ``trainer.resume=<run dir>`` (or ``auto`` / ``true``: the newest run under outputs/ with
   the same overrides and a checkpoint) continues in that directory: the CLI points Hydra's
   ``hydra.run.dir`` at it, so .hydra/, train.log, metrics.jsonl and W&B stay in one place.
+- The run dir is the source of truth for a resume: the run's own task overrides
+  (.hydra/overrides.yaml) are restored, so ``posenc train trainer.resume=<run dir>`` alone
+  continues it exactly. An override that would change the experiment is refused; only
+  ``MAY_CHANGE_ON_RESUME`` may differ. A refused or no-op resume (the checkpoint is already at
+  trainer.max_steps) is settled here, before Hydra rewrites .hydra/: it writes nothing.
 - Under torchrun every rank runs the CLI: rank 0 picks the run dir and broadcasts it, so all
   ranks agree on one; the other ranks write no Hydra files of their own.
 
@@ -15,16 +20,23 @@ import argparse
 from datetime import datetime
 from pathlib import Path
 
+import typer
 import yaml
+from omegaconf import OmegaConf
 
 from posenc.cli.hydra_entry import parse_args
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path
+from posenc.rundir import checkpoint_path, load_checkpoint
 from posenc.train import distributed
 
 RESUME_KEY = "trainer.resume"
 NO_RESUME = (False, None, "false", "none", "")
+
+#: what a resume may change (a key, or a group with all its keys): how long, how often it
+#: evaluates/logs/saves, where it runs, where it reports. Anything else would change the experiment.
+MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.log_interval",
+                        "trainer.checkpoint_interval", "device", "logger", "eval")
 
 
 def _value(overrides: list[ParsedOverride], key: str):
@@ -72,6 +84,65 @@ def resume_dir(overrides: list[ParsedOverride], multirun: bool, cwd: Path) -> Pa
     return run_dir.resolve()
 
 
+def _may_change(key: str) -> bool:
+    return any(key == k or key.startswith((k + ".", k + "/")) for k in MAY_CHANGE_ON_RESUME)
+
+
+def _is_own(key: str) -> bool:
+    """Hydra's keys and trainer.resume itself: not part of what the run is."""
+    return key.startswith("hydra") or key == RESUME_KEY
+
+
+def _run_value(key: str, config: dict, choices: dict):
+    """The run's value of a config key, or its choice of a group (encoding, model, ...)."""
+    if key in choices:
+        return choices[key]
+    return OmegaConf.select(OmegaConf.create(config), key, default=None)
+
+
+def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]:
+    """The run's own task overrides, then the resume command's, which may only change
+    MAY_CHANGE_ON_RESUME keys. A change to anything else is refused, and a run already at
+    trainer.max_steps exits 0 here: either way, before Hydra writes into run_dir."""
+    saved_file = run_dir / ".hydra" / "overrides.yaml"
+    saved = (yaml.safe_load(saved_file.read_text()) or []) if saved_file.is_file() else []
+    saved_parsed = [o for o in parse_overrides(saved) if not _is_own(o.key)]
+    new_parsed = parse_overrides(argv_overrides)
+    ckpt = load_checkpoint(run_dir)
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    # the run's values: its saved overrides, else its group choices, else its last checkpoint's config
+    choices = yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"] if hydra_file.is_file() else {}
+    saved_values = {k: v for k, v, _ in saved_parsed}
+
+    def run_value(key: str):
+        return saved_values[key] if key in saved_values else _run_value(key, ckpt["config"], choices)
+
+    changed = [f"{k}={v} (the run has {run_value(k)})" for k, v, _ in new_parsed
+               if not _is_own(k) and not _may_change(k) and v != run_value(k)]
+    if changed:
+        raise UserError(f"trainer.resume: {run_dir} was not run with {', '.join(changed)} — a resume continues "
+                        f"the same experiment and may only change {', '.join(MAY_CHANGE_ON_RESUME)}; "
+                        f"start a new run to change anything else")
+
+    max_steps = _value(new_parsed, "trainer.max_steps")
+    if max_steps is None:
+        max_steps = run_value("trainer.max_steps")
+    step = ckpt["step"]
+    if isinstance(max_steps, int) and step > max_steps:
+        raise UserError(f"trainer.resume: {run_dir} is already at step {step}, past trainer.max_steps={max_steps} — "
+                        f"pass a larger trainer.max_steps to extend it")
+    if step == max_steps:
+        print(f"{run_dir} is complete ({step} steps); to train it further: "
+              f"posenc train trainer.resume={run_dir} trainer.max_steps=N (N > {step})")
+        raise typer.Exit(0)
+
+    # one override per key (Hydra refuses a group chosen twice): the run's, replaced by the command's
+    merged: dict[str, str] = {o.key: o.override.input_line for o in saved_parsed}
+    for o in new_parsed:
+        merged.pop(o.key, None)
+    return [*merged.values(), *argv_overrides]
+
+
 def _quote(path: str) -> str:
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -84,6 +155,7 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
     fixed = _value(overrides, "hydra.run.dir") is not None
     run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
+        args.overrides = restore_run_overrides(run_dir, args.overrides)
         args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
         fixed = True
     if distributed.launched() and not args.multirun:

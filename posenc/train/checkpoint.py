@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import shlex
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -169,6 +170,6 @@ class GracefulStop:
             signal.signal(s, handler)
 
     def stop(self, run_dir: Path, step: int) -> None:
-        resume = f"posenc train trainer.resume={run_dir}"
+        resume = f"posenc train {shlex.quote(f'trainer.resume={run_dir}')}"  # the run's overrides are restored
         raise RunInterrupted(f"stopped by {self.name} at step {step}; checkpoint saved in "
                              f"{checkpoint_path(run_dir)} — continue with `{resume}`")
