@@ -168,12 +168,16 @@ def test_the_kernel_follows_what_the_encoding_offers_and_the_device_can_do(devic
 
 
 def test_a_fallback_warns_once_per_reason(monkeypatch):
+    """A forward that falls back from FlexAttention says why, once: not again on the next forward."""
     monkeypatch.setattr(attention, "_WARNED", set())
-    with pytest.warns(RuntimeWarning, match="offers no score_mod"):
-        attention.warn_once("x offers no score_mod")
+    monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", "FlexAttention needs head_dim >= 16"))
+    encoding, ctx = tiny_model("alibi").encoding, Context.arange(T)
+    with pytest.warns(RuntimeWarning, match="encoding 'alibi'.*because FlexAttention needs head_dim >= 16"):
+        first = attention.position_bias(encoding, ctx, 0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second forward must not warn again
-        attention.warn_once("x offers no score_mod")
+        second = attention.position_bias(encoding, ctx, 0.0)
+    assert isinstance(first, attention.DenseBias) and isinstance(second, attention.DenseBias)
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])

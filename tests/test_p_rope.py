@@ -103,6 +103,16 @@ def test_eval_time_scaling_applies_to_the_kept_frequencies_only():
     assert torch.all(p_rope.inv_freq[8:] == 0)
 
 
+@pytest.mark.parametrize("scaling", ["dynamic", "longrope"])
+def test_length_dependent_scaling_keeps_the_lowest_frequencies_unrotated(scaling):
+    """Dynamic NTK and LongRoPE recompute θ for each running length: the dropped frequencies
+    must stay dropped at every length, not only at the one the encoding was built for."""
+    p_rope = PRoPE(64, 2, p=0.5, scaling=scaling, scaling_factor=4.0, original_max_len=64)
+    for length in (64, 256, 1024):
+        p_rope.prepare(length)
+        assert torch.all(p_rope.inv_freq[8:] == 0) and torch.all(p_rope.inv_freq[:8] > 0), length
+
+
 def test_an_invalid_p_is_one_error_line():
     with pytest.raises(UserError, match="encoding.p must be in"):
         build_encoding(compose(["encoding=p_rope", "encoding.p=1.5"]))
