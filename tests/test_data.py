@@ -5,7 +5,8 @@ import pytest
 
 from posenc.data.corpora import PyStdlib, TextFiles
 
-from posenc.data.batches import RandomWindows, eval_windows
+from posenc.data.batches import RandomWindows
+from posenc.eval.loss import fixed_span, sliding_windows
 
 from posenc.data.packing import load_tokens
 from posenc.errors import UserError
@@ -62,10 +63,10 @@ def test_random_windows_are_reproducible_and_resumable():
 
 
 def test_eval_windows_are_fixed_and_non_overlapping():
-    tokens = np.zeros(1000, dtype=np.uint16)
-    starts = eval_windows(tokens, 100, None)
-    assert list(starts) == [0, 100, 200, 300, 400, 500, 600, 700, 800]
-    assert list(eval_windows(tokens, 100, 3)) == [0, 100, 200]
+    """Every run scores the same validation targets: windows at 0, L, 2L, ... (each reads L+1 tokens)."""
+    span = fixed_span(1000, 100)
+    assert [start for start, _ in sliding_windows(span, 100, None)] == [0, 100, 200, 300, 400, 500, 600, 700, 800]
+    assert [start for start, _ in sliding_windows(fixed_span(1000, 100, 3), 100, None)] == [0, 100, 200]
 
 
 def test_a_corpus_shorter_than_one_window_is_refused():

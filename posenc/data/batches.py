@@ -1,4 +1,5 @@
-"""Batches: random training windows (resumable), fixed evaluation windows."""
+"""Training batches: random windows of the packed token array, resumable. (Evaluation windows
+are fixed and live with the evaluator, posenc.eval.loss.)"""
 
 from __future__ import annotations
 
@@ -43,20 +44,3 @@ class RandomWindows:
 
     def load_state_dict(self, state: dict) -> None:
         self.generator.set_state(state["generator"])
-
-
-def eval_windows(tokens: np.ndarray, length: int, max_windows: int | None) -> np.ndarray:
-    """Start offsets of the fixed, non-overlapping evaluation windows of ``length`` targets:
-    0, length, 2·length, ... (each window reads length+1 tokens). The same for every run."""
-    n = (len(tokens) - 1) // length
-    if max_windows is not None:
-        n = min(n, max_windows)
-    return np.arange(n, dtype=np.int64) * length
-
-
-def window_batches(tokens: np.ndarray, starts: np.ndarray, length: int, batch_size: int):
-    """Yield (x, y) int64 batches of shape (b, length) for the given window starts."""
-    for i in range(0, len(starts), batch_size):
-        w = np.stack([tokens[s : s + length + 1] for s in starts[i : i + batch_size]]).astype(np.int64)
-        w = torch.from_numpy(w)
-        yield w[:, :-1], w[:, 1:]
