@@ -114,7 +114,7 @@ class BenchConfig:
 class PosencConfig:
     seed: int = MISSING
     device: str = MISSING                       # auto | cpu | cuda | cuda:N
-    name: str = MISSING                         # a sweep's name: its directory and W&B group
+    name: Optional[str] = MISSING               # a sweep's name: its directory and W&B group (null: the swept keys)
     # typed per choice by choice_schema (from the _target_ class's __init__)
     encoding: Dict[str, Any] = MISSING
     model: ModelConfig = MISSING
