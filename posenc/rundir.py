@@ -2,7 +2,8 @@
 
 A run directory (Hydra's output dir) holds ``.hydra/`` (the composed config and the
 overrides), ``train.log``, ``metrics.jsonl`` (one JSON object per log step), ``summary.json``
-(written once, at the end, atomically), ``checkpoints/last.pt`` and ``wandb/``. A sweep lands in
+(written once, at the end, atomically), ``checkpoints/`` (``last.pt`` and/or ``best.pt``, as
+``trainer.checkpoint`` says) and ``wandb/``. A sweep lands in
 ``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<swept values>`` (conf/config.yaml):
 ``<name>`` is the experiment's (or ``name=``), else the swept keys and values
 (``encoding-rope,alibi_seed-0,1``: sweep_name), and each job's directory carries its own
@@ -35,8 +36,27 @@ CHECKPOINT_VERSION = 1
 REQUIRED_KEYS = ("version", "model", "optimizer", "scheduler", "sampler", "rng", "step", "tokens", "config")
 
 
-def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / "last.pt"
+#: trainer.checkpoint: what a run keeps (posenc/train/checkpoint.py Checkpoints)
+CHECKPOINT_KINDS = ("last", "best", "none")
+
+
+def checkpoint_path(run_dir: Path, kind: str = "last") -> Path:
+    """checkpoints/last.pt (what resume continues from) or checkpoints/best.pt."""
+    return Path(run_dir) / "checkpoints" / f"{kind}.pt"
+
+
+def run_checkpoint_kind(run_dir: Path) -> str:
+    """The run's trainer.checkpoint (last for runs made before it existed)."""
+    saved = Path(run_dir) / ".hydra" / "config.yaml"
+    kind = OmegaConf.select(OmegaConf.load(saved), "trainer.checkpoint", default=None) if saved.is_file() else None
+    return kind or "last"
+
+
+def kept_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a finished run is evaluated from: best.pt where the run kept the best,
+    else last.pt."""
+    best = checkpoint_path(run_dir, "best")
+    return best if best.is_file() else checkpoint_path(run_dir)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -57,11 +77,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def load_checkpoint(path: Path | str) -> dict:
-    """Read a checkpoint (a file, or a run dir holding checkpoints/last.pt); a missing, corrupt
-    or foreign file is a UserError saying so."""
+    """Read a checkpoint (a file, or a run dir: its kept_checkpoint); a missing, corrupt or
+    foreign file is a UserError saying so."""
     path = Path(path)
     if path.is_dir():
-        path = checkpoint_path(path)
+        if run_checkpoint_kind(path) == "none":
+            raise UserError(f"run '{path}' kept no checkpoint (it ran with trainer.checkpoint=none) — "
+                            f"train it again with trainer.checkpoint=last or best to evaluate it")
+        path = kept_checkpoint(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
                         f"start a new run instead")

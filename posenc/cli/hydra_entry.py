@@ -65,7 +65,19 @@ def run_job(cfg: DictConfig) -> dict:
         return failure
     if distributed.is_main():
         print_summary(summary, run_dir)
+        print_checkpoint(summary.get("checkpoint") or {})
     return summary
+
+
+def print_checkpoint(kept: dict) -> None:
+    """The end-of-run line on what trainer.checkpoint kept, and its size."""
+    from posenc.cli.common import console
+
+    if kept.get("kind") == "none" or not kept.get("paths"):
+        line = "checkpoint: none kept (trainer.checkpoint=none: this run cannot be resumed or evaluated later)"
+    else:
+        line = f"checkpoint ({kept['kind']}): {', '.join(kept['paths'])}, {kept['mb']:.1f} MB"
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def hydra_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """`posenc eval RUN_DIR [overrides…]`: perplexity of a trained run at several lengths.
 
-Loads the run's composed config (``.hydra/config.yaml``) and ``checkpoints/last.pt``, applies
+Loads the run's composed config (``.hydra/config.yaml``) and its checkpoint (``checkpoints/
+best.pt`` where trainer.checkpoint=best kept one, else ``last.pt``), applies
 overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
 ``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
 table and writes ``eval.json`` (``eval_<overrides>.json`` when overrides change the setup).
@@ -35,7 +36,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
     what `posenc eval` and `posenc probe` start from."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
-    from posenc.rundir import checkpoint_path, load_checkpoint
+    from posenc.rundir import kept_checkpoint, load_checkpoint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -46,7 +47,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
     autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    restore_weights(model, state, checkpoint_path(run_dir))
+    restore_weights(model, state, kept_checkpoint(run_dir))
     return cfg, data, model.to(device), state, autocast
 
 

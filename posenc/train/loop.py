@@ -1,9 +1,9 @@
 """train(cfg, run_dir) -> summary: the whole training run as a plain function.
 
 The loop around train_step (state.py): logging at log steps (the only host sync), periodic
-evaluation on fixed validation windows (posenc.eval.loss), a checkpoint at
-``checkpoints/last.pt``, SIGTERM / Ctrl-C handling, metrics to metrics.jsonl and W&B, and
-at the end the extrapolation evaluation and the summary.
+evaluation on fixed validation windows (posenc.eval.loss), checkpoints as trainer.checkpoint
+says (checkpoints/last.pt and/or best.pt: train/checkpoint.py), SIGTERM / Ctrl-C handling,
+metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation and the summary.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, re
 from posenc.rundir import METRICS_FILE, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed
-from posenc.train.checkpoint import GracefulStop, Resumed, check_finite, resume_training, save_checkpoint
+from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
 from posenc.train.progress import TrainProgress
 from posenc.train.state import TrainState, micro_batches, new_train_state, train_step
 
@@ -70,8 +70,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 tags=[model.encoding.name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity,
                 run_id=resumed.wandb_id,
             )
+        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
-                                      rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))))
+                                      rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
+                                      checkpoints=checkpoints)
         lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
         if cfg.eval.get("at_end", True):
             lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
@@ -88,6 +90,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "encoding": encoding_summary(model.encoding),
             "device": str(device),
             "precision": precision,
+            "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
@@ -118,7 +121,8 @@ class Throughput:
 
 
 def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker,
-             evaluate: Callable[[], dict[str, float]], val: dict[str, float], rate: Throughput) -> tuple[dict, float]:
+             evaluate: Callable[[], dict[str, float]], val: dict[str, float], rate: Throughput,
+             checkpoints: Checkpoints) -> tuple[dict, float]:
     """train_step until trainer.max_steps: log, evaluate, checkpoint, stop on a signal.
     Returns the last validation metrics and the seconds of training (a resumed run included)."""
     t = cfg.trainer
@@ -143,20 +147,25 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                 if at_eval_step:
                     val = evaluate()
                     row.update(val)
+                    if distributed.is_main():
+                        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**row, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
                 progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name])
                 rate.restart()
             elif at_eval_step:
                 val = evaluate()
+                if distributed.is_main():
+                    checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**val, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
             # under DDP ranks agree on a signal at log steps only: no collective per step
             stopping = (at_log_step or not distributed.active()) and distributed.any_rank(stop.received is not None)
             if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
                 check_finite(result.loss, step, run_dir)  # never replace a good checkpoint with a diverged one
                 if distributed.is_main():
-                    save_checkpoint(run_dir, state, cfg, tracker.wandb_id, val)
+                    checkpoints.save(state, cfg, tracker.wandb_id, val)
             if stopping:
-                stop.stop(run_dir, step)  # SIGTERM / Ctrl-C: checkpoint saved, metrics flushed
+                # SIGTERM / Ctrl-C: checkpoint saved (unless trainer.checkpoint=none), metrics flushed
+                stop.stop(run_dir, step, saved=checkpoints.kind != "none")
     return val, time.time() - loop_start
 
 
