@@ -22,7 +22,7 @@ from posenc.data.batches import RandomWindows
 from posenc.eval import extrapolation
 from posenc.eval.loss import fixed_span, score_windows
 from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
-from posenc.rundir import METRICS_FILE, read_jsonl, wandb_group
+from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed
 from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
@@ -46,8 +46,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     data = build_data(cfg)
     seed_everything(cfg.seed)  # the model's init depends on the seed alone, as in `posenc bench`
     model = build_model(cfg, data.vocab_size).to(device)
+    encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
-             model.encoding.extra_repr(), device, precision)
+             ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
     batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed,
                             rank=distributed.rank(), world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
@@ -87,7 +88,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             "seq_len": t.seq_len,
-            "encoding": encoding_summary(model.encoding),
+            "encoding": encoding,
             "device": str(device),
             "precision": precision,
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
@@ -129,7 +130,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
     loop_start = rate.start - (M.elapsed_before(read_jsonl(run_dir / METRICS_FILE), state.step)
                                if state.step and tracker.enabled else 0.0)
-    with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
+    with TrainProgress(t.max_steps, enabled=distributed.is_main()) as progress, GracefulStop() as stop:
         while state.step < t.max_steps:
             tokens_before = state.tokens
             result = train_step(state, micro_batches(state))
@@ -150,13 +151,17 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                     if distributed.is_main():
                         checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**row, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
-                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name])
+                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name],
+                                tokens=state.tokens, lr=result.lr)
+                if at_eval_step:
+                    progress.evaluated(step, val)
                 rate.restart()
             elif at_eval_step:
                 val = evaluate()
                 if distributed.is_main():
                     checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**val, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
+                progress.evaluated(step, val)
             # under DDP ranks agree on a signal at log steps only: no collective per step
             stopping = (at_log_step or not distributed.active()) and distributed.any_rank(stop.received is not None)
             if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
