@@ -13,7 +13,7 @@ import pytest
 TINY = [
     "model.n_layer=1", "model.n_head=2", "model.d_model=32",
     "trainer.seq_len=32", "trainer.batch_size=4", "trainer.max_steps=4",
-    "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.eval_batches=2",
+    "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.early_evals=1", "trainer.eval_batches=2",
     "trainer.warmup_steps=1", "trainer.checkpoint_interval=2", "logger=none",
     "eval.at_end=false",  # the extrapolation evaluation has its own tests (test_extrapolation.py)
 ]

@@ -18,16 +18,18 @@ EVAL = re.compile(r"eval at step (\d+)/4  val loss \d+\.\d{4}  val ppl \d+\.\d\d
 
 def test_without_a_terminal_each_log_step_and_evaluation_is_one_plain_line_also_in_train_log(workdir: Path):
     # run_cli's stdout is a pipe, as under SLURM, CI or `> log`
-    result = run_cli("train", *TINY, "encoding.base=10000", cwd=workdir)
+    # eval_interval=4 with 4 early evaluations per interval: every step of these 4 is evaluated
+    result = run_cli("train", *TINY, "encoding.base=10000", "trainer.eval_interval=4", "trainer.early_evals=4",
+                     cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     steps = [int(m.group(1)) for m in STEP.finditer(result.stdout)]
     evals = [int(m.group(1)) for m in EVAL.finditer(result.stdout)]
-    assert steps == [1, 2, 3, 4] and evals == [2, 4]  # log_interval=1, eval_interval=2
+    assert steps == [1, 2, 3, 4] and evals == [1, 2, 3, 4]  # log_interval=1; the dense early schedule
     assert [int(m.group(2).replace(",", "")) for m in STEP.finditer(result.stdout)] == [128, 256, 384, 512]
     assert "train ━" not in result.stdout  # no bar frozen into the log
     [run_dir] = run_dirs(workdir)
     log = (run_dir / "train.log").read_text()
-    assert len(STEP.findall(log)) == 4 and len(EVAL.findall(log)) == 2
+    assert len(STEP.findall(log)) == 4 and len(EVAL.findall(log)) == 4
     assert "rope  base=10000  " in result.stdout  # as typed, not 10000.0 or 1e4
 
 

@@ -35,7 +35,7 @@ NO_RESUME = (False, None, "false", "none", "")
 
 #: what a resume may change (a key, or a group with all its keys): how long, how often it
 #: evaluates/logs/saves, where it runs, where it reports. Anything else would change the experiment.
-MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.log_interval",
+MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.early_evals", "trainer.log_interval",
                         "trainer.checkpoint_interval", "trainer.checkpoint", "device", "logger", "eval")
 
 

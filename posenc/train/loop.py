@@ -26,6 +26,7 @@ from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed
 from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
+from posenc.train.eval_schedule import is_eval_step
 from posenc.train.progress import TrainProgress
 from posenc.train.state import TrainState, micro_batches, new_train_state, train_step
 
@@ -138,7 +139,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
             rate.tokens += state.tokens - tokens_before
             progress.advance(step)
             at_log_step = step % t.log_interval == 0 or step == t.max_steps
-            at_eval_step = step % t.eval_interval == 0 or step == t.max_steps
+            at_eval_step = is_eval_step(step, t.max_steps, t.eval_interval, t.early_evals)  # denser early
 
             if at_log_step:
                 # the only host sync of a step; NaN/inf stops the run here, naming the step
