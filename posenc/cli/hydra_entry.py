@@ -14,6 +14,11 @@ _run_hydra`` does (parse argv with Hydra's own parser, build the search path, di
 --help/--cfg/--info/-m) on ``hydra._internal.hydra.Hydra``, whose run/multirun return the
 JobReturns. It is private API, pinned by pyproject (hydra-core 1.3.x); tests/test_train_cli.py
 and tests/test_launcher.py exercise every path it takes.
+
+A sweep (-m) is named before Hydra starts it (sweep_naming: its directory from the experiment,
+``name=``, or the swept keys; each job's from its swept values, through Hydra's own
+override_dirname.exclude_keys), and its end prints where it went and the `posenc compare`
+command for it (print_next_step).
 """
 
 from __future__ import annotations
@@ -246,5 +251,6 @@ def failures(returns: list[JobReturn]) -> list[str]:
         else:
             continue
         num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"
-        out.append(f"job {num} ({' '.join(r.overrides or [])}): {error}")
+        shown = [o for o in r.overrides or [] if not o.startswith("name=")]  # the sweep's name, not the job's
+        out.append(f"job {num} ({' '.join(shown)}): {error}")
     return out
