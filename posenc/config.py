@@ -57,7 +57,9 @@ class TrainerConfig:
     log_interval: int = MISSING
     eval_interval: int = MISSING
     eval_batches: int = MISSING
+    early_evals: int = MISSING                  # evaluations per eval_interval over the first 2·eval_interval steps
     checkpoint_interval: int = MISSING
+    checkpoint: str = MISSING                   # last | best | none: what the run keeps (train/checkpoint.py)
     precision: str = MISSING                    # auto | bf16 | fp16 | fp32
     compile: Any = MISSING                      # auto | true | false
     peak_flops: Optional[float] = MISSING
@@ -114,7 +116,7 @@ class BenchConfig:
 class PosencConfig:
     seed: int = MISSING
     device: str = MISSING                       # auto | cpu | cuda | cuda:N
-    name: str = MISSING                         # a sweep's name: its directory and W&B group
+    name: Optional[str] = MISSING               # a sweep's name: its directory and W&B group (null: the swept keys)
     # typed per choice by choice_schema (from the _target_ class's __init__)
     encoding: Dict[str, Any] = MISSING
     model: ModelConfig = MISSING
@@ -283,8 +285,9 @@ def _positive(key: str, example: Any) -> Rule:
 RULES: tuple[Rule, ...] = (
     *(_positive(f"trainer.{k}", e) for k, e in (
         ("seq_len", 256), ("batch_size", 16), ("grad_accum", 1), ("max_steps", 300), ("log_interval", 10),
-        ("eval_interval", 50), ("eval_batches", 8), ("checkpoint_interval", 100), ("lr", 2e-3), ("grad_clip", 1.0))),
+        ("eval_interval", 50), ("early_evals", 4), ("eval_batches", 8), ("checkpoint_interval", 100), ("lr", 2e-3), ("grad_clip", 1.0))),
     Rule("trainer.warmup_steps", lambda v: v >= 0, ">= 0", 30),
+    Rule("trainer.checkpoint", lambda v: v in ("last", "best", "none"), "last, best or none", "last"),
     Rule("trainer.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]", 0.1),
     Rule("trainer.weight_decay", lambda v: v >= 0, ">= 0", 0.1),
     Rule("trainer.beta1", lambda v: 0 <= v < 1, "in [0, 1)", 0.9),

@@ -2,16 +2,21 @@
 
 A run directory (Hydra's output dir) holds ``.hydra/`` (the composed config and the
 overrides), ``train.log``, ``metrics.jsonl`` (one JSON object per log step), ``summary.json``
-(written once, at the end, atomically), ``checkpoints/last.pt`` and ``wandb/``. A sweep lands in
-``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<encoding>`` (conf/config.yaml); Hydra
-writes the composed sweep config to ``multirun.yaml``, and the first job to start writes
-``sweep.json``: the name, when it started, the overrides, the sweeper and the launcher.
+(written once, at the end, atomically), ``checkpoints/`` (``last.pt`` and/or ``best.pt``, as
+``trainer.checkpoint`` says) and ``wandb/``. A sweep lands in
+``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<swept values>`` (conf/config.yaml):
+``<name>`` is the experiment's (or ``name=``), else the swept keys and values
+(``encoding-rope,alibi_seed-0,1``: sweep_name), and each job's directory carries its own
+values of the swept keys (``0_encoding=rope_seed=0``: job_dir_name). Hydra writes the composed
+sweep config to ``multirun.yaml``, and the first job to start writes ``sweep.json``: the name,
+when it started, the overrides, the sweeper and the launcher.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -31,8 +36,27 @@ CHECKPOINT_VERSION = 1
 REQUIRED_KEYS = ("version", "model", "optimizer", "scheduler", "sampler", "rng", "step", "tokens", "config")
 
 
-def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / "checkpoints" / "last.pt"
+#: trainer.checkpoint: what a run keeps (posenc/train/checkpoint.py Checkpoints)
+CHECKPOINT_KINDS = ("last", "best", "none")
+
+
+def checkpoint_path(run_dir: Path, kind: str = "last") -> Path:
+    """checkpoints/last.pt (what resume continues from) or checkpoints/best.pt."""
+    return Path(run_dir) / "checkpoints" / f"{kind}.pt"
+
+
+def run_checkpoint_kind(run_dir: Path) -> str:
+    """The run's trainer.checkpoint (last for runs made before it existed)."""
+    saved = Path(run_dir) / ".hydra" / "config.yaml"
+    kind = OmegaConf.select(OmegaConf.load(saved), "trainer.checkpoint", default=None) if saved.is_file() else None
+    return kind or "last"
+
+
+def kept_checkpoint(run_dir: Path) -> Path:
+    """The checkpoint a finished run is evaluated from: best.pt where the run kept the best,
+    else last.pt."""
+    best = checkpoint_path(run_dir, "best")
+    return best if best.is_file() else checkpoint_path(run_dir)
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -53,11 +77,14 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def load_checkpoint(path: Path | str) -> dict:
-    """Read a checkpoint (a file, or a run dir holding checkpoints/last.pt); a missing, corrupt
-    or foreign file is a UserError saying so."""
+    """Read a checkpoint (a file, or a run dir: its kept_checkpoint); a missing, corrupt or
+    foreign file is a UserError saying so."""
     path = Path(path)
     if path.is_dir():
-        path = checkpoint_path(path)
+        if run_checkpoint_kind(path) == "none":
+            raise UserError(f"run '{path}' kept no checkpoint (it ran with trainer.checkpoint=none) — "
+                            f"train it again with trainer.checkpoint=last or best to evaluate it")
+        path = kept_checkpoint(path)
     if not path.is_file():
         raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
                         f"start a new run instead")
@@ -125,8 +152,8 @@ def record_sweep(sweep_dir: Path) -> None:
         "launcher": OmegaConf.to_container(hc.launcher, resolve=True),
         "group": sweep_group(sweep_dir),
     }
-    try:
-        fd = os.open(sweep_dir / SWEEP_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    try:  # 0o644: a data file, not a program (os.open's default mode is 0o777)
+        fd = os.open(sweep_dir / SWEEP_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     except FileExistsError:
         return
     with os.fdopen(fd, "w") as f:
@@ -137,3 +164,65 @@ def record_sweep(sweep_dir: Path) -> None:
 def read_sweep(sweep_dir: Path) -> dict | None:
     path = sweep_dir / SWEEP_FILE
     return json.loads(path.read_text()) if path.exists() else None
+
+
+# --- names of sweep and job directories ---------------------------------------------------
+NAME_LIMIT = 80  # characters of a sweep's or job's name: readable in `ls`, far below any filesystem's limit
+
+
+def plain_number(value: Any) -> str:
+    """A value as the user typed it: 10000.0 -> '10000' (never '1e+04'), 0.5 -> '0.5', 'rope' -> 'rope'."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e16:
+        return str(int(value))
+    return str(value)
+
+
+def plain_numbers(options: dict) -> dict:
+    """options with whole floats as ints, so summaries and tables print base=10000, not 10000.0."""
+    return {k: int(v) if isinstance(v, float) and v.is_integer() and abs(v) < 1e16 else v for k, v in options.items()}
+
+
+def _safe(text: str) -> str:
+    """text with anything but letters, digits and . , + - = _ replaced by '-' (no '/', no spaces)."""
+    return re.sub(r"[^A-Za-z0-9.,+=_-]+", "-", text).strip("-")
+
+
+def short_keys(keys: list[str]) -> dict[str, str]:
+    """Each key by its last dotted part (encoding.base -> base) where that is unambiguous."""
+    last = [k.rsplit(".", 1)[-1] for k in keys]
+    return {k: (s if last.count(s) == 1 else k) for k, s in zip(keys, last)}
+
+
+def sweep_name(swept: dict[str, list]) -> str:
+    """A sweep's name from its swept keys and their values: {'encoding': ['rope', 'alibi'],
+    'seed': [0, 1]} -> 'encoding-rope,alibi_seed-0,1'; a long list shows its ends
+    ('base-10..1000000'). 'sweep' when nothing is swept."""
+    parts = []
+    for key, short in short_keys(list(swept)).items():
+        values = [plain_number(v) for v in swept[key]]
+        shown = ",".join(values)
+        if len(shown) > 24 and len(values) > 2:
+            shown = f"{values[0]}..{values[-1]}"
+        parts.append(f"{short}-{shown}")
+    return _safe("_".join(parts))[:NAME_LIMIT].rstrip("_-,.") or "sweep"
+
+
+def job_dir_name(task_overrides: list[str], exclude: list[str], fallback: str) -> str:
+    """A job's directory name (after '<job.num>_'): its values of the swept keys, the overrides
+    not in exclude (the sweep's fixed ones), e.g. 'encoding=rope_seed=0'; fallback when none."""
+    from posenc.config import parse_overrides
+
+    swept = [(o.key, plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str())
+             for o in parse_overrides(task_overrides) if o.key not in set(exclude) and not o.key.startswith("hydra")]
+    short = short_keys([k for k, _ in swept])
+    name = "_".join(f"{short[k]}={v}" for k, v in swept)
+    return _safe(name)[:NAME_LIMIT].rstrip("_-,.") or _safe(str(fallback))
+
+
+# ${posenc.job_dir:${hydra.overrides.task},${hydra.job.config.override_dirname.exclude_keys},${encoding.name}}
+# in conf/config.yaml's hydra.sweep.subdir: resolved once per job, in whichever process runs it
+OmegaConf.register_new_resolver(
+    "posenc.job_dir",
+    lambda overrides, exclude, fallback: job_dir_name(list(overrides or []), list(exclude or []), fallback),
+    replace=True,
+)

@@ -2,18 +2,41 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+
+
+def _private_caches() -> Path:
+    """Point every cache the suite could fill (posenc's packed data, Hugging Face, matplotlib,
+    W&B, anything XDG) at one directory for this session, never the user's ~/.cache. Set before
+    any test module imports posenc or huggingface_hub (they read some of these at import).
+    POSENC_TEST_CACHE keeps a directory across sessions (the packed corpus takes ~15 s to build);
+    otherwise a temporary one is removed at exit."""
+    kept = os.environ.get("POSENC_TEST_CACHE")
+    root = Path(kept) if kept else Path(tempfile.mkdtemp(prefix="posenc-test-cache-"))
+    if not kept:
+        atexit.register(shutil.rmtree, root, ignore_errors=True)
+    for var, sub in (("XDG_CACHE_HOME", "xdg"), ("POSENC_CACHE", "posenc"), ("HF_HOME", "huggingface"),
+                     ("MPLCONFIGDIR", "matplotlib"), ("WANDB_CACHE_DIR", "wandb"),
+                     ("WANDB_CONFIG_DIR", "wandb-config"), ("WANDB_DATA_DIR", "wandb-data")):
+        os.environ[var] = str(root / sub)
+    return root
+
+
+TEST_CACHE = _private_caches()
 
 # a model and budget small enough for a whole run in a few seconds on 2 CPU cores
 TINY = [
     "model.n_layer=1", "model.n_head=2", "model.d_model=32",
     "trainer.seq_len=32", "trainer.batch_size=4", "trainer.max_steps=4",
-    "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.eval_batches=2",
+    "trainer.log_interval=1", "trainer.eval_interval=2", "trainer.early_evals=1", "trainer.eval_batches=2",
     "trainer.warmup_steps=1", "trainer.checkpoint_interval=2", "logger=none",
     "eval.at_end=false",  # the extrapolation evaluation has its own tests (test_extrapolation.py)
 ]

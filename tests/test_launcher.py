@@ -18,7 +18,7 @@ def test_submitit_local_sweep_runs_every_job_and_reports_the_failed_one(workdir:
     result = run_cli("train", "-m", "hydra/launcher=submitit_local", *TINY, "trainer.max_steps=2",
                      "model.attention=linear", "encoding=rope,t5_bias", cwd=workdir)
     status = {r.name.split("_", 1)[1]: json.loads((r / "summary.json").read_text())["status"] for r in run_dirs(workdir)}
-    assert status == {"rope": "completed", "t5_bias": "failed"}, result.stderr[-3000:]
+    assert status == {"encoding=rope": "completed", "encoding=t5_bias": "failed"}, result.stderr[-3000:]
     assert result.returncode == 1
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 1 of the sweep's 2 jobs failed: job 1 (") and "encoding=t5_bias" in last, last

@@ -9,7 +9,7 @@ from pathlib import Path
 from conftest import TINY, run_cli, run_dirs
 
 from posenc.config import group_options
-from posenc.rundir import sweep_group
+from posenc.rundir import job_dir_name, sweep_group, sweep_name
 
 
 def sweep_dirs(cwd: Path) -> list[Path]:
@@ -24,7 +24,7 @@ def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Pa
     assert re.fullmatch(r"\d\d-\d\d-\d\d-\d{6}_smoke", sweep.name)  # <time to the µs>_<name>
     runs = run_dirs(workdir)
     assert len(runs) == len(group_options("encoding")) >= 5  # one run dir per job
-    assert sorted(r.name.split("_", 1)[1] for r in runs) == group_options("encoding")
+    assert sorted(r.name.split("_", 1)[1] for r in runs) == [f"encoding={e}" for e in group_options("encoding")]
     for run in runs:
         summary = json.loads((run / "summary.json").read_text())
         assert summary["status"] == "completed"
@@ -51,7 +51,14 @@ def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path)
     bases = sorted(json.loads((r / "summary.json").read_text())["encoding"]["base"] for r in runs)
     assert bases == [100, 10000]
     [sweep] = sweep_dirs(workdir)
-    assert sweep.name.endswith("_sweep")  # no experiment: the default name
+    # no experiment: named from what it sweeps; each job's directory from its own value
+    assert sweep.name.endswith("_base-100,10000"), sweep.name
+    assert sorted(r.name for r in runs) == ["0_base=100", "1_base=10000"]
+    assert (sweep / "sweep.json").stat().st_mode & 0o777 == 0o644  # data, not a program
+    # the end of the sweep says where it went and what to run next, verbatim
+    rel = sweep.relative_to(workdir)
+    assert f"sweep: {rel} (2 runs)" in result.stdout
+    assert f"posenc compare {rel} --by encoding.base\n" in result.stdout
     # W&B's offline run log holds the run record: both jobs carry the sweep's group
     group = sweep_group(sweep).encode()
     for run in runs:
@@ -103,5 +110,18 @@ def test_a_failed_job_does_not_stop_the_sweep_and_is_reported(workdir: Path):
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 1 of the sweep's 2 jobs failed: job 0 (") and "encoding=t5_bias" in last, last
     summaries = {r.name: json.loads((r / "summary.json").read_text()) for r in run_dirs(workdir)}
-    assert summaries["0_t5_bias"]["status"] == "failed" and "no score matrix" in summaries["0_t5_bias"]["error"]
-    assert summaries["1_rope"]["status"] == "completed"
+    assert summaries["0_encoding=t5_bias"]["status"] == "failed"
+    assert "no score matrix" in summaries["0_encoding=t5_bias"]["error"]
+    assert summaries["1_encoding=rope"]["status"] == "completed"
+
+
+def test_sweep_and_job_names_carry_the_swept_values_and_are_filesystem_safe():
+    assert sweep_name({"encoding": ["rope", "alibi"], "seed": [0, 1]}) == "encoding-rope,alibi_seed-0,1"
+    assert sweep_name({"encoding.base": [10.0, 100.0, 1000.0, 10000.0, 100000.0, 1000000.0]}) == "base-10..1000000"
+    assert sweep_name({}) == "sweep"
+    fixed = ["model.n_layer", "name"]
+    assert job_dir_name(["encoding=rope", "model.n_layer=1", "seed=0"], fixed, "rope") == "encoding=rope_seed=0"
+    assert job_dir_name(["encoding.base=1e4", "name='x'"], fixed, "rope") == "base=10000"  # typed 1e4, shown 10000
+    assert job_dir_name(["dataset.files=[a/b.txt]"], [], "rope") == "files=-a-b.txt"  # no '/' in a dir name
+    assert job_dir_name(["model.n_layer=1"], fixed, "rope") == "rope"  # nothing swept: the encoding
+    assert job_dir_name(["model.dropout=0.1", "encoding.dropout=0.2"], [], "x") == "model.dropout=0.1_encoding.dropout=0.2"

@@ -14,6 +14,11 @@ _run_hydra`` does (parse argv with Hydra's own parser, build the search path, di
 --help/--cfg/--info/-m) on ``hydra._internal.hydra.Hydra``, whose run/multirun return the
 JobReturns. It is private API, pinned by pyproject (hydra-core 1.3.x); tests/test_train_cli.py
 and tests/test_launcher.py exercise every path it takes.
+
+A sweep (-m) is named before Hydra starts it (sweep_naming: its directory from the experiment,
+``name=``, or the swept keys; each job's from its swept values, through Hydra's own
+override_dirname.exclude_keys), and its end prints where it went and the `posenc compare`
+command for it (print_next_step).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from pathlib import Path
 from hydra.core.hydra_config import HydraConfig
 from hydra.core.utils import JobReturn, JobStatus
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from posenc.cli.explain import explain
 from posenc.config import CONFIG_PATH, apply_choice_schemas
@@ -65,7 +70,19 @@ def run_job(cfg: DictConfig) -> dict:
         return failure
     if distributed.is_main():
         print_summary(summary, run_dir)
+        print_checkpoint(summary.get("checkpoint") or {})
     return summary
+
+
+def print_checkpoint(kept: dict) -> None:
+    """The end-of-run line on what trainer.checkpoint kept, and its size."""
+    from posenc.cli.common import console
+
+    if kept.get("kind") == "none" or not kept.get("paths"):
+        line = "checkpoint: none kept (trainer.checkpoint=none: this run cannot be resumed or evaluated later)"
+    else:
+        line = f"checkpoint ({kept['kind']}): {', '.join(kept['paths'])}, {kept['mb']:.1f} MB"
+    console.print(line, highlight=False, soft_wrap=True)
 
 
 def hydra_parser() -> argparse.ArgumentParser:
@@ -138,13 +155,80 @@ def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = r
         if mode is None or (args.multirun and mode == RunMode.RUN):
             mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
             overrides.append(f"hydra.mode={mode.name}")
-        check(hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
-                                   with_log_configuration=False))
+        cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
+                                   with_log_configuration=False)
+        check(cfg)
         if mode == RunMode.RUN:
             return [hydra.run(config_name=config_name, task_function=task, overrides=overrides)]
-        return list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
+        swept = swept_keys(args.overrides, cfg)
+        overrides += sweep_naming(args.overrides, swept, cfg)
+        returns = list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
+        print_next_step(returns, swept)
+        return returns
     finally:
         GlobalHydra.instance().clear()
+
+
+def swept_keys(argv_overrides: list[str], cfg: DictConfig) -> dict[str, list]:
+    """{key: values} of what a -m sweep varies: the command's sweep overrides (a,b / range(..))
+    and the sweeper's params that a config sets (experiment files)."""
+    from posenc.config import parse_overrides
+
+    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
+    parsed = [*parse_overrides(argv_overrides), *parse_overrides([f"{k}={v}" for k, v in params.items()])]
+    swept: dict[str, list] = {}
+    for o in parsed:
+        if o.override.is_sweep_override() and o.key not in swept:
+            swept[o.key] = _sweep_values(o.key, o.value)
+    return swept
+
+
+def _sweep_values(key: str, value) -> list:
+    """A sweep override's values; a glob(...) over a config group, the options it matches."""
+    from hydra.core.override_parser.types import Glob
+
+    from posenc.config import group_options
+
+    if isinstance(value, Glob):
+        try:
+            return value.filter(group_options(key))
+        except (FileNotFoundError, ModuleNotFoundError, NotADirectoryError):
+            return [f"glob({','.join(value.include)})"]
+    return list(value)
+
+
+def sweep_naming(argv_overrides: list[str], swept: dict[str, list], cfg: DictConfig) -> list[str]:
+    """The overrides that name a sweep's directories: name=<swept keys> when neither the command
+    nor an experiment names it, and the keys a job's directory leaves out (the fixed ones, as
+    Hydra's own override_dirname.exclude_keys), so it shows only the swept values."""
+    from posenc.config import parse_overrides
+    from posenc.rundir import sweep_name
+
+    added = [] if cfg.get("name") else [f"name='{sweep_name(swept)}'"]  # quoted: its commas are no sweep
+    fixed = {o.key for o in parse_overrides(argv_overrides) if not o.key.startswith("hydra") and o.key not in swept}
+    fixed.add("name")
+    exclude = ",".join("'" + k.replace("\\", "\\\\").replace("'", "\\'") + "'" for k in sorted(fixed))
+    return [*added, f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"]
+
+
+def print_next_step(returns: list[JobReturn], swept: dict[str, list]) -> None:
+    """Where a sweep went, and the `posenc compare` command for it (grouped by the swept keys)."""
+    import shlex
+
+    from posenc.cli.common import console
+    from posenc.report.runs import NOT_A_GROUP_KEY
+
+    dirs = [Path(r.hydra_cfg.hydra.runtime.output_dir).parent for r in returns if r.hydra_cfg is not None]
+    if not dirs or not distributed.is_main():
+        return
+    sweep_dir = dirs[0]
+    try:
+        sweep_dir = sweep_dir.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    by = "".join(f" --by {shlex.quote(k)}" for k in swept if k not in NOT_A_GROUP_KEY)
+    console.print(f"sweep: [bold]{sweep_dir}[/] ({len(returns)} runs)", highlight=False, soft_wrap=True)
+    console.print(f"compare them: posenc compare {shlex.quote(str(sweep_dir))}{by}", highlight=False, soft_wrap=True)
 
 
 def job_returns(returned) -> list[JobReturn]:
@@ -167,5 +251,6 @@ def failures(returns: list[JobReturn]) -> list[str]:
         else:
             continue
         num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"
-        out.append(f"job {num} ({' '.join(r.overrides or [])}): {error}")
+        shown = [o for o in r.overrides or [] if not o.startswith("name=")]  # the sweep's name, not the job's
+        out.append(f"job {num} ({' '.join(shown)}): {error}")
     return out

@@ -3,6 +3,7 @@ deterministically by document into train and validation. Hub corpora: hub_corpor
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import sysconfig
@@ -10,6 +11,8 @@ import zlib
 from pathlib import Path
 
 from posenc.errors import UserError
+
+log = logging.getLogger("posenc")
 
 SPLITS = ("train", "validation")
 
@@ -44,9 +47,14 @@ class Corpus:
             )
         threshold = int(self.val_fraction * 10_000)
         is_val = [zlib.crc32(s.encode()) % 10_000 < threshold for s in docs["source"]]
-        if all(is_val) or not any(is_val):  # few documents: fall back to the last one(s)
+        if all(is_val) or not any(is_val):  # few documents: fall back to the last one(s), and say so
             n_val = max(1, round(self.val_fraction * len(docs)))
             is_val = [i >= len(docs) - n_val for i in range(len(docs))]
+            log.warning("dataset '%s' has only %d documents, too few to pick val_fraction=%g of them by hash: "
+                        "validation is its last %d document(s), %.0f%% of the text — add text for a %g split",
+                        self.name, len(docs), self.val_fraction, n_val,
+                        100 * sum(len(t) for t in docs["text"][-n_val:]) / max(1, sum(len(t) for t in docs["text"])),
+                        self.val_fraction)
         val_idx = [i for i, v in enumerate(is_val) if v]
         train_idx = [i for i, v in enumerate(is_val) if not v]
         return datasets.DatasetDict(train=docs.select(train_idx), validation=docs.select(val_idx))

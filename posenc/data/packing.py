@@ -1,6 +1,7 @@
 """Corpus -> tokens -> one flat token array per split on disk (memmap), cached.
 
-Packed arrays are cached under ``$POSENC_CACHE`` (default ``~/.cache/posenc``) in a
+Packed arrays are cached under ``$POSENC_CACHE`` (default ``$XDG_CACHE_HOME/posenc``, i.e.
+``~/.cache/posenc``) in a
 directory named by a hash of (corpus, tokenizer, version), so the second run of the same
 corpus and tokenizer reads the arrays instead of tokenizing again.
 """
@@ -42,7 +43,10 @@ class TokenData:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("POSENC_CACHE", Path.home() / ".cache" / "posenc"))
+    """$POSENC_CACHE, else $XDG_CACHE_HOME/posenc, else ~/.cache/posenc."""
+    if os.environ.get("POSENC_CACHE"):
+        return Path(os.environ["POSENC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "posenc"
 
 
 def cache_key(corpus: Corpus, tokenizer) -> str:

@@ -1,9 +1,11 @@
 """`posenc eval RUN_DIR [overrides…]`: perplexity of a trained run at several lengths.
 
-Loads the run's composed config (``.hydra/config.yaml``) and ``checkpoints/last.pt``, applies
+Loads the run's composed config (``.hydra/config.yaml``) and its checkpoint (``checkpoints/
+best.pt`` where trainer.checkpoint=best kept one, else ``last.pt``), applies
 overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
 ``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
-table and writes ``eval.json`` (``eval_<overrides>.json`` when overrides change the setup).
+table and writes ``eval.json`` (``eval_<key>-<value>….json`` when overrides change the setup:
+output_name).
 """
 
 from __future__ import annotations
@@ -23,11 +25,22 @@ console = Console()  # the `posenc eval` command's output, for people
 
 
 def output_name(overrides: list[str]) -> str:
-    """eval.json, or eval_<overrides>.json so evaluations with other settings sit side by side."""
+    """eval.json, or eval_<key>-<value>_….json so evaluations with other settings sit side by side:
+    eval.lengths=[1,2,4] -> eval_lengths-1-2-4.json, encoding.scaling=yarn encoding.scaling_factor=4
+    -> eval_scaling-yarn_scaling_factor-4.json (each key's last part; no '=' or '/' in the name).
+    The same overrides give the same name, so a re-evaluation replaces its file (atomically)."""
+    from posenc.config import parse_overrides
+    from posenc.rundir import plain_number, short_keys
+
     if not overrides:
         return "eval.json"
-    slug = re.sub(r"[^A-Za-z0-9.=_-]+", "-", "_".join(o.lstrip("+") for o in overrides)).strip("-")
-    return f"eval_{slug[:120]}.json"
+    parsed = parse_overrides(overrides)
+    short = short_keys([o.key for o in parsed])
+    parts = []
+    for o in parsed:
+        value = plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str()
+        parts.append(re.sub(r"[^A-Za-z0-9._]+", "-", f"{short[o.key]}-{value}").strip("-"))
+    return f"eval_{'_'.join(parts)[:120].rstrip('_-.')}.json"
 
 
 def load_trained(run_dir: Path, overrides: list[str]):
@@ -35,7 +48,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
     what `posenc eval` and `posenc probe` start from."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import autocast_context, resolve_device, resolve_precision
-    from posenc.rundir import checkpoint_path, load_checkpoint
+    from posenc.rundir import kept_checkpoint, load_checkpoint
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -46,7 +59,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
     autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    restore_weights(model, state, checkpoint_path(run_dir))
+    restore_weights(model, state, kept_checkpoint(run_dir))
     return cfg, data, model.to(device), state, autocast
 
 

@@ -28,7 +28,8 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         if name in summary:
             table.add_row(name, fmt.format(summary[name]))
     seq_len = summary.get("seq_len")
-    for r in (summary.get("extrapolation") or {}).get("lengths", []):
+    lengths = (summary.get("extrapolation") or {}).get("lengths", [])
+    for r in lengths:
         label = f"ppl @ {r['length']}" + (f" ({r['multiple']:g}×)" if seq_len else "")
         table.add_row(label, _fmt(r["ppl"], "{:.3f}"))
     targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))}
@@ -39,4 +40,9 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         if summary.get(key) is not None:
             table.add_row(name, fmt.format(summary[key]))
     console.print(table)
+    if lengths:  # two perplexities at the training length: say what each scores
+        console.print(f"val/*: the last in-training evaluation (trainer.eval_batches·batch_size windows of "
+                      f"seq_len={seq_len}, validation split); ppl @ L: the extrapolation evaluator (eval.tokens of "
+                      f"the validation split in windows of L), so ppl @ 1× scores other tokens than val/ppl.",
+                      style="dim", highlight=False)
     console.print(f"run dir: [bold]{run_dir}[/]", highlight=False)

@@ -6,6 +6,16 @@ data sampler's generator, step and tokens, the last validation metrics, the byte
 metrics.jsonl at that step (rows written after it are dropped on resume, so no step is
 logged twice), the W&B run id and the resolved config. It is written to a temp file and
 renamed, so a crash mid-write leaves the previous good checkpoint in place.
+
+``trainer.checkpoint`` says what a run keeps (Checkpoints):
+
+- ``last`` (default): ``checkpoints/last.pt`` every ``trainer.checkpoint_interval`` steps, at the
+  end and on SIGTERM / Ctrl-C. `posenc eval` reads it; resume continues from it.
+- ``best``: ``checkpoints/best.pt``, saved at each evaluation that lowers val/loss (the same
+  format, so `posenc eval` reads it). While the run is unfinished ``last.pt`` is kept too, so
+  an interrupted run resumes exactly; it is deleted when the run completes, leaving best.pt
+  alone (a completed ``best`` run cannot be extended).
+- ``none``: nothing is saved; the run cannot be resumed or evaluated later.
 """
 
 from __future__ import annotations
@@ -55,9 +65,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
-                    val: dict | None = None) -> Path:
-    """checkpoints/last.pt, written to a temp file and renamed: the last good one survives."""
-    path = checkpoint_path(run_dir)
+                    val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf) -> Path:
+    """checkpoints/<kind>.pt, written to a temp file and renamed: the last good one survives."""
+    path = checkpoint_path(run_dir, kind)
     path.parent.mkdir(exist_ok=True)
     metrics = Path(run_dir) / METRICS_FILE
     saved = {
@@ -73,6 +83,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
+        "best_val_loss": best_val_loss,  # trainer.checkpoint=best: the val/loss best.pt holds, for resume
     }
     tmp = path.with_suffix(".pt.tmp")
     torch.save(saved, tmp)
@@ -112,6 +123,7 @@ class Resumed:
 
     val: dict = field(default_factory=dict)
     wandb_id: str | None = None
+    best_val_loss: float = math.inf
 
 
 def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
@@ -127,7 +139,36 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
     state.step, state.tokens = saved["step"], saved["tokens"]
     set_rng_state(saved["rng"])
     truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
-    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"))
+    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf))
+
+
+class Checkpoints:
+    """What trainer.checkpoint keeps (last | best | none; see the module docstring)."""
+
+    def __init__(self, run_dir: Path, kind: str, best_val_loss: float = math.inf) -> None:
+        self.run_dir, self.kind, self.best_val_loss = Path(run_dir), kind, best_val_loss
+
+    def evaluated(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
+        """After an evaluation: best.pt when val/loss is the lowest yet (kind best)."""
+        loss = val.get("val/loss")
+        if self.kind == "best" and loss is not None and loss < self.best_val_loss:
+            self.best_val_loss = loss
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss)
+
+    def save(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
+        """At a checkpoint step or a stop: last.pt, what resume continues from (kinds last, best)."""
+        if self.kind != "none":
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss)
+
+    def finish(self) -> dict:
+        """At the end of a completed run: drop last.pt if only the best is kept; return what is
+        kept, for summary.json: kind, paths (relative to the run dir), bytes, MB."""
+        if self.kind == "best":
+            checkpoint_path(self.run_dir).unlink(missing_ok=True)
+        kept = [p for p in (checkpoint_path(self.run_dir, "best"), checkpoint_path(self.run_dir)) if p.is_file()]
+        size = sum(p.stat().st_size for p in kept)
+        return {"kind": self.kind, "paths": [str(p.relative_to(self.run_dir)) for p in kept],
+                "bytes": size, "mb": round(size / 2**20, 2)}
 
 
 def check_finite(loss: torch.Tensor | float, step: int, run_dir: Path) -> float:
@@ -169,7 +210,10 @@ class GracefulStop:
         for s, handler in self._previous.items():
             signal.signal(s, handler)
 
-    def stop(self, run_dir: Path, step: int) -> None:
+    def stop(self, run_dir: Path, step: int, saved: bool = True) -> None:
+        if not saved:
+            raise RunInterrupted(f"stopped by {self.name} at step {step}; trainer.checkpoint=none kept no checkpoint, "
+                                 f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)")
         resume = f"posenc train {shlex.quote(f'trainer.resume={run_dir}')}"  # the run's overrides are restored
         raise RunInterrupted(f"stopped by {self.name} at step {step}; checkpoint saved in "
                              f"{checkpoint_path(run_dir)} — continue with `{resume}`")

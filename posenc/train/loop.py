@@ -1,9 +1,9 @@
 """train(cfg, run_dir) -> summary: the whole training run as a plain function.
 
 The loop around train_step (state.py): logging at log steps (the only host sync), periodic
-evaluation on fixed validation windows (posenc.eval.loss), a checkpoint at
-``checkpoints/last.pt``, SIGTERM / Ctrl-C handling, metrics to metrics.jsonl and W&B, and
-at the end the extrapolation evaluation and the summary.
+evaluation on fixed validation windows (posenc.eval.loss), checkpoints as trainer.checkpoint
+says (checkpoints/last.pt and/or best.pt: train/checkpoint.py), SIGTERM / Ctrl-C handling,
+metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation and the summary.
 """
 
 from __future__ import annotations
@@ -22,10 +22,11 @@ from posenc.data.batches import RandomWindows
 from posenc.eval import extrapolation
 from posenc.eval.loss import fixed_span, score_windows
 from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
-from posenc.rundir import METRICS_FILE, read_jsonl, wandb_group
+from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed
-from posenc.train.checkpoint import GracefulStop, Resumed, check_finite, resume_training, save_checkpoint
+from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
+from posenc.train.eval_schedule import is_eval_step
 from posenc.train.progress import TrainProgress
 from posenc.train.state import TrainState, micro_batches, new_train_state, train_step
 
@@ -46,8 +47,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     data = build_data(cfg)
     seed_everything(cfg.seed)  # the model's init depends on the seed alone, as in `posenc bench`
     model = build_model(cfg, data.vocab_size).to(device)
+    encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
-             model.encoding.extra_repr(), device, precision)
+             ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
     batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed,
                             rank=distributed.rank(), world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
@@ -70,8 +72,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                 tags=[model.encoding.name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity,
                 run_id=resumed.wandb_id,
             )
+        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
-                                      rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))))
+                                      rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
+                                      checkpoints=checkpoints)
         lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
         if cfg.eval.get("at_end", True):
             lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
@@ -85,9 +89,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             "seq_len": t.seq_len,
-            "encoding": encoding_summary(model.encoding),
+            "encoding": encoding,
             "device": str(device),
             "precision": precision,
+            "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
@@ -118,14 +123,15 @@ class Throughput:
 
 
 def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker,
-             evaluate: Callable[[], dict[str, float]], val: dict[str, float], rate: Throughput) -> tuple[dict, float]:
+             evaluate: Callable[[], dict[str, float]], val: dict[str, float], rate: Throughput,
+             checkpoints: Checkpoints) -> tuple[dict, float]:
     """train_step until trainer.max_steps: log, evaluate, checkpoint, stop on a signal.
     Returns the last validation metrics and the seconds of training (a resumed run included)."""
     t = cfg.trainer
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
     loop_start = rate.start - (M.elapsed_before(read_jsonl(run_dir / METRICS_FILE), state.step)
                                if state.step and tracker.enabled else 0.0)
-    with TrainProgress(t.max_steps) as progress, GracefulStop() as stop:
+    with TrainProgress(t.max_steps, enabled=distributed.is_main()) as progress, GracefulStop() as stop:
         while state.step < t.max_steps:
             tokens_before = state.tokens
             result = train_step(state, micro_batches(state))
@@ -133,7 +139,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
             rate.tokens += state.tokens - tokens_before
             progress.advance(step)
             at_log_step = step % t.log_interval == 0 or step == t.max_steps
-            at_eval_step = step % t.eval_interval == 0 or step == t.max_steps
+            at_eval_step = is_eval_step(step, t.max_steps, t.eval_interval, t.early_evals)  # denser early
 
             if at_log_step:
                 # the only host sync of a step; NaN/inf stops the run here, naming the step
@@ -143,20 +149,29 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                 if at_eval_step:
                     val = evaluate()
                     row.update(val)
+                    if distributed.is_main():
+                        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**row, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
-                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name])
+                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name],
+                                tokens=state.tokens, lr=result.lr)
+                if at_eval_step:
+                    progress.evaluated(step, val)
                 rate.restart()
             elif at_eval_step:
                 val = evaluate()
+                if distributed.is_main():
+                    checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
                 tracker.log({**val, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
+                progress.evaluated(step, val)
             # under DDP ranks agree on a signal at log steps only: no collective per step
             stopping = (at_log_step or not distributed.active()) and distributed.any_rank(stop.received is not None)
             if step % t.checkpoint_interval == 0 or step == t.max_steps or stopping:
                 check_finite(result.loss, step, run_dir)  # never replace a good checkpoint with a diverged one
                 if distributed.is_main():
-                    save_checkpoint(run_dir, state, cfg, tracker.wandb_id, val)
+                    checkpoints.save(state, cfg, tracker.wandb_id, val)
             if stopping:
-                stop.stop(run_dir, step)  # SIGTERM / Ctrl-C: checkpoint saved, metrics flushed
+                # SIGTERM / Ctrl-C: checkpoint saved (unless trainer.checkpoint=none), metrics flushed
+                stop.stop(run_dir, step, saved=checkpoints.kind != "none")
     return val, time.time() - loop_start
 
 

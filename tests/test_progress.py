@@ -1,0 +1,60 @@
+"""Progress a user can follow with or without a terminal, and the same lines in train.log."""
+
+from __future__ import annotations
+
+import io
+import re
+from pathlib import Path
+
+from rich.console import Console
+
+from conftest import TINY, run_cli, run_dirs
+from posenc.report.console import print_summary
+from posenc.train.progress import TrainProgress, eval_line, step_line
+
+STEP = re.compile(r"step (\d+)/4  tokens ([\d,]+)  train loss \d+\.\d{4}  lr \d\.\d\de[-+]\d\d  [\d,]+ tok/s  ETA \S+")
+EVAL = re.compile(r"eval at step (\d+)/4  val loss \d+\.\d{4}  val ppl \d+\.\d\d  val bpb \d+\.\d{4}")
+
+
+def test_without_a_terminal_each_log_step_and_evaluation_is_one_plain_line_also_in_train_log(workdir: Path):
+    # run_cli's stdout is a pipe, as under SLURM, CI or `> log`
+    # eval_interval=4 with 4 early evaluations per interval: every step of these 4 is evaluated
+    result = run_cli("train", *TINY, "encoding.base=10000", "trainer.eval_interval=4", "trainer.early_evals=4",
+                     cwd=workdir)
+    assert result.returncode == 0, result.stderr[-2000:]
+    steps = [int(m.group(1)) for m in STEP.finditer(result.stdout)]
+    evals = [int(m.group(1)) for m in EVAL.finditer(result.stdout)]
+    assert steps == [1, 2, 3, 4] and evals == [1, 2, 3, 4]  # log_interval=1; the dense early schedule
+    assert [int(m.group(2).replace(",", "")) for m in STEP.finditer(result.stdout)] == [128, 256, 384, 512]
+    assert "train ━" not in result.stdout  # no bar frozen into the log
+    [run_dir] = run_dirs(workdir)
+    log = (run_dir / "train.log").read_text()
+    assert len(STEP.findall(log)) == 4 and len(EVAL.findall(log)) == 4
+    assert "rope  base=10000  " in result.stdout  # as typed, not 10000.0 or 1e4
+
+
+def test_the_live_bar_labels_train_loss_and_val_ppl():
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=200)
+    with TrainProgress(10, console=console) as progress:
+        progress.advance(1)
+        progress.update(1, 3.25, 25.5, 1000.0, tokens=64, lr=1e-3)
+    text = out.getvalue()
+    assert "train loss 3.250" in text and "val ppl 25.50" in text
+
+
+def test_plain_lines_read_as_a_person_would_write_them():
+    assert step_line(10, 300, 40960, 3.21449, 2e-3, 6512.4, 62) == \
+        "step 10/300  tokens 40,960  train loss 3.2145  lr 2.00e-03  6,512 tok/s  ETA 0:01:02"
+    assert step_line(1, 300, 4096, 3.0, 2e-3, 100.0, None).endswith("ETA -")
+    assert eval_line(50, 300, {"val/loss": 2.3456, "val/ppl": 10.441, "val/bpb": 3.384}) == \
+        "eval at step 50/300  val loss 2.3456  val ppl 10.44  val bpb 3.3840"
+
+
+def test_the_summary_says_how_val_ppl_and_ppl_at_1x_differ(capsys):
+    summary = {"val/loss": 2.0, "val/ppl": 7.389, "val/bpb": 2.88, "seq_len": 32, "encoding": {"name": "rope"},
+               "extrapolation": {"lengths": [{"length": 32, "multiple": 1.0, "ppl": 7.1}]}}
+    print_summary(summary, Path("run"))
+    out = " ".join(capsys.readouterr().out.split())
+    assert "val/*: the last in-training evaluation" in out and "seq_len=32, validation split" in out
+    assert "ppl @ L: the extrapolation evaluator (eval.tokens" in out
