@@ -38,7 +38,7 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode != 0
+    assert proc.returncode == 128 + signal.SIGTERM  # the shell's convention (130 after Ctrl-C)
     assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
     [run_dir] = run_dirs(interrupted)
     stopped_at = len(losses(run_dir))
@@ -127,3 +127,17 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(run_dir: Path) -> N
     assert len(out) == 1 and "complete" in out[0] and "trainer.max_steps=" in out[0]
     assert snapshot(run_dir) == before
     assert {p: p.stat().st_mtime_ns for p in run_dir.rglob("*")} == mtimes
+
+
+def test_ctrl_c_exits_130_and_prints_the_resume_command(tmp_path: Path) -> None:
+    """The first Ctrl-C finishes the step, saves and exits as shells expect of SIGINT (128 + 2)."""
+    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *RUN], cwd=tmp_path, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    last = stderr.strip().splitlines()[-1]
+    assert proc.returncode == 130, stderr[-2000:]
+    assert last.startswith("error:") and "stopped by SIGINT" in last and "trainer.resume=" in last

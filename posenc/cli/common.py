@@ -53,4 +53,4 @@ def run_guarded(func: Callable[[], T], debug: bool) -> T:
     except Exception as e:  # noqa: BLE001 - every exception becomes one line unless --debug
         if debug:
             raise
-        fail(explain(e))
+        fail(explain(e), code=getattr(e, "exit_code", 1))

@@ -50,6 +50,10 @@ class TrainingDiverged(UserError, RuntimeError):
 class RunInterrupted(UserError):
     """SIGTERM or Ctrl-C: a checkpoint was saved and the run can be resumed."""
 
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
+
 
 def rng_state() -> dict:
     return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
@@ -213,7 +217,8 @@ class GracefulStop:
     def stop(self, run_dir: Path, step: int, saved: bool = True) -> None:
         if not saved:
             raise RunInterrupted(f"stopped by {self.name} at step {step}; trainer.checkpoint=none kept no checkpoint, "
-                                 f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)")
+                                 f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)",
+                                 self.received or signal.SIGINT)
         resume = f"posenc train {shlex.quote(f'trainer.resume={run_dir}')}"  # the run's overrides are restored
         raise RunInterrupted(f"stopped by {self.name} at step {step}; checkpoint saved in "
-                             f"{checkpoint_path(run_dir)} — continue with `{resume}`")
+                             f"{checkpoint_path(run_dir)} — continue with `{resume}`", self.received or signal.SIGINT)
