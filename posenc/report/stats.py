@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-NO_ERROR_BARS = "n=1: no error bars"
+NO_ERROR_BARS = "1 seed: no error bars"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference at this n"
 
 
@@ -131,7 +131,7 @@ def compare_to_baseline(group: Iterable[float], baseline: Iterable[float], highe
                         confidence: float = 0.95) -> Difference:
     """The group's difference to the baseline and a verdict: 'better' / 'worse' when the whole
     interval lies on one side of 0 (read through the metric's direction), else 'no detectable
-    difference at this n'; 'n=1: no error bars' when either side has a single seed."""
+    difference at this n'; NO_ERROR_BARS when either side has a single seed."""
     group, baseline = [float(v) for v in group], [float(v) for v in baseline]
     if not group or not baseline:
         raise ValueError("compare_to_baseline needs at least one value on each side")
