@@ -91,11 +91,9 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     return save_figure(fig, path)
 
 
-def _category_ticks(ax, labels: Sequence[str]) -> None:
-    """Group labels on the x-axis; rotated when they would run into each other."""
-    ax.set_xticks(range(len(labels)), labels)
-    if sum(len(label) for label in labels) > 60 or max((len(label) for label in labels), default=0) > 12:
-        plt.setp(ax.get_xticklabels(), rotation=30, ha="right", rotation_mode="anchor")
+def _long(labels: Sequence[str]) -> bool:
+    """Whether category labels would run into each other side by side on a figure's x-axis."""
+    return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
 
 
 def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
@@ -130,14 +128,27 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         if len(series) > 1:
             legend_outside(ax)
     elif stats:
-        # points, not bars: the y axis is zoomed on the differences, and a bar would imply zero
+        # points, not bars: the axis is zoomed on the differences, and a bar would imply zero.
+        # Long labels go down the y-axis, horizontal, where they cannot collide.
+        labels = [g.label for g, _ in stats]
+        across = not _long(labels)
         for j, (g, st) in enumerate(stats):
             style = styles[g.label]
-            ax.errorbar([j], [st.mean], yerr=[st.half_width], fmt=style.marker, markersize=8, capsize=5,
-                        color=style.color)
-        _category_ticks(ax, [g.label for g, _ in stats])
-        ax.set_xlim(-0.5, len(stats) - 0.5)
-        ax.set_xlabel(", ".join(by) or "runs")
+            x, y = ([j], [st.mean]) if across else ([st.mean], [j])
+            err = {"yerr" if across else "xerr": [st.half_width]}
+            ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
+        if across:
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_xlim(-0.5, len(stats) - 0.5)
+            ax.set_xlabel(", ".join(by) or "runs")
+        else:
+            ax.set_yticks(range(len(labels)), labels)
+            ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
+            ax.set_ylabel(", ".join(by) or "runs")
+            ax.set_xlabel(f"final {metric}" + _unit(metric))
+            titled(ax, f"{title} ({BAND})", setup)
+            ax.grid(alpha=0.3)
+            return save_figure(fig, path)
     ax.set_ylabel(f"final {metric}" + _unit(metric))
     titled(ax, f"{title} ({BAND})", setup)
     ax.grid(alpha=0.3)
