@@ -120,6 +120,7 @@ def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path,
     assert "| learned | 3 (0,1,2) | 3.1000 [" in report and "| worse |" in report
     assert "| nope | 1 (0) | 2.9000 | +0.7000 | 1 seed: no error bars |" in report
     assert "no detectable difference at this n" in result.stdout
+    assert "2.2000 ±0.4968" in result.stdout  # the terminal: ± the 95% interval's half-width, t(2)·0.2/√3
 
 
 def test_a_higher_is_better_metric_reads_the_verdict_the_other_way(sweep: Path):

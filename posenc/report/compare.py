@@ -18,19 +18,18 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
+from posenc.errors import UserError
 from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TOKENS_PER_S, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
                             VAL_PPL, Target, convergence_metrics, lookup, parse_target, target_of)
-from posenc.errors import UserError
-from posenc.report.document import Document, TextTable, write_html, write_markdown
+from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
 from posenc.report.plots_length import plot_extrapolation
 from posenc.report.runs import (Group, Run, Stat, aggregate, check_choice, deduplicate, find_runs, format_value,
                                 group_keys, group_runs, varying_keys)
 from posenc.report.setup import describe, describe_varied, setup_line, setup_split
-from posenc.report.verdicts import (Ranked, Versus, baseline_table, find_baseline, higher_is_better, rank_within,
-                                    same_order)
+from posenc.report.tables import rich_table, text_tables
+from posenc.report.verdicts import Ranked, Versus, baseline_table, find_baseline, rank_within, same_order
 from posenc.rundir import read_sweep
 
 
@@ -91,38 +90,6 @@ def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[Target]) -> 
 def _length_order(key: str) -> tuple:
     digits = re.findall(r"\d+", key)
     return (key.split("@")[0], int(digits[-1]) if digits else 0)
-
-
-def format_number(value: float, fmt: str) -> str:
-    if fmt == "tokens":
-        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g}{unit}"
-        return f"{value:.0f}"
-    if fmt == "rate":
-        return f"{value:,.0f}"
-    if fmt == "ppl":
-        return f"{value:.3f}"
-    return f"{value:.4f}"
-
-
-def format_stat(stat: Stat, fmt: str) -> str:
-    """'2.2000 [1.7032, 2.6968]': the mean over seeds and its 95% t-interval; one seed: the value."""
-    if stat.mean is None:
-        return "—" if stat.reached == 0 else f"{stat.reached}/{stat.n} seeds"
-    text = format_number(stat.mean, fmt)
-    if stat.low is None:
-        return text
-    return f"{text} [{format_number(stat.low, fmt)}, {format_number(stat.high, fmt)}]"
-
-
-def format_difference(v: Versus, fmt: str) -> str:
-    """'+0.0123 [-0.0100, +0.0346]': group minus baseline with Welch's 95% interval."""
-    d = v.difference
-    if d is None:
-        return "—"
-    sign = lambda x: ("+" if x >= 0 else "−") + format_number(abs(x), fmt)  # noqa: E731
-    return sign(d.diff) + (f" [{sign(d.low)}, {sign(d.high)}]" if d.low is not None else "")
 
 
 @dataclass
@@ -202,82 +169,6 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     return c
 
 
-def runs_cell(group: Group) -> str:
-    """Completed seeds with their seed values, and how many were left out:
-    `3 (0,1,2)`, `2 (0,1; +1 failed, +1 unfinished)`."""
-    left_out = [f"+{sum(r.status == s for r in group.failed)} {s}" for s in ("failed", "unfinished")
-                if any(r.status == s for r in group.failed)]
-    seeds = ",".join(format_value(s) for s in group.seeds)
-    inside = "; ".join(p for p in (seeds, ", ".join(left_out)) if p)
-    return f"{len(group.completed)}" + (f" ({inside})" if inside else "")
-
-
-def is_best(c: Comparison, g: Group, col: Column) -> bool:
-    stat = c.cells[(g.label, col.key)]
-    return stat.mean is not None and stat.mean == c.best.get(col.key) and len(c.groups) > 1
-
-
-#: the terminal shows one table per family of columns, so each fits a terminal's width
-FAMILIES = (
-    ("quality", lambda key: not (target_of(key) or EXTRAPOLATION_PPL.match(key)) and key != RATE_COLUMN.key),
-    ("tokens to reach val/loss (or val/bpb: →xbpb), interpolated", lambda key: target_of(key) is not None),
-    ("perplexity at evaluation length (tokens)", lambda key: EXTRAPOLATION_PPL.match(key) is not None),
-    ("cost", lambda key: key == RATE_COLUMN.key),
-)
-
-
-def text_tables(c: Comparison) -> list[TextTable]:
-    """The comparison as tables of text, rendered alike to the terminal, markdown and html: one per
-    column family (quality, convergence, extrapolation, cost), then the baseline differences and
-    the rankings within another key when asked for."""
-    tables = []
-    for family, belongs in FAMILIES:
-        columns = [col for col in c.columns if belongs(col.key)]
-        if not columns:
-            continue
-        header = [", ".join(c.by) or "group", "seeds", *[col.header for col in columns]]
-        rows, best = [], set()
-        for i, g in enumerate(c.groups):
-            rows.append([g.label, runs_cell(g), *[format_stat(c.cells[(g.label, col.key)], col.fmt) for col in columns]])
-            best |= {(i, 2 + j) for j, col in enumerate(columns) if is_best(c, g, col)}
-        tables.append(TextTable(f"{family} — mean [95% interval over seeds]", header, rows, best))
-    if c.baseline is not None:
-        tables.append(baseline_text_table(c))
-    for value, ranked in c.rankings.items():
-        rows = [[str(r.rank) if r.rank is not None else "—", r.group.label, runs_cell(r.group),
-                 format_stat(r.stat, c.metric_fmt)] for r in ranked]
-        tables.append(TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} [95% interval]"], rows))
-    return tables
-
-
-def baseline_text_table(c: Comparison) -> TextTable:
-    """Each group against the baseline on the headline metric: mean, difference, verdict."""
-    assert c.baseline is not None
-    stat = lambda g: c.cells.get((g.label, c.metric)) or aggregate(g.values(c.metric))  # noqa: E731
-    rows = [[c.baseline.label + " (baseline)", runs_cell(c.baseline), format_stat(stat(c.baseline), c.metric_fmt), "", ""]]
-    for g in c.groups:
-        if g is c.baseline:
-            continue
-        v = c.versus[g.label]
-        rows.append([g.label, runs_cell(g), format_stat(stat(g), c.metric_fmt), format_difference(v, c.metric_fmt), v.note])
-    direction = "higher" if higher_is_better(c.metric) else "lower"
-    return TextTable(f"{c.metric} against {c.baseline.label} ({direction} is better; Welch 95% interval)",
-                     [", ".join(c.by) or "group", "seeds", f"{c.metric} [95% interval]",
-                      f"difference to {c.baseline.label}", "verdict"], rows)
-
-
-def rich_table(t: TextTable) -> Table:
-    table = Table(title=t.title, title_justify="left")
-    for j, head in enumerate(t.header):
-        table.add_column(head.removeprefix("ppl@"), justify="left" if j == 0 else "right",
-                         style="bold cyan" if j == 0 else None)
-    for i, row in enumerate(t.rows):
-        table.add_row(*[f"[bold green]{escape(text)}[/]" if (i, j) in t.best else escape(text)
-                        for j, text in enumerate(row)])
-    return table
-
-
 def failed_lines(c: Comparison, root: Path) -> list[str]:
     out = []
     for run in c.failed:
@@ -325,8 +216,7 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
     console.print(f"[bold]{escape(title)}[/], grouped by {escape(by_text)} · {escape(setup)}", highlight=False)
     console.print(f"[dim]varied:[/] {escape(describe_varied(c.varied) or 'nothing')}", highlight=False)
     console.print(f"[dim]held fixed:[/] {escape(describe(c.fixed) or 'nothing')}", highlight=False)
-    tables = text_tables(c)
-    for table in tables:
+    for table in text_tables(c, compact=True):
         console.print(rich_table(table))
     failed = failed_lines(c, out)
     for line in failed:
@@ -347,7 +237,7 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
     notes = [NOTES] + ([f"ranking by {c.metric} across {c.within}: "
                         + ("the same order for every value" if same_order(c.rankings) else "the order changes")]
                        if c.rankings else [])
-    doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed), tables, notes, failed,
+    doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed), text_tables(c), notes, failed,
                    duplicate_lines(c, out), plots)
     write_markdown(out / "report.md", doc)
     write_html(out / "report.html", doc)
