@@ -178,9 +178,9 @@ def failed_lines(c: Comparison, root: Path) -> list[str]:
 
 
 def duplicate_lines(c: Comparison, root: Path) -> list[str]:
-    return [f"{', '.join(_relative(r.path, root) for r in dropped)} repeat {_relative(kept.path, root)} "
-            f"(same config and seed {format_value(kept.seed)}): counted once, keeping {_relative(kept.path, root)}"
-            for kept, dropped in c.duplicates]
+    return [f"duplicate runs (same config, seed {format_value(kept.seed)}): "
+            f"{', '.join(_relative(r.path, root) for r in [kept, *dropped])} — counted once, keeping "
+            f"{_relative(kept.path, root)}" for kept, dropped in c.duplicates]
 
 
 def _relative(path: Path, root: Path) -> str:
@@ -230,7 +230,7 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
         plot_convergence(c.groups, out / "convergence.png", f"Validation loss, {title}", c.targets, setup),
         plot_final(c.groups, c.by, c.metric, out / f"final_{re.sub(r'[^A-Za-z0-9@.]+', '_', c.metric)}.png",
                    f"Final {c.metric} by {by_text}", setup),
-        plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a validation loss", setup),
+        plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a target", setup),
     ]
     if any(EXTRAPOLATION_PPL.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
         plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}", setup))

@@ -135,7 +135,7 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         for j, (g, st) in enumerate(stats):
             style = styles[g.label]
             x, y = ([j], [st.mean]) if across else ([st.mean], [j])
-            err = {"yerr" if across else "xerr": [st.half_width]}
+            err = {"yerr" if across else "xerr": [st.half_width]} if st.low is not None else {}  # one seed: none
             ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
         if across:
             ax.set_xticks(range(len(labels)), labels)
@@ -174,7 +174,8 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
         errors = [s.half_width for s in stats]
         offsets = x - 0.4 + width * (j + 0.5)
         color = styles[group.label].color
-        ax.bar(offsets, heights, width, yerr=errors, capsize=2, label=group.label, color=color)
+        ax.bar(offsets, heights, width, yerr=errors if any(errors) else None, capsize=2, label=group.label,
+               color=color)
         for xo, s in zip(offsets, stats):
             if s.mean is None:
                 ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=color)

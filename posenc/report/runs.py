@@ -147,7 +147,7 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
 
 
 def is_run_specific(key: str) -> bool:
-    return (key in RUN_SPECIFIC or key.startswith(tuple(k for k in RUN_SPECIFIC if k.endswith(".")))
+    return (key in RUN_SPECIFIC or f"{key.split('.')[0]}." in RUN_SPECIFIC
             or any(word in key.split(".")[-1] for word in RUN_SPECIFIC_WORDS))
 
 
@@ -185,7 +185,7 @@ def group_keys(runs: Sequence[Run]) -> list[str]:
     (`encoding` for `encoding.name`)."""
     keys = {k for r in runs for k in r.config} | {k for r in runs for k in r.overrides}
     keys |= {k.removesuffix(".name") for k in keys if k.endswith(".name")}
-    return sorted(keys)
+    return sorted(k for k in keys if not k.endswith("._target_"))  # a class path: its group's name says it
 
 
 def check_choice(what: str, given: str, valid: Sequence[str]) -> None:

@@ -25,9 +25,9 @@ class Style:
         return {"color": self.color, "linestyle": self.linestyle, "marker": self.marker}
 
 
-# matplotlib's tab10 and tab20's darker half: distinguishable, and tab10 survives greyscale printing
+# matplotlib's tab10, then dark shades of tab20b and black: sixteen that stay apart side by side
 PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd")
+           "#17becf", "#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#000000")
 
 ROTARY, ADDITIVE, BIAS, OTHER = "-", "--", "-.", ":"
 
