@@ -32,11 +32,19 @@ def describe_varied(varied: dict[str, list[str]]) -> str:
     """'encoding.name ∈ {alibi, rope}; seed ∈ {0, 1}', then the options only some runs have
     (RoPE's base when RoPE is compared with ALiBi) by name: they follow from the choice above."""
     absent = "<absent>"
-    text = "; ".join(f"{k} ∈ {{{', '.join(v)}}}" for k, v in varied.items() if absent not in v)
+    text = "; ".join(f"{k} ∈ {{{', '.join(map(_pretty, v))}}}" for k, v in varied.items() if absent not in v)
     options = [k for k, v in varied.items() if absent in v]
     if options:
         text += f" (and the options only some of them have: {', '.join(options)})"
     return text
+
+
+def _pretty(text: str) -> str:
+    """'500000.0' -> '5e5', '2.0' -> '2', 'rope' -> 'rope'."""
+    try:
+        return format_value(float(text))
+    except ValueError:
+        return text
 
 
 def _shared(values: list) -> Any:

@@ -165,8 +165,16 @@ def fixed_and_varied(configs: Sequence[dict]) -> tuple[dict, dict]:
         if all(v == values[0] for v in values):
             fixed[key] = values[0]
         else:
-            varied[key] = sorted({str(v) for v in values})
+            varied[key] = sorted({str(v) for v in values}, key=_numbers_first)
     return fixed, varied
+
+
+def _numbers_first(text: str) -> tuple:
+    """'100' < '1000' < '5e5' < 'alibi': numbers by value, then the rest alphabetically."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
