@@ -196,3 +196,16 @@ def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, t
     assert "the order changes" in result.stdout
     # without --by, the within-key is not a group key of its own
     assert build_comparison(find_runs([flavours]), by=None, metric="val/loss", within="model.flavor").by == ["encoding"]
+
+
+def test_a_rerun_on_another_device_or_resumed_is_a_duplicate_but_another_lr_is_not(tmp_path: Path):
+    root = tmp_path / "reruns"
+    make_run(root, "a", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.0],
+             config={"device": "cpu", "trainer": {"seq_len": 32, "lr": 0.002, "resume": False}, "logger": {"mode": "offline"}})
+    make_run(root, "b", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.1],
+             config={"device": "cuda", "trainer": {"seq_len": 32, "lr": 0.002, "resume": True}, "logger": {"mode": "online"}})
+    make_run(root, "c", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.2],
+             config={"device": "cpu", "trainer": {"seq_len": 32, "lr": 0.001, "resume": False}})
+    c = build_comparison(find_runs([root]), by=["encoding"], metric="val/loss")
+    assert [sorted([k.path.name, *(d.path.name for d in ds)]) for k, ds in c.duplicates] == [["a", "b"]]
+    assert len(c.runs) == 2

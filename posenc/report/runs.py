@@ -32,7 +32,7 @@ NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mod
 #: only in these are the same experiment (a re-run, a resumed copy) and are counted once
 RUN_SPECIFIC = ("name", "device", "experiment", "logger.", "bench.", "hydra.", "trainer.resume", "trainer.compile",
                 "trainer.log_interval", "trainer.checkpoint_interval")
-RUN_SPECIFIC_WORDS = ("path", "dir", "resume")
+RUN_SPECIFIC_WORDS = {"path", "paths", "dir", "dirs", "resume"}  # words of a key's last part: run_dir, resume_from
 
 
 @dataclass
@@ -148,7 +148,7 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
 
 def is_run_specific(key: str) -> bool:
     return (key in RUN_SPECIFIC or f"{key.split('.')[0]}." in RUN_SPECIFIC
-            or any(word in key.split(".")[-1] for word in RUN_SPECIFIC_WORDS))
+            or not RUN_SPECIFIC_WORDS.isdisjoint(key.split(".")[-1].split("_")))
 
 
 def _status_rank(run: Run) -> int:
