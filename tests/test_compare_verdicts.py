@@ -209,3 +209,14 @@ def test_a_rerun_on_another_device_or_resumed_is_a_duplicate_but_another_lr_is_n
     c = build_comparison(find_runs([root]), by=["encoding"], metric="val/loss")
     assert [sorted([k.path.name, *(d.path.name for d in ds)]) for k, ds in c.duplicates] == [["a", "b"]]
     assert len(c.runs) == 2
+
+
+def test_a_numeric_baseline_matches_however_it_is_typed(tmp_path: Path):
+    root = tmp_path / "bases"
+    for base in (100, 10000):
+        for seed in (0, 1):
+            make_run(root, f"{base}_{seed}", {"name": "rope", "base": base}, seed,
+                     [f"encoding.base={base}", f"seed={seed}"], [3.0, 2.0 + seed / 10 + base / 1e5])
+    for typed in ("10000", "1e4", "10000.0"):
+        c = build_comparison(find_runs([root]), by=None, metric="val/loss", baseline=typed)
+        assert c.baseline.label == "1e4" and list(c.versus) == ["100"]

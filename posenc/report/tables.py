@@ -118,7 +118,7 @@ def baseline_text_table(c: Comparison, compact: bool = False) -> TextTable:
         if g is c.baseline:
             continue
         v = c.versus[g.label]
-        rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.note])
+        rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.verdict])
     direction = "higher" if higher_is_better(c.metric) else "lower"
     return TextTable(f"{c.metric} against {c.baseline.label} ({direction} is better; Welch 95% interval)",
                      [", ".join(c.by) or "group", "seeds", f"{c.metric} [95% interval]",

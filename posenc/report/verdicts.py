@@ -23,8 +23,13 @@ def higher_is_better(metric: str) -> bool:
 
 
 def find_baseline(groups: Sequence[Group], value: str) -> Group:
-    """The group whose label (the --by value, e.g. `rope`) is value; else one error line."""
+    """The group whose label (the --by value, e.g. `rope`) is value, a number as the label
+    writes it (10000 is the group labelled 1e4); else one error line listing the labels."""
     labels = [g.label for g in groups]
+    try:
+        value = value if value in labels else format_value(float(value))
+    except ValueError:
+        pass
     check_choice("--baseline", value, labels)
     return groups[labels.index(value)]
 
@@ -33,11 +38,7 @@ def find_baseline(groups: Sequence[Group], value: str) -> Group:
 class Versus:
     """One group against the baseline: the difference, or why there is none."""
     difference: Difference | None
-    note: str            # the verdict, or why there is no verdict
-
-    @property
-    def verdict(self) -> str:
-        return self.note
+    verdict: str         # better | worse | no detectable difference at this n, or why there is no verdict
 
 
 def versus_baseline(group: Group, baseline: Group, metric: str) -> Versus:
