@@ -33,7 +33,7 @@ def compare(
     paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
     metric: str = typer.Option(None, "--metric", help="the headline metric: plotted against the swept value, "
-                               "compared to --baseline, ranked by --within [default: val/ppl, else val/loss]"),
+                               "compared to --baseline, ranked by --within; default: val/ppl, else val/loss"),
     out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the run or sweep "
                              "directory given (several: outputs/compare/<date>/<time>)"),
     target: list[str] = typer.Option(None, "--target", help="tokens to reach this val/loss in nats (2.5), or this "

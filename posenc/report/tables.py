@@ -49,6 +49,11 @@ INTERVAL = "mean [95% interval over seeds]"
 HALF_WIDTH = "mean ± half-width of the 95% interval over seeds (not the std)"
 
 
+def spread(compact: bool) -> str:
+    """A column header's note on what follows the mean."""
+    return "± 95% half-width" if compact else "[95% interval]"
+
+
 def format_difference(v: Versus, fmt: str) -> str:
     """'+0.0123 [-0.0100, +0.0346]': group minus baseline with Welch's 95% interval."""
     d = v.difference
@@ -104,7 +109,7 @@ def text_tables(c: Comparison, compact: bool = False) -> list[TextTable]:
         rows = [[str(r.rank) if r.rank is not None else "—", r.group.label, runs_cell(r.group),
                  cell(r.stat, c.metric_fmt)] for r in ranked]
         tables.append(TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} [95% interval]"], rows))
+                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}"], rows))
     return tables
 
 
@@ -121,7 +126,7 @@ def baseline_text_table(c: Comparison, compact: bool = False) -> TextTable:
         rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.verdict])
     direction = "higher" if higher_is_better(c.metric) else "lower"
     return TextTable(f"{c.metric} against {c.baseline.label} ({direction} is better; Welch 95% interval)",
-                     [", ".join(c.by) or "group", "seeds", f"{c.metric} [95% interval]",
+                     [", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}",
                       f"difference to {c.baseline.label}", "verdict"], rows)
 
 
