@@ -19,6 +19,7 @@ class TextTable:
     header: list[str]
     rows: list[list[str]]
     best: set[tuple[int, int]] = field(default_factory=set)
+    label_column: int = 0      # the column that names the group (left-aligned, emphasised)
 
 
 @dataclass

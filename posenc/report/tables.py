@@ -109,7 +109,8 @@ def text_tables(c: Comparison, compact: bool = False) -> list[TextTable]:
         rows = [[str(r.rank) if r.rank is not None else "—", r.group.label, runs_cell(r.group),
                  cell(r.stat, c.metric_fmt)] for r in ranked]
         tables.append(TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}"], rows))
+                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}"], rows,
+                                label_column=1))
     return tables
 
 
@@ -133,8 +134,9 @@ def baseline_text_table(c: Comparison, compact: bool = False) -> TextTable:
 def rich_table(t: TextTable) -> Table:
     table = Table(title=t.title, title_justify="left")
     for j, head in enumerate(t.header):
-        table.add_column(head.removeprefix("ppl@"), justify="left" if j == 0 else "right",
-                         style="bold cyan" if j == 0 else None)
+        label = j == t.label_column
+        table.add_column(head.removeprefix("ppl@"), justify="left" if label else "right",
+                         style="bold cyan" if label else None)
     for i, row in enumerate(t.rows):
         table.add_row(*[f"[bold green]{escape(text)}[/]" if (i, j) in t.best else escape(text)
                         for j, text in enumerate(row)])
