@@ -97,7 +97,7 @@ def text_tables(c: Comparison, compact: bool = False) -> list[TextTable]:
         columns = [col for col in c.columns if belongs(col.key)]
         if not columns:
             continue
-        header = [", ".join(c.by) or "group", "seeds", *[col.header for col in columns]]
+        header = [", ".join(c.by) or "group", "n (seeds)", *[col.header for col in columns]]
         rows, best = [], set()
         for i, g in enumerate(c.groups):
             rows.append([g.label, runs_cell(g), *[cell(c.cells[(g.label, col.key)], col.fmt) for col in columns]])
@@ -109,7 +109,7 @@ def text_tables(c: Comparison, compact: bool = False) -> list[TextTable]:
         rows = [[str(r.rank) if r.rank is not None else "—", r.group.label, runs_cell(r.group),
                  cell(r.stat, c.metric_fmt)] for r in ranked]
         tables.append(TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                                ["rank", ", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}"], rows,
+                                ["rank", ", ".join(c.by) or "group", "n (seeds)", f"{c.metric} {spread(compact)}"], rows,
                                 label_column=1))
     return tables
 
@@ -127,7 +127,7 @@ def baseline_text_table(c: Comparison, compact: bool = False) -> TextTable:
         rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.verdict])
     direction = "higher" if higher_is_better(c.metric) else "lower"
     return TextTable(f"{c.metric} against {c.baseline.label} ({direction} is better; Welch 95% interval)",
-                     [", ".join(c.by) or "group", "seeds", f"{c.metric} {spread(compact)}",
+                     [", ".join(c.by) or "group", "n (seeds)", f"{c.metric} {spread(compact)}",
                       f"difference to {c.baseline.label}", "verdict"], rows)
 
 
