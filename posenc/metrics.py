@@ -11,8 +11,13 @@ is ``EXTRAPOLATION_PPL.key(length=512)``.
 Convergence ("rotary converges faster than learned", EleutherAI 2021) is a statement about
 the validation curve loss(tokens); two summary numbers make it comparable across runs:
 
-- ``convergence/tokens_to_loss@x`` (and ``seconds_to_loss@x``): the first evaluation at
-  which val/loss <= x; null when the run never got there.
+- ``convergence/tokens_to_loss@x`` (and ``seconds_to_loss@x``): where val/loss first
+  reaches x, interpolated linearly between the two evaluations that bracket x (the last one
+  above it and the first one at or below it), not the first evaluation past it: with an eval
+  every 50 steps, "first point past" would round every run up to a multiple of 50 steps and
+  hide differences smaller than the eval interval. Null when the run never got there.
+- ``convergence/tokens_to_bpb@x`` (and ``seconds_to_bpb@x``): the same on val/bpb, a target in
+  bits per byte, so one target means the same thing for every tokenizer (`--target 1.2bpb`).
 - ``convergence/val_loss_auc``: the area under loss(tokens) (trapezoid rule) divided by the
   token span it covers, i.e. the token-weighted mean validation loss over training, in
   nats. Lower means the loss came down earlier; runs with the same eval schedule compare
@@ -92,9 +97,13 @@ EXTRAPOLATION_PPL = Metric("extrapolation/ppl@{length}", "", True, "lower",
                            "perplexity at an evaluation length (tokens), the same validation tokens at every length")
 # --- convergence (summary) -----------------------------------------------------------------
 TOKENS_TO_LOSS = Metric("convergence/tokens_to_loss@{target}", "tokens", False, "lower",
-                        "tokens until val/loss first <= target; null: never")
+                        "tokens until val/loss first reaches target (interpolated between evaluations); null: never")
 SECONDS_TO_LOSS = Metric("convergence/seconds_to_loss@{target}", "s", False, "lower",
-                         "seconds of training until val/loss first <= target; null: never")
+                         "seconds of training until val/loss first reaches target (interpolated); null: never")
+TOKENS_TO_BPB = Metric("convergence/tokens_to_bpb@{target}", "tokens", False, "lower",
+                       "tokens until val/bpb first reaches target (interpolated between evaluations); null: never")
+SECONDS_TO_BPB = Metric("convergence/seconds_to_bpb@{target}", "s", False, "lower",
+                        "seconds of training until val/bpb first reaches target (interpolated); null: never")
 VAL_LOSS_AUC = Metric("convergence/val_loss_auc", "nats/token", False, "lower",
                       "area under val/loss(tokens) / token span: the token-weighted mean val/loss")
 # --- the run (summary) ---------------------------------------------------------------------
@@ -107,7 +116,7 @@ TOKENS_SEEN = Metric("tokens", "tokens", False, None, "training tokens seen")
 METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,
     VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL,
-    TOKENS_TO_LOSS, SECONDS_TO_LOSS, VAL_LOSS_AUC,
+    TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, VAL_LOSS_AUC,
     TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN,
 )
 
@@ -122,24 +131,84 @@ def lookup(key: str) -> Metric | None:
 #: steps of the tiny model reach ~1.5-2
 DEFAULT_TARGETS: tuple[float, ...] = (2.5, 2.25, 2.0, 1.75)
 
-Curve = Sequence[tuple[int, float, float | None]]  # (tokens, val/loss, elapsed_s)
+Curve = Sequence[tuple[int, float, float | None]]  # (tokens, value, elapsed_s)
 
 
-def val_curve(rows: Iterable[dict]) -> list[tuple[int, float, float | None]]:
-    """(tokens, val/loss, elapsed_s) of every metrics row that carries a finite val/loss."""
+@dataclass(frozen=True)
+class Target:
+    """A convergence target: a value of val/loss (nats/token) or of val/bpb (bits/byte)."""
+
+    value: float
+    bpb: bool = False
+
+    @property
+    def curve_metric(self) -> Metric:
+        return VAL_BPB if self.bpb else VAL_LOSS
+
+    @property
+    def tokens_key(self) -> str:
+        return (TOKENS_TO_BPB if self.bpb else TOKENS_TO_LOSS).key(target=self.value)
+
+    @property
+    def seconds_key(self) -> str:
+        return (SECONDS_TO_BPB if self.bpb else SECONDS_TO_LOSS).key(target=self.value)
+
+    def __str__(self) -> str:
+        return f"{self.value:g}" + ("bpb" if self.bpb else "")
+
+
+def parse_target(text: str | float | Target) -> Target:
+    """'2.5' -> val/loss 2.5 nats/token; '1.2bpb' -> val/bpb 1.2 bits/byte."""
+    if isinstance(text, Target):
+        return text
+    raw = str(text).strip().lower()
+    bpb = raw.endswith("bpb")
+    try:
+        value = float(raw.removesuffix("bpb").strip())
+    except ValueError:
+        raise ValueError(f"target {text!r} is not a number — give val/loss in nats (2.5) or val/bpb "
+                         f"with a bpb suffix (1.2bpb)") from None
+    return Target(value, bpb)
+
+
+def target_of(key: str) -> Target | None:
+    """The target a tokens-to key was computed for, or None for any other key."""
+    for family, bpb in ((TOKENS_TO_LOSS, False), (TOKENS_TO_BPB, True)):
+        if (m := family.match(key)) is not None:
+            return Target(float(m["target"]), bpb)
+    return None
+
+
+def val_curve(rows: Iterable[dict], metric: str = VAL_LOSS.name) -> list[tuple[int, float, float | None]]:
+    """(tokens, value, elapsed_s) of every metrics row that carries a finite value of metric."""
     curve = []
     for row in rows:
-        loss = row.get(VAL_LOSS.name)
-        if loss is not None and loss == loss:
-            curve.append((int(row[TOKENS]), float(loss), row.get(ELAPSED.name)))
+        value = row.get(metric)
+        if value is not None and value == value:
+            curve.append((int(row[TOKENS]), float(value), row.get(ELAPSED.name)))
     return sorted(curve, key=lambda point: point[0])
 
 
-def first_reaching(curve: Curve, target: float) -> tuple[int, float | None] | None:
-    """(tokens, seconds) of the first evaluation with loss <= target, or None."""
-    for tokens, loss, seconds in curve:
-        if loss <= target:
-            return tokens, seconds
+def _lerp(x0: float, x1: float, fraction: float) -> float:
+    return x0 + fraction * (x1 - x0)
+
+
+def first_reaching(curve: Curve, target: float) -> tuple[float, float | None] | None:
+    """(tokens, seconds) at which the curve first reaches target, or None if it never does.
+
+    With (t₀, l₀) the last evaluation above the target and (t₁, l₁) the first at or below it,
+    tokens = t₀ + (l₀ - target)/(l₀ - l₁) · (t₁ - t₀), the crossing of the straight line
+    between them (seconds likewise). Already at or below at the first evaluation: that point.
+    """
+    for i, (tokens, value, seconds) in enumerate(curve):
+        if value > target:
+            continue
+        if i == 0:
+            return float(tokens), seconds
+        t0, v0, s0 = curve[i - 1]
+        fraction = (v0 - target) / (v0 - value)  # v0 > target >= value, so 0 < fraction <= 1
+        at_seconds = _lerp(s0, seconds, fraction) if s0 is not None and seconds is not None else seconds
+        return _lerp(t0, tokens, fraction), at_seconds
     return None
 
 
@@ -154,15 +223,18 @@ def loss_auc(curve: Curve) -> float | None:
     return area / (curve[-1][0] - curve[0][0])
 
 
-def convergence_metrics(rows: Iterable[dict], targets: Sequence[float] | None = None) -> dict[str, float | int | None]:
-    """The convergence/* summary keys from a run's metrics rows (see module docstring)."""
-    curve = val_curve(rows)
+def convergence_metrics(rows: Iterable[dict], targets: Sequence[float | str | Target] | None = None
+                        ) -> dict[str, float | int | None]:
+    """The convergence/* summary keys from a run's metrics rows (see module docstring); a
+    target is a val/loss value, or a val/bpb one ('1.2bpb' or a Target)."""
+    rows = list(rows)
+    curves = {m: val_curve(rows, m) for m in (VAL_LOSS.name, VAL_BPB.name)}
     out: dict[str, float | int | None] = {}
-    for target in targets if targets is not None else DEFAULT_TARGETS:
-        reached = first_reaching(curve, float(target))
-        out[TOKENS_TO_LOSS.key(target=float(target))] = reached[0] if reached else None
-        out[SECONDS_TO_LOSS.key(target=float(target))] = reached[1] if reached else None
-    out[VAL_LOSS_AUC.name] = loss_auc(curve)
+    for target in (parse_target(t) for t in (targets if targets is not None else DEFAULT_TARGETS)):
+        reached = first_reaching(curves[target.curve_metric.name], target.value)
+        out[target.tokens_key] = round(reached[0]) if reached else None  # a token count
+        out[target.seconds_key] = reached[1] if reached else None
+    out[VAL_LOSS_AUC.name] = loss_auc(curves[VAL_LOSS.name])
     return out
 
 

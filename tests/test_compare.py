@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -18,15 +19,16 @@ from conftest import run_cli
 
 
 def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[str], val_losses: list[float] | None,
-             status: str | None = "completed", extra: dict | None = None) -> Path:
-    """A run directory as posenc writes it: .hydra/, metrics.jsonl, summary.json."""
+             status: str | None = "completed", extra: dict | None = None, config: dict | None = None) -> Path:
+    """A run directory as posenc writes it: .hydra/, metrics.jsonl, summary.json. val/bpb is
+    val/loss / ln 2 / 4 (4 bytes per token); config entries are merged into the composed config."""
     run = root / name
     (run / ".hydra").mkdir(parents=True)
-    config = {"seed": seed, "encoding": encoding, "trainer": {"seq_len": 32}}
-    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(config))
+    composed = {"seed": seed, "encoding": encoding, "trainer": {"seq_len": 32}, **(config or {})}
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump(composed))
     (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(overrides))
-    rows = [{"step": 10 * (i + 1), "tokens": 1000 * (i + 1), "val/loss": v, "elapsed_s": float(i + 1)}
-            for i, v in enumerate(val_losses or [])]
+    rows = [{"step": 10 * (i + 1), "tokens": 1000 * (i + 1), "val/loss": v, "val/bpb": v / math.log(2) / 4,
+             "elapsed_s": float(i + 1)} for i, v in enumerate(val_losses or [])]
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if status == "completed":
         summary = {"status": "completed", "val/loss": rows[-1]["val/loss"], "tokens_per_s": 1000.0,
@@ -70,8 +72,9 @@ def test_dead_and_unfinished_runs_are_listed_not_averaged(sweep: Path, tmp_path:
     assert "5_learned: failed — loss is nan at step 30" in result.stdout
     assert "6_learned: unfinished" in result.stdout
     report = (sweep / "report.md").read_text()
-    assert "| learned | 2 (+1 failed, +1 unfinished) |" in report
-    assert "3.1000 ± 0.1414" in report and "**2.2000 ± 0.2000**" in report
+    assert "| learned | 2 (0,1; +1 failed, +1 unfinished) |" in report
+    # mean [95% t-interval]: 2.2 ± t(0.975, 2)·0.2/√3 = 2.2 ± 0.4968
+    assert "3.1000 [1.8294, 4.3706]" in report and "**2.2000 [1.7032, 2.6968]**" in report
     assert "5_learned: failed" in report and "6_learned: unfinished" in report
     html = (sweep / "report.html").read_text()
     assert html.count("data:image/png;base64,") == 3  # self-contained: no file links
@@ -92,13 +95,17 @@ def test_a_path_that_does_not_exist_is_one_error_line(tmp_path: Path):
     assert result.stderr.strip().startswith("error:") and "Traceback" not in result.stderr
 
 
-def test_tokens_to_loss_is_the_first_evaluation_at_or_below_the_target():
+def test_tokens_to_loss_interpolates_between_the_evaluations_that_bracket_the_target():
     rows = [{"tokens": 100, "val/loss": 3.0, "elapsed_s": 1.0}, {"tokens": 150, "train/loss": 1.0},
             {"tokens": 200, "val/loss": 2.4, "elapsed_s": 2.0}, {"tokens": 300, "val/loss": 2.6, "elapsed_s": 3.0},
             {"tokens": 400, "val/loss": 1.9, "elapsed_s": 4.0}]
-    m = convergence_metrics(rows, [2.5, 2.0, 1.5])
-    assert m["convergence/tokens_to_loss@2.5"] == 200 and m["convergence/seconds_to_loss@2.5"] == 2.0
-    assert m["convergence/tokens_to_loss@2"] == 400
+    m = convergence_metrics(rows, [2.5, 2.0, 1.5, 3.5])
+    # 3.0 at 100 and 2.4 at 200: the line between them crosses 2.5 at 100 + 100·0.5/0.6
+    assert m["convergence/tokens_to_loss@2.5"] == round(100 + 100 * 0.5 / 0.6) == 183
+    assert m["convergence/seconds_to_loss@2.5"] == pytest.approx(1 + 0.5 / 0.6)
+    # the first crossing of 2.0 is between 2.6 at 300 and 1.9 at 400 (the 200-point is above 2.0)
+    assert m["convergence/tokens_to_loss@2"] == round(300 + 100 * 0.6 / 0.7)
+    assert m["convergence/tokens_to_loss@3.5"] == 100  # already there at the first evaluation
     assert m["convergence/tokens_to_loss@1.5"] is None  # never reached: null, not the budget
 
 

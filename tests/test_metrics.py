@@ -17,6 +17,7 @@ EXPECTED = {
     "train/mfu": "higher", "val/loss": "lower", "val/ppl": "lower", "val/bpb": "lower",
     "extrapolation/ppl@512": "lower", "convergence/tokens_to_loss@2.5": "lower",
     "convergence/seconds_to_loss@2": "lower", "convergence/val_loss_auc": "lower", "tokens_per_s": "higher",
+    "convergence/tokens_to_bpb@1.2": "lower", "convergence/seconds_to_bpb@1": "lower",
 }
 
 
@@ -53,3 +54,22 @@ def test_wandb_keeps_the_best_and_the_last_validation_loss(tmp_path: Path, monke
     assert summary["train/tokens_per_s"] == {"last": 300.0, "max": 300.0}
     assert summary["params"] == 7 and summary["status"] == "completed"
     assert json.loads((tmp_path / "summary.json").read_text())["val/loss"] == 2.5  # the file keeps the final value
+
+
+def test_a_target_is_nats_of_val_loss_or_bits_per_byte_with_a_bpb_suffix():
+    assert M.parse_target("2.5") == M.Target(2.5) and M.parse_target(2.0).tokens_key == "convergence/tokens_to_loss@2"
+    bpb = M.parse_target("1.2bpb")
+    assert bpb.bpb and bpb.curve_metric is M.VAL_BPB and bpb.tokens_key == "convergence/tokens_to_bpb@1.2"
+    assert M.target_of(bpb.tokens_key) == bpb and M.target_of("val/loss") is None
+    with pytest.raises(ValueError, match="bpb suffix"):
+        M.parse_target("1.2 bits")
+
+
+def test_a_bpb_target_is_read_from_val_bpb_so_tokenizers_compare():
+    # two tokenizers, one byte-level (1 byte/token), one with 4 bytes/token: the same bits per
+    # byte curve is a val/loss curve 4× higher for the second, yet reaches 1.0 bpb at the same point
+    bpb = [(100, 1.5), (200, 1.1), (300, 0.9)]
+    for bytes_per_token in (1, 4):
+        rows = [{"tokens": t, "val/loss": b * 0.6931471805599453 * bytes_per_token, "val/bpb": b} for t, b in bpb]
+        m = M.convergence_metrics(rows, ["1bpb"])
+        assert m["convergence/tokens_to_bpb@1"] == 250  # halfway between 1.1 at 200 and 0.9 at 300

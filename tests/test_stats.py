@@ -67,3 +67,8 @@ def test_fixed_and_varied():
     fixed, varied = fixed_and_varied(runs)
     assert fixed == {"trainer.lr": 1e-3}
     assert varied == {"encoding.base": ["10000", "<absent>"], "encoding.name": ["alibi", "rope"], "seed": ["0", "1"]}
+
+
+def test_varied_values_are_listed_in_numeric_order():
+    runs = [{"encoding": {"base": b}} for b in (500000.0, 100.0, 10000.0, 1000.0)]
+    assert fixed_and_varied(runs)[1] == {"encoding.base": ["100.0", "1000.0", "10000.0", "500000.0"]}

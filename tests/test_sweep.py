@@ -39,7 +39,7 @@ def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Pa
         assert name in result.stdout
     for produced in ("report.md", "report.html", "convergence.png", "final_val_ppl.png", "tokens_to_loss.png"):
         assert (sweep / produced).stat().st_size > 0
-    assert "| encoding | runs | val/loss |" in (sweep / "report.md").read_text()
+    assert "| encoding | n (seeds) | val/loss |" in (sweep / "report.md").read_text()
 
 
 def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path):
@@ -69,7 +69,7 @@ def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path)
     result = run_cli("compare", str(sweep), "--by", "encoding.base", "--out", str(out), cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     report = (out / "report.md").read_text()
-    assert "| encoding.base | runs |" in report and "| 100 | 1 |" in report and "| 1e4 | 1 |" in report
+    assert "| encoding.base | n (seeds) |" in report and "| 100 | 1 (0) |" in report and "| 1e4 | 1 (0) |" in report
 
 
 def test_every_job_of_a_sweep_shares_one_wandb_group_and_sweeps_differ():

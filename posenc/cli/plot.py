@@ -22,19 +22,27 @@ def default_out(paths: list[Path], name: str) -> Path:
     return (paths[0] if len(paths) == 1 and paths[0].is_dir() else PLOTS_DIR) / name
 
 
+def png_path(out: Path | None, default: Path) -> Path:
+    """--out as given: a file name with a suffix (fig.png) is the file; anything else is a
+    directory (as compare's --out is) that gets the default file name inside it."""
+    if out is None:
+        return default
+    return out if out.suffix and not out.is_dir() else out / default.name
+
+
 @plot_app.command()
 def decay(
     bases: list[float] = typer.Option([500.0, 10000.0, 500000.0], "--base", help="RoPE base (repeat for several)"),
     head_dim: int = typer.Option(128, help="head dimension d (RoFormer's figure: 128)"),
     max_distance: int = typer.Option(256, help="largest relative distance on the x-axis"),
-    out: Path = typer.Option(None, help=f"PNG to write [default: {PLOTS_DIR / 'rope_decay.png'}]"),
+    out: Path = typer.Option(None, help=f"PNG file (x.png) or a directory to write into [default: {PLOTS_DIR / 'rope_decay.png'}]"),
 ) -> None:
     """RoFormer §3.4.3: the upper bound of the relative score against distance, per base."""
     from posenc.report.plots_length import plot_decay
 
     if head_dim < 2 or head_dim % 2 or max_distance < 1 or any(b <= 1 for b in bases):
         fail("--head-dim must be even and >= 2, --max-distance >= 1, every --base > 1")
-    out = out or PLOTS_DIR / "rope_decay.png"
+    out = png_path(out, PLOTS_DIR / "rope_decay.png")
     out.parent.mkdir(parents=True, exist_ok=True)
     path = run_guarded(lambda: plot_decay(bases, head_dim, max_distance, out), debug=False)
     console.print(f"wrote [bold]{path}[/]")
@@ -43,7 +51,7 @@ def decay(
 @plot_app.command()
 def extrapolation(
     paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (as for `posenc compare`)"),
-    out: Path = typer.Option(None, help="PNG to write [default: extrapolation.png in the one directory given, "
+    out: Path = typer.Option(None, help="PNG file (x.png) or a directory to write into [default: extrapolation.png in the one directory given, "
                                         f"else {PLOTS_DIR}/]"),
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
@@ -52,7 +60,7 @@ def extrapolation(
 
     def plot() -> Path:
         groups = extrapolation_groups(paths)  # refuses missing paths before anything is written
-        target = out or default_out(paths, "extrapolation.png")
+        target = png_path(out, default_out(paths, "extrapolation.png"))
         target.parent.mkdir(parents=True, exist_ok=True)
         return plot_extrapolation(groups, target)
 

@@ -32,15 +32,22 @@ def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
 def compare(
     paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
-    metric: str = typer.Option("val/ppl", "--metric", help="the metric plotted against the swept value"),
-    out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the sweep directory"),
-    target: list[float] = typer.Option(None, "--target", help="val/loss for tokens-to-loss (repeatable); default: the runs' own"),
+    metric: str = typer.Option(None, "--metric", help="the headline metric: plotted against the swept value, "
+                               "compared to --baseline, ranked by --within; default: val/ppl, else val/loss"),
+    out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the run or sweep "
+                             "directory given (several: outputs/compare/<date>/<time>)"),
+    target: list[str] = typer.Option(None, "--target", help="tokens to reach this val/loss in nats (2.5), or this "
+                                     "val/bpb with a bpb suffix (1.2bpb: any tokenizer); repeatable; default: the runs' own"),
+    baseline: str = typer.Option(None, "--baseline", help="a group (its --by value, e.g. rope): every other group's "
+                                 "difference to it on --metric, with a 95% interval and a verdict"),
+    within: str = typer.Option(None, "--within", help="rank the groups separately for each value of this key "
+                               "(e.g. model.flavor): does the ranking hold?"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """Compare runs: a table (mean ± std over seeds), PNG plots, report.md and report.html."""
+    """Compare runs: tables (mean and 95% interval over seeds), PNG plots, report.md and report.html."""
     from posenc.report.compare import compare as compare_runs
 
-    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console), debug)
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within), debug)
 
 
 def register(app: typer.Typer) -> None:

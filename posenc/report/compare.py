@@ -2,27 +2,34 @@
 
 Fully offline: everything is read from the run directories (no W&B). Groups are the
 combinations of the swept keys (auto-detected from the runs' overrides, or --by); seeds are
-aggregated as mean ± sample std. Failed and unfinished runs are listed, never averaged in.
+aggregated as the mean with its 95% t-interval. Failed and unfinished runs are listed, never
+averaged in; a (config, seed) run twice is counted once. --baseline adds each group's
+difference to one group with a verdict; --within ranks the groups per value of another key.
+A mistaken --by, --metric, --baseline or --within is refused before anything is written.
 """
 
 from __future__ import annotations
 
-import base64
-import html
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from rich.console import Console
-from rich.table import Table
+from rich.markup import escape
 
-from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TOKENS_PER_S, TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS,
-                            VAL_LOSS_AUC, VAL_PPL, convergence_metrics, lookup)
+from posenc.errors import UserError
+from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TOKENS_PER_S, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
+                            VAL_PPL, Target, convergence_metrics, lookup, parse_target, target_of)
+from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
 from posenc.report.plots_length import plot_extrapolation
-from posenc.report.runs import Group, Run, Stat, aggregate, find_runs, group_runs, varying_keys
+from posenc.report.runs import (Group, Run, Stat, aggregate, check_choice, deduplicate, find_runs, format_value,
+                                group_keys, group_runs, varying_keys)
+from posenc.report.setup import describe, describe_varied, setup_line, setup_split
+from posenc.report.tables import rich_table, text_tables
+from posenc.report.verdicts import Ranked, Versus, baseline_table, find_baseline, rank_within, same_order
 from posenc.rundir import read_sweep
 
 
@@ -48,17 +55,29 @@ BASE_COLUMNS = [
 RATE_COLUMN = Column(TOKENS_PER_S.name, "tokens/s", "rate")
 
 
-def convergence_targets(runs: Sequence[Run], asked: Sequence[float] | None) -> list[float]:
-    """--target values, else the targets the runs were trained with, else the defaults."""
-    found = {float(m["target"]) for r in runs if r.ok for k in r.summary if (m := TOKENS_TO_LOSS.match(k))}
-    return sorted(asked or found or DEFAULT_TARGETS, reverse=True)
+def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:
+    """--target values (2.5: val/loss; 1.2bpb: val/bpb), else the targets the runs were
+    trained with, else the defaults; val/loss targets first, each kind highest first."""
+    try:
+        wanted = [parse_target(t) for t in asked or []]
+    except ValueError as e:
+        raise UserError(f"--target: {e}") from None
+    found = {t for r in runs if r.ok for k in r.summary if (t := target_of(k)) is not None}
+    chosen = set(wanted or found or [Target(t) for t in DEFAULT_TARGETS])
+    return sorted(chosen, key=lambda t: (t.bpb, -t.value))
 
 
-def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[float]) -> list[Column]:
+def metric_keys(runs: Sequence[Run]) -> list[str]:
+    """The summary keys --metric accepts: numbers (or null: never reached) in a finished run."""
+    return sorted({k for r in runs if r.ok for k, v in r.summary.items()
+                   if v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))})
+
+
+def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[Target]) -> list[Column]:
     """The table's columns: quality, convergence (one per target), extrapolation, speed."""
     keys = {k for r in runs if r.ok for k in r.summary}
     cols = [c for c in BASE_COLUMNS if c.key in keys]
-    cols += [Column(TOKENS_TO_LOSS.key(target=t), f"→{t:g}", "tokens") for t in targets]
+    cols += [Column(t.tokens_key, f"→{t}", "tokens") for t in targets]
     cols += [Column(k, f"ppl@{EXTRAPOLATION_PPL.match(k)['length']}", "ppl")
              for k in sorted(keys, key=_length_order) if EXTRAPOLATION_PPL.match(k)]
     if metric not in {c.key for c in cols} and metric in keys:
@@ -73,52 +92,64 @@ def _length_order(key: str) -> tuple:
     return (key.split("@")[0], int(digits[-1]) if digits else 0)
 
 
-def format_number(value: float, fmt: str) -> str:
-    if fmt == "tokens":
-        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g}{unit}"
-        return f"{value:.0f}"
-    if fmt == "rate":
-        return f"{value:,.0f}"
-    if fmt == "ppl":
-        return f"{value:.3f}"
-    return f"{value:.4f}"
-
-
-def format_stat(stat: Stat, fmt: str, sep: str = " ± ") -> str:
-    if stat.mean is None:
-        return "—" if stat.reached == 0 else f"{stat.reached}/{stat.n} seeds"
-    text = format_number(stat.mean, fmt)
-    return text if stat.n < 2 else f"{text}{sep}{format_number(stat.std, fmt)}"
-
-
 @dataclass
 class Comparison:
     by: list[str]
     groups: list[Group]
     columns: list[Column]
-    targets: list[float]
+    targets: list[Target]
     cells: dict[tuple[str, str], Stat]   # (group label, column key) -> stat
     best: dict[str, float]               # column key -> best mean
+    metric: str = VAL_PPL.name           # the headline metric: plotted, compared to the baseline, ranked
+    runs: list[Run] = field(default_factory=list)
+    duplicates: list[tuple[Run, list[Run]]] = field(default_factory=list)   # (kept, dropped)
+    fixed: dict = field(default_factory=dict)      # config key -> the value every run shared
+    varied: dict = field(default_factory=dict)     # config key -> its distinct values
+    baseline: Group | None = None
+    versus: dict[str, Versus] = field(default_factory=dict)           # group label -> against the baseline
+    within: str | None = None
+    rankings: dict[str, list[Ranked]] = field(default_factory=dict)   # within-value -> ranked groups
 
     @property
     def failed(self) -> list[Run]:
         return [r for g in self.groups for r in g.failed]
 
+    @property
+    def metric_fmt(self) -> str:
+        return next((col.fmt for col in self.columns if col.key == self.metric), "loss")
 
-def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str,
-                     targets: Sequence[float] | None = None) -> Comparison:
-    by = list(by) if by else varying_keys(runs)
-    groups = group_runs(runs, by)
+
+def default_metric(runs: Sequence[Run]) -> str:
+    """val/ppl, else val/loss, else the first numeric summary key: a comparison always has one."""
+    keys = metric_keys(runs)
+    return next((m for m in (VAL_PPL.name, VAL_LOSS.name) if m in keys), keys[0] if keys else VAL_PPL.name)
+
+
+def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str | None = None,
+                     targets: Sequence[float | str] | None = None, baseline: str | None = None,
+                     within: str | None = None) -> Comparison:
+    """The whole comparison, computed before anything is written, so a mistaken option is
+    refused (UserError naming the valid choices) with nothing on disk."""
+    runs, duplicates = deduplicate(runs)
+    valid = group_keys(runs)
+    for key in (by or []):
+        check_choice("--by key", key, valid)
+    if within is not None:
+        check_choice("--within key", within, valid)
+    by = list(by) if by else [k for k in varying_keys(runs) if k != within]
     targets = convergence_targets(runs, targets)
     for run in runs:
         # convergence is the run's own (summary.json); targets it was not trained with come from
         # its metrics.jsonl through the same function
-        missing = [t for t in targets if TOKENS_TO_LOSS.key(target=t) not in (run.summary or {})]
+        missing = [t for t in targets if t.tokens_key not in (run.summary or {})]
         if run.ok and (missing or VAL_LOSS_AUC.name not in run.summary):
             for key, value in convergence_metrics(run.rows, missing).items():
                 run.summary.setdefault(key, value)
+    if metric is None:
+        metric = default_metric(runs)
+    else:
+        check_choice("--metric", metric, metric_keys(runs))
+    groups = group_runs(runs, by)
     columns = columns_for(runs, metric, targets)
     cells, best = {}, {}
     for col in columns:
@@ -128,59 +159,14 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str,
             if stat.mean is not None:
                 better = min if col.lower_is_better else max
                 best[col.key] = better(best.get(col.key, stat.mean), stat.mean)
-    return Comparison(by, groups, columns, targets, cells, best)
-
-
-def runs_cell(group: Group) -> str:
-    """Completed seeds, and how many were left out: `2 (+1 failed, +1 unfinished)`."""
-    left_out = [f"+{sum(r.status == s for r in group.failed)} {s}" for s in ("failed", "unfinished")
-                if any(r.status == s for r in group.failed)]
-    return f"{len(group.completed)}" + (f" ({', '.join(left_out)})" if left_out else "")
-
-
-def is_best(c: Comparison, g: Group, col: Column) -> bool:
-    stat = c.cells[(g.label, col.key)]
-    return stat.mean is not None and stat.mean == c.best.get(col.key) and len(c.groups) > 1
-
-
-#: the terminal shows one table per family of columns, so each fits a terminal's width
-FAMILIES = (
-    ("quality", lambda key: not (TOKENS_TO_LOSS.match(key) or EXTRAPOLATION_PPL.match(key)) and key != RATE_COLUMN.key),
-    ("tokens to reach val/loss", lambda key: TOKENS_TO_LOSS.match(key) is not None),
-    ("perplexity at evaluation length (tokens)", lambda key: EXTRAPOLATION_PPL.match(key) is not None),
-    ("cost", lambda key: key == RATE_COLUMN.key),
-)
-
-
-def rich_tables(c: Comparison) -> list[Table]:
-    """The comparison as rich tables, one per column family (quality, convergence,
-    extrapolation, cost), each with the group and runs columns; best value per column green."""
-    tables = []
-    for family, belongs in FAMILIES:
-        columns = [col for col in c.columns if belongs(col.key)]
-        if not columns:
-            continue
-        table = Table(title=family, title_justify="left")
-        table.add_column(", ".join(c.by) or "group", style="bold cyan")
-        table.add_column("runs", justify="right")
-        for col in columns:
-            table.add_column(col.header.removeprefix("ppl@"), justify="right")
-        for g in c.groups:
-            cells = [format_stat(c.cells[(g.label, col.key)], col.fmt) for col in columns]
-            cells = [f"[bold green]{text}[/]" if is_best(c, g, col) else text for text, col in zip(cells, columns)]
-            table.add_row(g.label, runs_cell(g), *cells)
-        tables.append(table)
-    return tables
-
-
-def markdown_table(c: Comparison) -> str:
-    header = [", ".join(c.by) or "group", "runs", *[col.header for col in c.columns]]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for g in c.groups:
-        cells = [format_stat(c.cells[(g.label, col.key)], col.fmt) for col in c.columns]
-        cells = [f"**{text}**" if is_best(c, g, col) else text for text, col in zip(cells, c.columns)]
-        lines.append("| " + " | ".join([g.label, runs_cell(g), *cells]) + " |")
-    return "\n".join(lines)
+    fixed, varied = setup_split(runs)
+    c = Comparison(by, groups, columns, targets, cells, best, metric, list(runs), duplicates, fixed, varied)
+    if baseline is not None:
+        c.baseline = find_baseline(groups, baseline)
+        c.versus = baseline_table(groups, c.baseline, metric)
+    if within is not None:
+        c.within, c.rankings = within, rank_within(runs, by, within, metric)
+    return c
 
 
 def failed_lines(c: Comparison, root: Path) -> list[str]:
@@ -191,6 +177,12 @@ def failed_lines(c: Comparison, root: Path) -> list[str]:
     return out
 
 
+def duplicate_lines(c: Comparison, root: Path) -> list[str]:
+    return [f"duplicate runs (same config, seed {format_value(kept.seed)}): "
+            f"{', '.join(_relative(r.path, root) for r in [kept, *dropped])} — counted once, keeping "
+            f"{_relative(kept.path, root)}" for kept, dropped in c.duplicates]
+
+
 def _relative(path: Path, root: Path) -> str:
     try:
         return str(path.resolve().relative_to(root.resolve()))
@@ -199,80 +191,64 @@ def _relative(path: Path, root: Path) -> str:
 
 
 def default_out(paths: Sequence[Path]) -> Path:
-    """One sweep (or folder) given: write there. Several paths, or one run: a new folder."""
-    if len(paths) == 1 and not (Path(paths[0]) / ".hydra").is_dir():
+    """One run or sweep (or folder) given: write there, next to its data. Several: a new folder."""
+    if len(paths) == 1:
         return Path(paths[0])
     return Path("outputs") / "compare" / time.strftime("%Y-%m-%d/%H-%M-%S")
 
 
-def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str = VAL_PPL.name,
-            out: Path | None = None, targets: Sequence[float] | None = None, console: Console | None = None) -> Path:
-    """Compare the runs under paths; print the table; write plots and reports into out."""
+def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str | None = None,
+            out: Path | None = None, targets: Sequence[float | str] | None = None, console: Console | None = None,
+            baseline: str | None = None, within: str | None = None) -> Path:
+    """Compare the runs under paths; print the tables; write plots and reports into out."""
     console = console or Console()
     runs = find_runs(paths)
-    c = build_comparison(runs, by, metric, targets)
+    c = build_comparison(runs, by, metric, targets, baseline, within)  # refuses mistakes: nothing written yet
     out = Path(out) if out else default_out(paths)
     out.mkdir(parents=True, exist_ok=True)
     sweep = read_sweep(Path(paths[0])) if len(paths) == 1 else None
-    title = f"{sweep['name'] if sweep else 'comparison'}: {len(runs)} runs"
+    title = f"{sweep['name'] if sweep else 'comparison'}: {len(c.runs)} runs"
     by_text = ", ".join(c.by) or "nothing varies"
+    setup = setup_line(c.runs)
 
-    console.print(f"[bold]{title}[/], grouped by {by_text} (mean ± std over seeds)", highlight=False)
-    for table in rich_tables(c):
-        console.print(table)
+    for line in duplicate_lines(c, out):
+        console.print(f"[bold yellow]warning:[/] {escape(line)}", highlight=False)
+    console.print(f"[bold]{escape(title)}[/], grouped by {escape(by_text)} · {escape(setup)}", highlight=False)
+    console.print(f"[dim]varied:[/] {escape(describe_varied(c.varied) or 'nothing')}", highlight=False)
+    console.print(f"[dim]held fixed:[/] {escape(describe(c.fixed) or 'nothing')}", highlight=False)
+    for table in text_tables(c, compact=True):
+        console.print(rich_table(table))
     failed = failed_lines(c, out)
     for line in failed:
-        console.print(f"[bold red]not averaged in:[/] {line}", highlight=False)
+        console.print(f"[bold red]not averaged in:[/] {escape(line)}", highlight=False)
+    if c.rankings:
+        holds = same_order(c.rankings)
+        console.print(f"ranking by {c.metric} across {c.within}: "
+                      + ("[green]the same order for every value[/]" if holds else "[yellow]the order changes[/]"))
 
     plots = [
-        plot_convergence(c.groups, out / "convergence.png", f"Validation loss, {title}", c.targets),
-        plot_final(c.groups, c.by, metric, out / f"final_{re.sub(r'[^A-Za-z0-9@.]+', '_', metric)}.png",
-                   f"Final {metric} by {by_text}"),
-        plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a validation loss"),
+        plot_convergence(c.groups, out / "convergence.png", f"Validation loss, {title}", c.targets, setup),
+        plot_final(c.groups, c.by, c.metric, out / f"final_{re.sub(r'[^A-Za-z0-9@.]+', '_', c.metric)}.png",
+                   f"Final {c.metric} by {by_text}", setup),
+        plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a target", setup),
     ]
     if any(EXTRAPOLATION_PPL.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
-        plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}"))
-    write_markdown(out / "report.md", c, title, sweep, failed, plots)
-    write_html(out / "report.html", c, title, sweep, failed, plots)
+        plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}", setup))
+    notes = [NOTES] + ([f"ranking by {c.metric} across {c.within}: "
+                        + ("the same order for every value" if same_order(c.rankings) else "the order changes")]
+                       if c.rankings else [])
+    doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed), text_tables(c), notes, failed,
+                   duplicate_lines(c, out), plots)
+    write_markdown(out / "report.md", doc)
+    write_html(out / "report.html", doc)
     console.print(f"report: [bold]{out / 'report.html'}[/] (and report.md, {', '.join(p.name for p in plots)})")
     return out
 
 
-NOTES = ("Mean ± sample std (n−1) over seeds. Best value per column in bold. "
-         "→x: tokens until val/loss first ≤ x (—: never; k/n seeds: only k got there, so no mean). "
-         "AUC: area under val/loss(tokens) / token span = token-weighted mean val/loss (lower = faster).")
-
-
-def write_markdown(path: Path, c: Comparison, title: str, sweep: dict | None, failed: list[str], plots: list[Path]) -> None:
-    parts = [f"# {title}", ""]
-    if sweep:
-        parts += [f"Command: `{sweep['command']}` (started {sweep['started']})", ""]
-    parts += [markdown_table(c), "", NOTES, ""]
-    if failed:
-        parts += ["## Failed or unfinished (not averaged in)", "", *[f"- {line}" for line in failed], ""]
-    parts += [f"![{p.stem}]({p.name})" for p in plots]
-    path.write_text("\n".join(parts) + "\n")
-
-
-def write_html(path: Path, c: Comparison, title: str, sweep: dict | None, failed: list[str], plots: list[Path]) -> None:
-    """One self-contained file: the PNGs are embedded as base64, so it can be mailed or attached."""
-    head = ["<th>" + html.escape(h) + "</th>" for h in [", ".join(c.by) or "group", "runs", *[col.header for col in c.columns]]]
-    rows = []
-    for g in c.groups:
-        cells = [html.escape(format_stat(c.cells[(g.label, col.key)], col.fmt)) for col in c.columns]
-        cells = [f"<b>{t}</b>" if is_best(c, g, col) else t for t, col in zip(cells, c.columns)]
-        rows.append("<tr>" + "".join(f"<td>{t}</td>" for t in [html.escape(g.label), runs_cell(g), *cells]) + "</tr>")
-    images = [f'<img alt="{p.stem}" src="data:image/png;base64,{base64.b64encode(p.read_bytes()).decode()}">' for p in plots]
-    body = [f"<h1>{html.escape(title)}</h1>"]
-    if sweep:
-        body.append(f"<p>Command: <code>{html.escape(sweep['command'])}</code> (started {html.escape(sweep['started'])})</p>")
-    body += [f"<table><tr>{''.join(head)}</tr>{''.join(rows)}</table>", f"<p class=note>{html.escape(NOTES)}</p>"]
-    if failed:
-        body += ["<h2>Failed or unfinished (not averaged in)</h2><ul>",
-                 *[f"<li>{html.escape(line)}</li>" for line in failed], "</ul>"]
-    body += images
-    style = ("body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-             "td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}td:first-child{text-align:left}"
-             "img{max-width:100%;display:block;margin:1em 0}.note{color:#555;font-size:90%}")
-    path.write_text(f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title>"
-                    f"<style>{style}</style></head><body>{''.join(body)}</body></html>\n")
+NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one seed: the value alone, "
+         "no interval). Best mean per column in bold. "
+         "→x: tokens until val/loss reaches x (→xbpb: val/bpb reaches x bits/byte), interpolated between the two "
+         "evaluations that bracket x (—: never; k/n seeds: only k got there, so no mean). "
+         "AUC: area under val/loss(tokens) / token span = token-weighted mean val/loss (lower = faster). "
+         "Against a baseline: group − baseline with Welch's 95% interval; 'better'/'worse' only when the interval "
+         "excludes 0.")

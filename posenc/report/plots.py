@@ -1,7 +1,9 @@
 """The comparison's figures, as PNG files (matplotlib, Agg: no display needed).
 
-Every figure has labelled axes with units and a legend; a group's line is the mean over its
-completed seeds and the shaded band (or error bar) is ±1 sample std.
+Every figure has labelled axes with units, a legend outside the axes (it never covers a line),
+a title that states the setup (model, T, tokens, seeds), and one look per group that is the
+same in every figure (report/style.py). A group's line is the mean over its completed seeds;
+the band (or error bar) is the 95% t-interval of that mean.
 """
 
 from __future__ import annotations
@@ -16,15 +18,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from posenc.metrics import TOKENS, TOKENS_TO_LOSS, VAL_LOSS, lookup  # noqa: E402
+from posenc.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, aggregate, format_value  # noqa: E402
+from posenc.report.stats import t_quantile  # noqa: E402
+from posenc.report.style import styles_for  # noqa: E402
 
-DPI = 110
+DPI = 150
+BAND = "mean, 95% interval over seeds"
 
 
-def mean_curve(group: Group, metric: str = VAL_LOSS.name) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(tokens, mean, std) of a metric over the group's completed seeds, at the token
-    counts every seed evaluated (same eval schedule = same points)."""
+def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(tokens, mean, half-width of the 95% t-interval) of a metric over the group's completed
+    seeds, at the token counts every seed evaluated (same eval schedule = same points)."""
     curves = []
     for run in group.completed:
         curves.append({row[TOKENS]: row[metric] for row in run.rows if row.get(metric) is not None})
@@ -34,46 +39,69 @@ def mean_curve(group: Group, metric: str = VAL_LOSS.name) -> tuple[np.ndarray, n
     if not tokens:
         return None
     values = np.array([[c[t] for t in tokens] for c in curves])  # (seeds, points)
-    std = values.std(axis=0, ddof=1) if len(curves) > 1 else np.zeros(len(tokens))
-    return np.array(tokens), values.mean(axis=0), std
+    n = len(curves)
+    half = (t_quantile(0.975, n - 1) * values.std(axis=0, ddof=1) / np.sqrt(n)) if n > 1 else np.zeros(len(tokens))
+    return np.array(tokens), values.mean(axis=0), half
 
 
-def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: Sequence[float] = ()) -> Path:
-    """Validation loss against tokens seen: one line per group, seed spread shaded."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+def titled(ax, title: str, setup: str) -> None:
+    """The figure's question on the first line, its setup (model, T, tokens, seeds) below."""
+    ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
+
+
+def legend_outside(ax, title: str = BAND) -> None:
+    """Right of the axes, so it never hides a line; savefig's tight bbox keeps it in the file."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(title=title, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1),
+                  borderaxespad=0, frameon=False)
+
+
+def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: Sequence[Target] = (),
+                     setup: str = "") -> Path:
+    """Validation loss against tokens seen: one line per group, its 95% interval shaded."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    styles = styles_for([g.label for g in groups])
     lowest = np.inf
     for group in groups:
         curve = mean_curve(group)
         if curve is None:
             continue
-        tokens, mean, std = curve
+        tokens, mean, half = curve
         n = len(group.completed)
-        line, = ax.plot(tokens, mean, marker="o", markersize=2.5, linewidth=1.6, label=f"{group.label} (n={n})")
+        style = styles[group.label]
+        ax.plot(tokens, mean, markersize=3, linewidth=1.6, label=f"{group.label} (n={n})", **style.line())
         if n > 1:
-            ax.fill_between(tokens, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(tokens, mean - half, mean + half, color=style.color, alpha=0.2, linewidth=0)
         lowest = min(lowest, float(mean.min()))
     for target in targets:
-        if target >= lowest:
-            ax.axhline(target, color="grey", linestyle=":", linewidth=0.8)
-            ax.annotate(f"target {target:g}", (1, target), xycoords=("axes fraction", "data"), ha="right",
+        if not target.bpb and target.value >= lowest:  # the axis is val/loss: bpb targets are not on it
+            ax.axhline(target.value, color="grey", linestyle=":", linewidth=0.8)
+            ax.annotate(f"target {target}", (1, target.value), xycoords=("axes fraction", "data"), ha="right",
                         va="bottom", fontsize=7, color="grey")
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
-    ax.set_ylabel(f"validation loss ({VAL_LOSS.unit})")
-    ax.set_title(title)
+    ax.set_ylabel("validation loss (nats/token)")
+    titled(ax, title, setup)
     ax.grid(alpha=0.3)
     # the first evaluation is far above the rest; zoom on where the groups differ
     top = max((float(c[1][min(1, len(c[1]) - 1)]) for g in groups if (c := mean_curve(g)) is not None), default=None)
-    if top is not None and np.isfinite(lowest):
+    if top is not None and np.isfinite(lowest) and top > lowest:
         ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
-    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8)
+    legend_outside(ax)
     return save_figure(fig, path)
 
 
-def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str) -> Path:
+def _long(labels: Sequence[str]) -> bool:
+    """Whether category labels would run into each other side by side on a figure's x-axis."""
+    return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
+
+
+def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
+               setup: str = "") -> Path:
     """Final metric against the swept value: a line over a numeric key (log-x when it spans
-    decades, e.g. RoPE's base), bars over categories."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    decades, e.g. RoPE's base), points over categories."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    styles = styles_for([g.label for g in groups])
     stats = [(g, aggregate(g.values(metric))) for g in groups]
     stats = [(g, s) for g, s in stats if s.mean is not None]
     numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
@@ -81,60 +109,83 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         i = numeric[0]
         series: dict[tuple, list] = {}
         for g, s in stats:
-            series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, s.std))
+            series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, s.half_width))
+        rest_keys = [k for j, k in enumerate(by) if j != i]
+        series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
         for rest, points in series.items():
             points.sort()
             x, y, e = zip(*points)
-            label = ", ".join(f"{k}={format_value(v)}" for k, v in zip([k for j, k in enumerate(by) if j != i], rest))
-            ax.errorbar(x, y, yerr=e, marker="o", capsize=3, label=label or None)
+            label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
+            style = series_styles[", ".join(format_value(v) for v in rest)]
+            ax.errorbar(x, y, yerr=e, capsize=3, label=label or None, **style.line())
         xs = [g.key[i] for g, _ in stats]
         log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
         if log_x:
             ax.set_xscale("log")
+        else:
+            ax.xaxis.set_major_formatter(EngFormatter())
         ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
         if len(series) > 1:
-            ax.legend(fontsize=8)
+            legend_outside(ax)
     elif stats:
-        # points, not bars: the y axis is zoomed on the differences, and a bar would imply zero
+        # points, not bars: the axis is zoomed on the differences, and a bar would imply zero.
+        # Long labels go down the y-axis, horizontal, where they cannot collide.
+        labels = [g.label for g, _ in stats]
+        across = not _long(labels)
         for j, (g, st) in enumerate(stats):
-            ax.errorbar([j], [st.mean], yerr=[st.std], fmt="o", markersize=8, capsize=5, color=f"C{j}")
-        ax.set_xticks(range(len(stats)), [g.label for g, _ in stats])
-        ax.set_xlim(-0.5, len(stats) - 0.5)
-        ax.set_xlabel(", ".join(by) or "runs")
+            style = styles[g.label]
+            x, y = ([j], [st.mean]) if across else ([st.mean], [j])
+            err = {"yerr" if across else "xerr": [st.half_width]} if st.low is not None else {}  # one seed: none
+            ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
+        if across:
+            ax.set_xticks(range(len(labels)), labels)
+            ax.set_xlim(-0.5, len(stats) - 0.5)
+            ax.set_xlabel(", ".join(by) or "runs")
+        else:
+            ax.set_yticks(range(len(labels)), labels)
+            ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
+            ax.set_ylabel(", ".join(by) or "runs")
+            ax.set_xlabel(f"final {metric}" + _unit(metric))
+            titled(ax, f"{title} ({BAND})", setup)
+            ax.grid(alpha=0.3)
+            return save_figure(fig, path)
     ax.set_ylabel(f"final {metric}" + _unit(metric))
-    ax.set_title(f"{title}\n(mean ± 1 std over seeds)", fontsize=11)
+    titled(ax, f"{title} ({BAND})", setup)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
 
-def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[float], path: Path, title: str) -> Path:
-    """Tokens to first reach each target validation loss: a cluster of bars per target,
-    one bar per group; a group some seed never got there has no bar and says so."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    table = {(g.label, t): aggregate(g.values(TOKENS_TO_LOSS.key(target=t)))
-             for g in groups for t in targets}
+def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], path: Path, title: str,
+                          setup: str = "") -> Path:
+    """Tokens to first reach each target (interpolated between evaluations): a cluster of bars
+    per target, one bar per group; a group some seed never got there has no bar and says so."""
+    fig, ax = plt.subplots(figsize=(8, 4.6))
+    styles = styles_for([g.label for g in groups])
+    table = {(g.label, t): aggregate(g.values(t.tokens_key)) for g in groups for t in targets}
     targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
     if not targets:
-        ax.text(0.5, 0.5, "no group reached any target loss\n(set trainer.convergence_targets higher)",
+        ax.text(0.5, 0.5, "no group reached any target\n(give higher --target values)",
                 ha="center", va="center", transform=ax.transAxes)
     width = 0.8 / max(1, len(groups))
     x = np.arange(len(targets))
     for j, group in enumerate(groups):
         stats = [table[(group.label, t)] for t in targets]
         heights = [s.mean if s.mean is not None else 0.0 for s in stats]
-        errors = [s.std if s.std is not None else 0.0 for s in stats]
+        errors = [s.half_width for s in stats]
         offsets = x - 0.4 + width * (j + 0.5)
-        ax.bar(offsets, heights, width, yerr=errors, capsize=2, label=group.label, color=f"C{j}")
+        color = styles[group.label].color
+        ax.bar(offsets, heights, width, yerr=errors if any(errors) else None, capsize=2, label=group.label,
+               color=color)
         for xo, s in zip(offsets, stats):
             if s.mean is None:
-                ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=f"C{j}")
-    ax.set_xticks(x, [f"{VAL_LOSS.name} ≤ {t:g}" for t in targets])
+                ax.text(xo, 0, " not reached", ha="center", va="bottom", fontsize=7, rotation=90, color=color)
+    ax.set_xticks(x, [f"{t.curve_metric.name} ≤ {t.value:g}" for t in targets])
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter())
-    ax.set_ylabel(f"{TOKENS_TO_LOSS.unit} to first reach it (lower = faster)")
-    ax.set_title(title)
+    ax.set_ylabel("tokens to reach it (lower = faster)")
+    titled(ax, f"{title} ({BAND})", setup)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8)
+    legend_outside(ax, title="")
     return save_figure(fig, path)
 
 
@@ -145,9 +196,9 @@ def _unit(metric: str) -> str:
 
 
 def save_figure(fig, path: Path) -> Path:
+    """PNG at path; the bounding box grows to hold a legend outside the axes."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
     return path

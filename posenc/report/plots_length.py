@@ -1,7 +1,7 @@
 """PNG figures of length: RoPE's long-term decay (RoFormer §3.4.3) and perplexity against length.
 
-The extrapolation figure takes the groups of `posenc compare` (runs.py): one line per group,
-the mean over its completed seeds, ±1 sample std shaded. Runs are read from their directories
+The extrapolation figure takes the groups of `posenc compare` (runs.py): one line per group in
+its fixed style (report/style.py), the mean over its completed seeds, its 95% interval shaded. Runs are read from their directories
 only (summary.json, .hydra/), so runs made on another machine plot the same.
 """
 
@@ -16,8 +16,10 @@ import numpy as np
 
 from posenc.errors import UserError
 from posenc.metrics import EXTRAPOLATION_PPL
-from posenc.report.plots import save_figure  # selects the Agg backend before pyplot draws anything
+from posenc.report.plots import BAND, legend_outside, save_figure, titled  # selects the Agg backend first
 from posenc.report.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
+from posenc.report.setup import setup_line
+from posenc.report.style import styles_for
 
 
 def rope_decay_bound(distances: np.ndarray, head_dim: int, base: float) -> np.ndarray:
@@ -36,9 +38,9 @@ def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) 
         ax.plot(distances, rope_decay_bound(distances, head_dim, base), label=f"base = {base:g}")
     ax.set_xlabel("relative distance m − n (tokens)")
     ax.set_ylabel("relative upper bound  (1/(d/2)) Σ_j |S_j|")
-    ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}")
+    ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}", fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend()
+    legend_outside(ax, title="RoPE base")
     return save_figure(fig, out)
 
 
@@ -67,11 +69,12 @@ def extrapolation_groups(paths: Sequence[Path]) -> list[Group]:
     return group_runs(runs, varying_keys(runs) or ["encoding"])
 
 
-def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> Path:
+def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setup: str | None = None) -> Path:
     """Perplexity against evaluation length: log-x (base 2) with the lengths and their multiples
     of the training length as ticks, log-y, the training length dashed. Lengths without a
     perplexity are left out of the line and named in its legend entry."""
-    fig, ax = plt.subplots(figsize=(10, 4.8))
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    styles = styles_for([g.label for g in groups])
     plotted: list[int] = []
     y_range: list[float] = []
     for group in groups:
@@ -85,13 +88,14 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
             label += f"; not defined at {', '.join(map(str, undefined))}"
         x = np.array([n for n, _ in points])
         mean = np.array([s.mean for _, s in points])
-        std = np.array([s.std for _, s in points])
-        line, = ax.plot(x, mean, marker="o", markersize=4, linewidth=1.6, label=label)
+        half = np.array([s.half_width for _, s in points])
+        style = styles[group.label]
+        ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
         y_range += list(mean)
         if len(group.completed) > 1 and len(x):
             # clipped at the lowest mean: a log axis cannot draw a band that reaches below zero
-            ax.fill_between(x, np.maximum(mean - std, mean.min() / 2), mean + std,
-                            color=line.get_color(), alpha=0.2, linewidth=0)
+            ax.fill_between(x, np.maximum(mean - half, mean.min() / 2), mean + half,
+                            color=style.color, alpha=0.2, linewidth=0)
         plotted += stats
     seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed
                        if "trainer.seq_len" in r.config and evaluated_lengths(g)})
@@ -111,8 +115,9 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "") -> P
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
-    ax.set_title(title or "Length extrapolation: perplexity beyond the training length")
+    if setup is None:
+        setup = setup_line([r for g in groups for r in g.runs])
+    titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup)
     ax.grid(alpha=0.3, which="both")
-    # outside the axes, so it never covers a line
-    ax.legend(title="mean ± 1 std over seeds", fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    legend_outside(ax, BAND)
     return save_figure(fig, out)

@@ -8,6 +8,7 @@ swept, in the user's own words. ``seed`` is never a group key: seeds are what ge
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 import statistics
@@ -20,11 +21,18 @@ from omegaconf import OmegaConf
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
+from posenc.report.stats import mean_interval
 from posenc.rundir import read_jsonl
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",
                    "logger.tags", "trainer.resume", "trainer.compile"}
+
+#: config keys that say where or how a run was made, not what was trained: two runs that differ
+#: only in these are the same experiment (a re-run, a resumed copy) and are counted once
+RUN_SPECIFIC = ("name", "device", "experiment", "logger.", "bench.", "hydra.", "trainer.resume", "trainer.compile",
+                "trainer.log_interval", "trainer.checkpoint_interval")
+RUN_SPECIFIC_WORDS = {"path", "paths", "dir", "dirs", "resume"}  # words of a key's last part: run_dir, resume_from
 
 
 @dataclass
@@ -45,6 +53,15 @@ class Run:
     @property
     def ok(self) -> bool:
         return self.status == "completed"
+
+    @property
+    def seed(self) -> Any:
+        return self.config.get("seed", self.overrides.get("seed"))
+
+    def identity(self) -> str:
+        """What was trained: the flattened config without the run-specific keys (seed included)."""
+        kept = {k: v for k, v in self.config.items() if not is_run_specific(k)}
+        return json.dumps(kept, sort_keys=True, default=str)
 
     def metric(self, key: str) -> Any:
         return (self.summary or {}).get(key)
@@ -80,26 +97,39 @@ class Group:
         """A summary key over the completed seeds (None where a seed lacks it)."""
         return [r.metric(key) for r in self.completed]
 
+    @property
+    def seeds(self) -> list:
+        return sorted((r.seed for r in self.completed), key=_sort_key)
+
 
 @dataclass(frozen=True)
 class Stat:
-    """mean ± sample std (n-1) over a group's completed seeds; `reached` counts non-null values."""
+    """Over a group's completed seeds: mean, sample std (n-1) and the 95% t-interval (low, high;
+    None for a single seed); `reached` counts non-null values."""
     mean: float | None
     std: float | None
     reached: int
     n: int
+    low: float | None = None
+    high: float | None = None
+
+    @property
+    def half_width(self) -> float:
+        """Half the 95% interval, for an error bar; 0 where there is none (one seed)."""
+        return 0.0 if self.low is None or self.mean is None else self.mean - self.low
 
 
 def aggregate(values: Sequence[float | None]) -> Stat:
-    """Mean and sample standard deviation over the seeds. A metric that some seeds never
-    reached (null, e.g. tokens to a loss) has no mean: averaging only the lucky seeds would
-    flatter the group."""
+    """Mean, sample standard deviation and 95% t-interval over the seeds. A metric that some
+    seeds never reached (null, e.g. tokens to a loss) has no mean: averaging only the lucky
+    seeds would flatter the group."""
     present = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
     n = len(values)
     if not present or len(present) < n:
         return Stat(None, None, len(present), n)
     std = statistics.stdev(present) if len(present) > 1 else 0.0
-    return Stat(statistics.fmean(present), std, len(present), n)
+    interval = mean_interval(present)
+    return Stat(statistics.fmean(present), std, len(present), n, interval.low, interval.high)
 
 
 def find_runs(paths: Sequence[Path]) -> list[Run]:
@@ -114,6 +144,57 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
             raise UserError(f"no runs under {path} — a run directory holds .hydra/ and metrics.jsonl")
         dirs.extend(d for d in found if d not in dirs)
     return [load_run(d) for d in dirs]
+
+
+def is_run_specific(key: str) -> bool:
+    return (key in RUN_SPECIFIC or f"{key.split('.')[0]}." in RUN_SPECIFIC
+            or not RUN_SPECIFIC_WORDS.isdisjoint(key.split(".")[-1].split("_")))
+
+
+def _status_rank(run: Run) -> int:
+    return {"completed": 2, "failed": 1}.get(run.status, 0)
+
+
+def _age(run: Run) -> float:
+    """When the run last wrote anything (summary, else metrics, else its config)."""
+    for name in ("summary.json", "metrics.jsonl", ".hydra/config.yaml"):
+        if (run.path / name).exists():
+            return (run.path / name).stat().st_mtime
+    return 0.0
+
+
+def deduplicate(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, list[Run]]]]:
+    """One run per (config, seed): a re-run or a copied run directory would count its seed twice
+    and shrink the interval. Keeps the finished one, and among those the newest.
+    Returns (runs kept, in their order; [(kept, [dropped, ...]) per duplicated config])."""
+    by_identity: dict[str, list[Run]] = {}
+    for run in runs:
+        by_identity.setdefault(run.identity(), []).append(run)
+    kept, duplicates = [], []
+    for same in by_identity.values():
+        best = max(same, key=lambda r: (_status_rank(r), _age(r), str(r.path)))
+        kept.append(best)
+        if len(same) > 1:
+            duplicates.append((best, [r for r in same if r is not best]))
+    keep = {id(r) for r in kept}
+    return [r for r in runs if id(r) in keep], duplicates
+
+
+def group_keys(runs: Sequence[Run]) -> list[str]:
+    """Every key --by accepts for these runs: config keys, overrides, and config groups
+    (`encoding` for `encoding.name`)."""
+    keys = {k for r in runs for k in r.config} | {k for r in runs for k in r.overrides}
+    keys |= {k.removesuffix(".name") for k in keys if k.endswith(".name")}
+    return sorted(k for k in keys if not k.endswith("._target_"))  # a class path: its group's name says it
+
+
+def check_choice(what: str, given: str, valid: Sequence[str]) -> None:
+    """Refuse a value that is not one of valid, naming them, the closest matches first."""
+    if given in valid:
+        return
+    close = difflib.get_close_matches(given, valid, n=3, cutoff=0.5)
+    ordered = close + [v for v in valid if v not in close]
+    raise UserError(f"{what} {given!r} is not in these runs — use one of: {', '.join(ordered)}")
 
 
 def load_run(path: Path) -> Run:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 
-NO_ERROR_BARS = "n=1: no error bars"
+NO_ERROR_BARS = "1 seed: no error bars"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference at this n"
 
 
@@ -131,7 +131,7 @@ def compare_to_baseline(group: Iterable[float], baseline: Iterable[float], highe
                         confidence: float = 0.95) -> Difference:
     """The group's difference to the baseline and a verdict: 'better' / 'worse' when the whole
     interval lies on one side of 0 (read through the metric's direction), else 'no detectable
-    difference at this n'; 'n=1: no error bars' when either side has a single seed."""
+    difference at this n'; NO_ERROR_BARS when either side has a single seed."""
     group, baseline = [float(v) for v in group], [float(v) for v in baseline]
     if not group or not baseline:
         raise ValueError("compare_to_baseline needs at least one value on each side")
@@ -165,8 +165,16 @@ def fixed_and_varied(configs: Sequence[dict]) -> tuple[dict, dict]:
         if all(v == values[0] for v in values):
             fixed[key] = values[0]
         else:
-            varied[key] = sorted({str(v) for v in values})
+            varied[key] = sorted({str(v) for v in values}, key=_numbers_first)
     return fixed, varied
+
+
+def _numbers_first(text: str) -> tuple:
+    """'100' < '1000' < '5e5' < 'alibi': numbers by value, then the rest alphabetically."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:

@@ -1,0 +1,86 @@
+"""What a comparison held fixed and what it varied, in words for a report and a figure title.
+
+A reader of a table of encodings needs to know that everything else was the same; the
+config of every run says so, key by key (report/stats.py fixed_and_varied). Keys that say
+where or how a run was made (paths, logger, device) are left out: they are not the setup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from posenc.metrics import TOKENS_SEEN
+from posenc.report.runs import Run, format_value, is_run_specific
+from posenc.report.stats import fixed_and_varied
+
+
+def setup_split(runs: Sequence[Run]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """({key: value shared by every run}, {key: its distinct values}) over the runs' configs,
+    without run-specific keys and the `_target_` classes (the `name` next to them says it)."""
+    fixed, varied = fixed_and_varied([r.config for r in runs])
+    keep = lambda k: not is_run_specific(k) and not k.endswith("._target_")  # noqa: E731
+    return {k: v for k, v in fixed.items() if keep(k)}, {k: v for k, v in varied.items() if keep(k)}
+
+
+def describe(items: dict[str, Any]) -> str:
+    """'model.n_layer=2, trainer.seq_len=32' (values as typed: 1e4, not 10000.0)."""
+    return ", ".join(f"{k}={format_value(v)}" for k, v in items.items())
+
+
+def describe_varied(varied: dict[str, list[str]]) -> str:
+    """'encoding.name ∈ {alibi, rope}; seed ∈ {0, 1}', then the options only some runs have
+    (RoPE's base when RoPE is compared with ALiBi) by name: they follow from the choice above."""
+    absent = "<absent>"
+    text = "; ".join(f"{k} ∈ {{{', '.join(map(_pretty, v))}}}" for k, v in varied.items() if absent not in v)
+    options = [k for k, v in varied.items() if absent in v]
+    if options:
+        text += f" (and the options only some of them have: {', '.join(options)})"
+    return text
+
+
+def _pretty(text: str) -> str:
+    """'500000.0' -> '5e5', '2.0' -> '2', 'rope' -> 'rope'."""
+    try:
+        return format_value(float(text))
+    except ValueError:
+        return text
+
+
+def _shared(values: list) -> Any:
+    values = [v for v in values if v is not None]
+    return values[0] if values and all(v == values[0] for v in values) else None
+
+
+def setup_line(runs: Sequence[Run]) -> str:
+    """A figure's second title line: model flavour and shape, training length T, tokens
+    trained and seeds, e.g. 'llama 2L×2H d=32 · T=32 · 4.1k tokens · seeds 0,1,2'."""
+    done = [r for r in runs if r.ok] or list(runs)
+    if not done:
+        return ""
+    cfg = lambda key: _shared([r.config.get(key) for r in done])  # noqa: E731
+    has = lambda key: any(key in r.config for r in done)  # noqa: E731
+    parts = []
+    shape = [f"{format_value(v)}{unit}" for key, unit in (("model.n_layer", "L"), ("model.n_head", "H"))
+             if (v := cfg(key)) is not None]
+    flavor = cfg("model.flavor") or ("flavours vary" if has("model.flavor") else "")
+    model = " ".join(p for p in (flavor, "×".join(shape),
+                                  f"d={format_value(cfg('model.d_model'))}" if cfg("model.d_model") else "") if p)
+    if model or any(has(k) for k in ("model.flavor", "model.n_layer", "model.d_model")):
+        parts.append(model or "model varies")
+    if has("trainer.seq_len"):
+        parts.append(f"T={format_value(cfg('trainer.seq_len'))}" if cfg("trainer.seq_len") else "T varies")
+    tokens = _shared([r.metric(TOKENS_SEEN.name) for r in done])
+    if tokens is not None:
+        parts.append(f"{_si(float(tokens))} tokens")
+    seeds = sorted({r.seed for r in done if r.seed is not None}, key=lambda s: (str(type(s)), s))
+    if seeds:
+        parts.append(("seed " if len(seeds) == 1 else "seeds ") + ",".join(format_value(s) for s in seeds))
+    return " · ".join(parts)
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return f"{value:.0f}"

@@ -1,0 +1,222 @@
+"""`posenc compare` as a reviewer needs it: mistakes refused before anything is written, a
+(config, seed) counted once, intervals over seeds, differences to a baseline with a verdict,
+what was held fixed, and rankings within another key."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from posenc.cli.app import app
+from posenc.errors import UserError
+from posenc.report.compare import build_comparison
+from posenc.report.runs import find_runs
+from posenc.report.stats import NO_DIFFERENCE, NO_ERROR_BARS, mean_interval, welch_interval
+from test_compare import make_run
+
+
+def posenc(*args: str, cwd: Path):
+    """`posenc ARGS` in-process (fast), in directory cwd; stdout and stderr apart."""
+    old = Path.cwd()
+    os.chdir(cwd)
+    try:
+        return CliRunner(env={"COLUMNS": "200"}).invoke(app, list(args))
+    finally:
+        os.chdir(old)
+
+
+def written(root: Path) -> list[Path]:
+    """Every file a compare could have written under root: reports and PNGs."""
+    return sorted(p for p in root.rglob("*") if p.suffix in (".md", ".html", ".png"))
+
+
+ROPE = [2.0, 2.2, 2.4]
+
+
+@pytest.fixture
+def sweep(tmp_path: Path) -> Path:
+    """rope 3 seeds (2.0, 2.2, 2.4), alibi 3 seeds overlapping rope (2.1, 2.3, 2.5), learned 3 seeds
+    far above (3.0, 3.1, 3.2), nope a single seed."""
+    root = tmp_path / "sweep"
+    for enc, finals in (("rope", ROPE), ("alibi", [2.1, 2.3, 2.5]), ("learned", [3.0, 3.1, 3.2]), ("nope", [2.9])):
+        for seed, final in enumerate(finals):
+            make_run(root, f"{enc}_{seed}", {"name": enc}, seed, [f"encoding={enc}", f"seed={seed}"], [3.5, 3.0, final],
+                     config={"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}})
+    return root
+
+
+@pytest.mark.parametrize(("option", "typo", "closest"), [("--by", "encodng", "encoding"),
+                                                         ("--metric", "val/los", "val/loss"),
+                                                         ("--baseline", "rpoe", "rope"),
+                                                         ("--within", "model.flavour", "model.flavor")])
+def test_a_mistaken_option_is_one_error_line_naming_the_valid_choices_and_writes_nothing(
+        sweep: Path, tmp_path: Path, option: str, typo: str, closest: str):
+    result = posenc("compare", str(sweep), option, typo, cwd=tmp_path)
+    assert result.exit_code == 1
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error:") and typo in lines[0], result.stderr
+    choices = lines[0].split("use one of: ")[1].split(", ")
+    assert choices[0] == closest  # the closest match first, then the rest
+    assert written(tmp_path) == [] and not (tmp_path / "outputs").exists()
+
+
+def test_the_valid_metrics_are_the_numbers_the_runs_have(sweep: Path):
+    with pytest.raises(UserError) as e:
+        build_comparison(find_runs([sweep]), by=None, metric="accuracy")
+    listed = str(e.value).split("use one of: ")[1].split(", ")
+    assert "val/loss" in listed and "convergence/val_loss_auc" in listed and "tokens_per_s" in listed
+    assert "status" not in listed  # a string, not a metric
+
+
+def test_a_run_repeated_with_the_same_config_and_seed_is_counted_once(sweep: Path, tmp_path: Path):
+    shutil.copytree(sweep / "rope_0", sweep / "rope_0_again")  # same config, same seed: a re-run
+    result = posenc("compare", str(sweep), "--metric", "val/loss", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    warnings = [line for line in result.stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "rope_0" in warnings[0] and "rope_0_again" in warnings[0]
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
+    rope = next(g for g in c.groups if g.label == "rope")
+    assert len(rope.completed) == 3 and rope.seeds == [0, 1, 2]
+    assert "| rope | 3 (0,1,2) |" in (sweep / "report.md").read_text()
+
+
+def test_of_duplicates_the_finished_run_is_kept_then_the_newest(sweep: Path):
+    late = make_run(sweep, "rope_0_unfinished", {"name": "rope"}, 0, ["encoding=rope", "seed=0"], [3.5, 0.1],
+                    status=None, config={"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}})
+    os.utime(late / "metrics.jsonl", (2e9, 2e9))  # newer, but unfinished
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
+    assert [(kept.path.name, [d.path.name for d in dropped]) for kept, dropped in c.duplicates] == \
+        [("rope_0", ["rope_0_unfinished"])]
+    shutil.copytree(sweep / "rope_1", sweep / "rope_1_rerun")
+    os.utime(sweep / "rope_1_rerun" / "summary.json", (2e9, 2e9))
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
+    assert ("rope_1_rerun", ["rope_1"]) in [(k.path.name, [d.path.name for d in ds]) for k, ds in c.duplicates]
+
+
+def test_every_cell_is_the_mean_with_its_95_percent_t_interval(sweep: Path):
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
+    cell, expected = c.cells[("rope", "val/loss")], mean_interval(ROPE)
+    assert (cell.mean, cell.low, cell.high) == pytest.approx((expected.mean, expected.low, expected.high))
+    assert c.cells[("nope", "val/loss")].low is None  # one seed: no interval
+
+
+def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path, tmp_path: Path):
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss", baseline="rope")
+    learned = c.versus["learned"]
+    diff, low, high, _ = welch_interval([3.0, 3.1, 3.2], ROPE)
+    assert (learned.difference.diff, learned.difference.low, learned.difference.high) == pytest.approx((diff, low, high))
+    assert learned.verdict == "worse"  # higher loss, interval above 0
+    assert c.versus["alibi"].verdict == NO_DIFFERENCE  # 0.1 apart with spreads of 0.2
+    assert c.versus["nope"].verdict == NO_ERROR_BARS == "1 seed: no error bars"
+    assert "rope" not in c.versus
+    result = posenc("compare", str(sweep), "--metric", "val/loss", "--baseline", "rope", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    report = (sweep / "report.md").read_text()
+    assert "val/loss against rope (lower is better" in report
+    assert "| learned | 3 (0,1,2) | 3.1000 [" in report and "| worse |" in report
+    assert "| nope | 1 (0) | 2.9000 | +0.7000 | 1 seed: no error bars |" in report
+    assert "no detectable difference at this n" in result.stdout
+    assert "2.2000 ±0.4968" in result.stdout  # the terminal: ± the 95% interval's half-width, t(2)·0.2/√3
+
+
+def test_a_higher_is_better_metric_reads_the_verdict_the_other_way(sweep: Path):
+    c = build_comparison(find_runs([sweep]), by=None, metric="convergence/val_loss_auc", baseline="rope")
+    assert c.versus["learned"].verdict == "worse"  # AUC: lower is better, as val/loss
+    runs = find_runs([sweep])
+    for run in runs:  # throughput: the faster group is better even though its number is larger
+        run.summary["tokens_per_s"] = 2000.0 + run.summary["val/loss"] * 100 + run.seed
+    c = build_comparison(runs, by=None, metric="tokens_per_s", baseline="rope")
+    assert c.versus["learned"].verdict == "better"
+
+
+def test_the_report_states_what_was_held_fixed_and_what_varied(sweep: Path, tmp_path: Path):
+    result = posenc("compare", str(sweep), "--metric", "val/loss", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    report = (sweep / "report.md").read_text()
+    fixed = next(line for line in report.splitlines() if line.startswith("**Held fixed:**"))
+    varied = next(line for line in report.splitlines() if line.startswith("**Varied:**"))
+    assert "model.n_layer=2" in fixed and "trainer.seq_len=32" in fixed and "model.flavor=llama" in fixed
+    assert "encoding.name ∈ {alibi, learned, nope, rope}" in varied and "seed ∈ {0, 1, 2}" in varied
+    assert "encoding.name" not in fixed
+    assert "held fixed: " in result.stdout and "model.n_layer=2" in result.stdout
+    assert "Held fixed:" in (sweep / "report.html").read_text()
+
+
+def test_a_target_in_bits_per_byte_reads_val_bpb(sweep: Path):
+    # make_run writes val/bpb = val/loss / ln 2 / 4: val/loss 3.0 is 1.082 bpb, 2.2 is 0.7934
+    c = build_comparison(find_runs([sweep]), by=None, metric="val/loss", targets=["1bpb", "2.5"])
+    assert [str(t) for t in c.targets] == ["2.5", "1bpb"]
+    key = "convergence/tokens_to_bpb@1"
+    rope = find_runs([sweep / "rope_1"])[0]
+    losses = [3.5, 3.0, 2.2]
+    bpb = [v / 0.6931471805599453 / 4 for v in losses]
+    # crossing between the evaluations at 2000 tokens (bpb 1.082) and 3000 (bpb 0.793)
+    expected = 2000 + 1000 * (bpb[1] - 1) / (bpb[1] - bpb[2])
+    c1 = build_comparison([rope], by=[], metric="val/loss", targets=["1bpb"])
+    assert c1.cells[("all runs", key)].mean == round(expected)
+    assert any(col.key == key and col.header == "→1bpb" for col in c.columns)
+    with pytest.raises(UserError, match="--target"):
+        build_comparison(find_runs([sweep]), by=None, metric="val/loss", targets=["two"])
+
+
+def test_a_single_run_is_reported_next_to_its_data(sweep: Path, tmp_path: Path):
+    result = posenc("compare", str(sweep / "rope_0"), cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert (sweep / "rope_0" / "report.md").exists() and not (tmp_path / "outputs").exists()
+
+
+@pytest.fixture
+def flavours(tmp_path: Path) -> Path:
+    """rope and alibi under llama and gpt2, 2 seeds each: rope wins under llama, alibi under gpt2."""
+    root = tmp_path / "flavours"
+    finals = {("llama", "rope"): 2.0, ("llama", "alibi"): 2.3, ("gpt2", "rope"): 2.6, ("gpt2", "alibi"): 2.4}
+    for (flavor, enc), final in finals.items():
+        for seed in (0, 1):
+            make_run(root, f"{flavor}_{enc}_{seed}", {"name": enc}, seed,
+                     [f"encoding={enc}", f"model.flavor={flavor}", f"seed={seed}"], [3.0, final + 0.01 * seed],
+                     config={"model": {"flavor": flavor}})
+    return root
+
+
+def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, tmp_path: Path):
+    c = build_comparison(find_runs([flavours]), by=["encoding"], metric="val/loss", within="model.flavor")
+    assert list(c.rankings) == ["gpt2", "llama"]
+    assert [(r.rank, r.group.label) for r in c.rankings["llama"]] == [(1, "rope"), (2, "alibi")]
+    assert [(r.rank, r.group.label) for r in c.rankings["gpt2"]] == [(1, "alibi"), (2, "rope")]
+    assert c.rankings["gpt2"][0].stat.mean == pytest.approx(2.405) and c.rankings["gpt2"][0].stat.low is not None
+    result = posenc("compare", str(flavours), "--by", "encoding", "--within", "model.flavor", "--metric", "val/loss",
+                    cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert "model.flavor = gpt2: ranking by val/loss" in result.stdout
+    assert "model.flavor = llama: ranking by val/loss" in result.stdout
+    assert "the order changes" in result.stdout
+    # without --by, the within-key is not a group key of its own
+    assert build_comparison(find_runs([flavours]), by=None, metric="val/loss", within="model.flavor").by == ["encoding"]
+
+
+def test_a_rerun_on_another_device_or_resumed_is_a_duplicate_but_another_lr_is_not(tmp_path: Path):
+    root = tmp_path / "reruns"
+    make_run(root, "a", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.0],
+             config={"device": "cpu", "trainer": {"seq_len": 32, "lr": 0.002, "resume": False}, "logger": {"mode": "offline"}})
+    make_run(root, "b", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.1],
+             config={"device": "cuda", "trainer": {"seq_len": 32, "lr": 0.002, "resume": True}, "logger": {"mode": "online"}})
+    make_run(root, "c", {"name": "rope"}, 0, ["encoding=rope"], [3.0, 2.2],
+             config={"device": "cpu", "trainer": {"seq_len": 32, "lr": 0.001, "resume": False}})
+    c = build_comparison(find_runs([root]), by=["encoding"], metric="val/loss")
+    assert [sorted([k.path.name, *(d.path.name for d in ds)]) for k, ds in c.duplicates] == [["a", "b"]]
+    assert len(c.runs) == 2
+
+
+def test_a_numeric_baseline_matches_however_it_is_typed(tmp_path: Path):
+    root = tmp_path / "bases"
+    for base in (100, 10000):
+        for seed in (0, 1):
+            make_run(root, f"{base}_{seed}", {"name": "rope", "base": base}, seed,
+                     [f"encoding.base={base}", f"seed={seed}"], [3.0, 2.0 + seed / 10 + base / 1e5])
+    for typed in ("10000", "1e4", "10000.0"):
+        c = build_comparison(find_runs([root]), by=None, metric="val/loss", baseline=typed)
+        assert c.baseline.label == "1e4" and list(c.versus) == ["100"]

@@ -1,0 +1,134 @@
+"""The figures a paper could print: one look per encoding everywhere, legends that cover no data,
+titles that state the setup, tick labels that do not collide, no matplotlib warnings, and every
+PNG next to its data or where --out says, never in the current directory."""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from pathlib import Path
+
+import matplotlib.colors as mcolors
+import pytest
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+import posenc.report.plots as plots
+import posenc.report.plots_length as plots_length
+from posenc.report.compare import compare
+from posenc.report.style import ENCODING_STYLES, styles_for
+from test_compare import make_run, ppl_at
+from test_compare_verdicts import posenc
+
+SHAPE = {"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}}
+
+
+@pytest.fixture
+def figures(monkeypatch: pytest.MonkeyPatch) -> list:
+    """Every matplotlib figure the report code saves, kept for inspection."""
+    saved = []
+    real = plots.save_figure
+
+    def keep(fig, path):
+        saved.append(fig)
+        return real(fig, path)
+
+    monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(plots_length, "save_figure", keep)
+    return saved
+
+
+def sweep_of(root: Path, encodings: dict[str, list[float]], evals: int = 3) -> Path:
+    for enc, finals in encodings.items():
+        for seed, final in enumerate(finals):
+            losses = [3.5, 3.0][: evals - 1] + [final]
+            make_run(root, f"{enc}_{seed}", {"name": enc}, seed, [f"encoding={enc}", f"seed={seed}"], losses,
+                     config=SHAPE, extra={"tokens": 3000, **ppl_at({32: 8 + final, 64: 9 + 2 * final})})
+    return root
+
+
+def renderer_of(fig):
+    """Draw a saved (closed) figure again on an Agg canvas, for the extents of its artists."""
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def drawn_colours(fig) -> dict[str, str]:
+    """legend label (before ' (n=') -> the hex colour of the line or bar it names."""
+    out = {}
+    for ax in fig.axes:
+        handles, labels = ax.get_legend_handles_labels()
+        for handle, label in zip(handles, labels):
+            colour = handle.get_color() if hasattr(handle, "get_color") else handle.patches[0].get_facecolor()
+            out[label.split(" (n=")[0]] = mcolors.to_hex(colour)
+    return out
+
+
+def test_an_encoding_has_one_colour_in_every_figure_whatever_else_is_compared(tmp_path: Path, figures: list):
+    compare([sweep_of(tmp_path / "a", {"rope": [2.0, 2.2], "alibi": [2.1, 2.3]})], metric="val/loss")
+    compare([sweep_of(tmp_path / "b", {"rope": [2.0, 2.2], "learned": [3.0, 3.1], "nope": [2.9, 3.0]})],
+            metric="val/loss")
+    seen = [drawn_colours(fig) for fig in figures]
+    rope = {colours["rope"] for colours in seen if "rope" in colours}
+    assert rope == {ENCODING_STYLES["rope"].color}
+    assert {c["alibi"] for c in seen if "alibi" in c} == {ENCODING_STYLES["alibi"].color}
+    assert sum("rope" in colours for colours in seen) >= 5  # convergence, tokens-to-loss, extrapolation, twice
+
+
+def test_each_encoding_is_told_apart_and_other_labels_keep_their_colour():
+    looks = {(s.color, s.linestyle) for s in ENCODING_STYLES.values()}
+    assert len(looks) == len(ENCODING_STYLES)
+    bases = ["100", "1e4", "5e5"]
+    first, again = styles_for(bases), styles_for(list(reversed(bases)))
+    assert first == again  # the same labels, in any order: the same colours
+    assert len({s.color for s in first.values()}) == 3
+
+
+def test_legends_sit_outside_the_axes_and_titles_state_the_setup(tmp_path: Path, figures: list):
+    compare([sweep_of(tmp_path / "s", {"rope": [2.0, 2.2, 2.4], "alibi": [2.1, 2.3, 2.5]})], metric="val/loss")
+    assert len(figures) == 4
+    for fig in figures:
+        renderer = renderer_of(fig)
+        ax = fig.axes[0]
+        legend = ax.get_legend()
+        if legend is not None:
+            assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+        title = ax.get_title()
+        assert "llama 2L×2H d=32" in title and "T=32" in title and "3k tokens" in title and "seeds 0,1,2" in title
+
+
+def test_long_group_labels_do_not_collide(tmp_path: Path, figures: list):
+    root = tmp_path / "long"
+    for i in range(8):
+        make_run(root, f"r{i}", {"name": "rope", "style": f"a_rather_long_variant_name_{i}"}, 0,
+                 [f"encoding.style=a_rather_long_variant_name_{i}"], [3.0, 2.0 + i / 10], config=SHAPE)
+    compare([root], metric="val/loss")
+    final = next(fig for fig in figures if "Final" in fig.axes[0].get_title())
+    renderer = renderer_of(final)
+    ax = final.axes[0]
+    boxes = [label.get_window_extent(renderer) for label in ax.get_xticklabels() + ax.get_yticklabels()
+             if label.get_text().startswith("a_rather")]
+    assert len(boxes) == 8
+    assert not any(a.overlaps(b) for a, b in itertools.combinations(boxes, 2))
+
+
+def test_no_matplotlib_warning_leaks_even_from_a_single_evaluation(tmp_path: Path):
+    """One evaluation per run (a flat curve) and a group whose only run failed."""
+    root = sweep_of(tmp_path / "flat", {"rope": [2.0, 2.2], "alibi": [2.1]}, evals=1)
+    make_run(root, "learned_0", {"name": "learned"}, 0, ["encoding=learned", "seed=0"], [3.0], status="failed",
+             config=SHAPE)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        compare([root], metric="val/loss")
+    assert (root / "convergence.png").exists()
+
+
+def test_plot_commands_write_next_to_the_data_or_into_out_never_the_current_directory(tmp_path: Path):
+    root = sweep_of(tmp_path / "s", {"rope": [2.0, 2.2]})
+    result = posenc("plot", "extrapolation", str(root), cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert (root / "extrapolation.png").exists()
+    result = posenc("plot", "decay", "--out", "figs", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "figs" / "rope_decay.png").read_bytes()[:4] == b"\x89PNG"
+    assert list(tmp_path.glob("*.png")) == [] and not (tmp_path / "figs").is_file()
