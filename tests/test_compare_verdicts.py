@@ -219,4 +219,4 @@ def test_a_numeric_baseline_matches_however_it_is_typed(tmp_path: Path):
                      [f"encoding.base={base}", f"seed={seed}"], [3.0, 2.0 + seed / 10 + base / 1e5])
     for typed in ("10000", "1e4", "10000.0"):
         c = build_comparison(find_runs([root]), by=None, metric="val/loss", baseline=typed)
-        assert c.baseline.label == "1e4" and list(c.versus) == ["100"]
+        assert c.baseline.label == "10000" and list(c.versus) == ["100"]

@@ -248,10 +248,9 @@ def group_label(by: Sequence[str], values: tuple) -> str:
 
 
 def format_value(value: Any) -> str:
-    """100.0 -> '100', 1000000.0 -> '1e6', 0.25 -> '0.25', 'rope' -> 'rope'."""
+    """100.0 -> '100', 10000.0 -> '10000' (as a base is typed and printed everywhere else),
+    0.25 -> '0.25', 'rope' -> 'rope'."""
     if isinstance(value, float) and value.is_integer():
-        if abs(value) >= 1e4 and float(f"{value:.0e}") == value:
-            return f"{value:.0e}".replace("e+0", "e").replace("e+", "e")
         return str(int(value))
     return str(value)
 
