@@ -68,12 +68,24 @@ def test_posenc_eval_and_probe_on_a_task_run(learned_run):
 
 
 def test_a_corpus_run_writes_per_position_loss_at_every_eval_length(workdir):
-    result = run_cli("train", *TINY, "eval.at_end=true", "eval.lengths=[1,4]", "eval.tokens=512", cwd=workdir)
+    result = run_cli("train", *TINY, "eval.at_end=true", "eval.lengths=[1,4]", "eval.tokens=512", "logger=wandb",
+                     cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     (run_dir,) = run_dirs(workdir)
     record = json.loads((run_dir / "per_position.json").read_text())
     assert [r["length"] for r in record["lengths"]] == [32, 128]
     assert len(record["lengths"][1]["loss"]) == 64 and sum(record["lengths"][1]["count"]) == 512
+    tables = {p.parent.name for p in wandb_files(run_dir, "table")}
+    assert {"ppl_by_length", "loss"} <= tables  # extrapolation/ppl_by_length, per_position/loss
+
+
+def test_logger_none_writes_no_wandb_dir_and_the_same_files(workdir):
+    result = run_cli("train", *TINY, *TASK, "encoding=nope", cwd=workdir)  # TINY: logger=none
+    assert result.returncode == 0, result.stderr[-2000:]
+    (run_dir,) = run_dirs(workdir)
+    assert not (run_dir / "wandb").exists()
+    assert (run_dir / "per_position.png").exists()
+    assert json.loads((run_dir / "summary.json").read_text())["tasks/flip_flop/accuracy@64"] is not None
 
 
 def test_a_tokenizer_other_than_bytes_is_refused_on_a_task(workdir):
