@@ -60,7 +60,8 @@ def test_posenc_eval_and_probe_on_a_task_run(learned_run):
     record = json.loads((run_dir / "eval.json").read_text())
     assert record["tasks/flip_flop/accuracy@32"] == json.loads((run_dir / "summary.json").read_text())[
         "tasks/flip_flop/accuracy@32"]  # the same instances, the same model
-    assert (run_dir / "eval_per_position.json").exists() and (run_dir / "eval_per_position.png").exists()
+    assert (run_dir / "per_position_eval.json").exists() and (run_dir / "per_position_eval.png").exists()
+    assert [p.name for p in run_dir.glob("eval*.json")] == ["eval.json"]  # eval_<overrides>.json globs stay unambiguous
     result = run_cli("probe", str(run_dir), cwd=cwd)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (run_dir / "probes" / "probes.json").exists()

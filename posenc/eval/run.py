@@ -66,8 +66,8 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     out = run_dir / output_name(overrides)
     header = {"run_dir": str(run_dir), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
-    # per-position loss beside it: eval_per_position.json / .png (training wrote per_position.*)
-    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"{out.stem}_per_position")
+    # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
+    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}")
     if isinstance(data, SyntheticTask):  # dataset=synthetic: task accuracy, not perplexity
         results = final.task_results(model, data, cfg, device)
         record = {**header, **tasks.summary(data.task, results)}

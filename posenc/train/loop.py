@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
@@ -51,8 +50,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              model.encoding.extra_repr(), device, precision)
     task = data if isinstance(data, SyntheticTask) else None  # dataset=synthetic: generated task instances
-    batches = (task.batches if task else partial(RandomWindows, data.train))(
-        t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(), world_size=distributed.world_size())
+    rank, world_size = distributed.rank(), distributed.world_size()
+    if task is None:
+        batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
+    else:
+        batches = task.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
     state = new_train_state(model, t, batches, device, autocast)
     resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
     if task is None:
