@@ -19,6 +19,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig
 
 from posenc.data.packing import TokenData, load_tokens
+from posenc.data.synthetic import SyntheticTask
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionalEncoding, PositionOutOfRange
 from posenc.nn.model import GPT
@@ -49,10 +50,16 @@ def build_tokenizer(cfg: DictConfig):
     return instantiate_group(cfg.tokenizer, "tokenizer")
 
 
-def build_data(cfg: DictConfig) -> TokenData:
-    tokenizer = build_tokenizer(cfg)
+def build_data(cfg: DictConfig) -> TokenData | SyntheticTask:
+    """A corpus tokenized and packed (cached on disk), or, for dataset=synthetic, the task whose
+    instances training and evaluation generate from the seed (byte values: no tokenizer)."""
     corpus = instantiate_group(cfg.dataset, "dataset")
-    return load_tokens(corpus, tokenizer, log=log.info)
+    if isinstance(corpus, SyntheticTask):
+        if cfg.tokenizer.name != "byte":
+            raise UserError(f"dataset=synthetic writes byte values; tokenizer={cfg.tokenizer.name} does not apply "
+                            f"— use tokenizer=byte")
+        return corpus
+    return load_tokens(corpus, build_tokenizer(cfg), log=log.info)
 
 
 def build_encoding(cfg: DictConfig) -> PositionalEncoding:

@@ -95,6 +95,13 @@ VAL_PPL = Metric("val/ppl", "", True, "lower", "perplexity e^val/loss")
 VAL_BPB = Metric("val/bpb", "bits/byte", True, "lower", "bits per byte: val/loss / ln 2 / bytes per token")
 EXTRAPOLATION_PPL = Metric("extrapolation/ppl@{length}", "", True, "lower",
                            "perplexity at an evaluation length (tokens), the same validation tokens at every length")
+# --- synthetic tasks (dataset=synthetic; summary: once, at the end of training) ------------------
+TASK_ACCURACY = Metric("tasks/{task}/accuracy@{length}", "", False, "higher",
+                       "exact-match accuracy on the task's evaluation instances at a length (tokens); null: not applicable")
+TASK_LOW = Metric("tasks/{task}/low@{length}", "", False, None, "lower bound of accuracy's 95% Wilson interval")
+TASK_HIGH = Metric("tasks/{task}/high@{length}", "", False, None, "upper bound of accuracy's 95% Wilson interval")
+TASK_TOKEN_ACCURACY = Metric("tasks/{task}/token_accuracy@{length}", "", False, "higher",
+                             "fraction of answer tokens predicted right at a length (tokens)")
 # --- convergence (summary) -----------------------------------------------------------------
 TOKENS_TO_LOSS = Metric("convergence/tokens_to_loss@{target}", "tokens", False, "lower",
                         "tokens until val/loss first reaches target (interpolated between evaluations); null: never")
@@ -116,6 +123,7 @@ TOKENS_SEEN = Metric("tokens", "tokens", False, None, "training tokens seen")
 METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,
     VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL,
+    TASK_ACCURACY, TASK_LOW, TASK_HIGH, TASK_TOKEN_ACCURACY,
     TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, VAL_LOSS_AUC,
     TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN,
 )

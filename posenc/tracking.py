@@ -90,6 +90,28 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.log({TOKENS: tokens, **metrics}, step=step)
 
+    def log_curve(self, key: str, columns: list[str], rows: list[list], x: str, y: str, step: int, tokens: int,
+                  stroke: str | None = None, title: str = "") -> None:
+        """A curve that is not a history (accuracy against length, loss against position): a
+        W&B table (``<key>/table``) and its line chart (``<key>``), one line per ``stroke``
+        value. The run's own files hold it as JSON already, so only W&B gets it."""
+        if self.wandb_run is None or not rows:
+            return
+        import wandb
+
+        table = wandb.Table(columns=columns, data=rows)
+        chart = wandb.plot.line(table, x, y, stroke=stroke, title=title or key)
+        self.wandb_run.log({TOKENS: tokens, key: chart, f"{key}/table": table}, step=step)
+
+    def log_images(self, images: dict[str, Path], step: int | None, tokens: int) -> None:
+        """PNG figures the run wrote (per-position loss, probes) as W&B images under their keys;
+        step None: W&B's next step (a resumed run, e.g. `posenc probe` after training)."""
+        if self.wandb_run is None or not images:
+            return
+        import wandb
+
+        self.wandb_run.log({TOKENS: tokens, **{k: wandb.Image(str(p)) for k, p in images.items()}}, step=step)
+
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return

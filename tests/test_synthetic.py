@@ -101,18 +101,23 @@ def test_unknown_task_or_short_length_is_refused():
 
 
 def test_the_dataset_config_instantiates_to_a_task_spec():
-    """The draft config (docs/drafts/, until the training loop uses it) builds a task spec."""
-    from pathlib import Path
-
-    from hydra.utils import instantiate
+    """`dataset=synthetic dataset.task=flip_flop` composes and builds a task spec."""
     from omegaconf import OmegaConf
 
+    from posenc.build import build_data
+    from posenc.config import compose
     from posenc.data.synthetic import SyntheticTask
 
-    draft = Path(__file__).parents[1] / "docs" / "drafts" / "dataset_synthetic.yaml"
-    spec = instantiate(OmegaConf.merge(OmegaConf.load(draft), {"task": "flip_flop"}))
+    cfg = compose(["dataset=synthetic", "dataset.task=flip_flop"], bench=False)
+    spec = build_data(cfg)
     assert isinstance(spec, SyntheticTask) and spec.task == "flip_flop" and spec.eval_multiples == [1, 2, 4, 8]
+    assert spec.vocab_size == 256 and OmegaConf.select(cfg, "dataset.targets") == "answer"
     x, y = spec.batches(32, 2, seed=0).next()
     assert x.shape == (2, 32)
     with pytest.raises(ValueError, match="dataset.task"):
         SyntheticTask(task="sorting")
+
+
+def test_validation_instances_are_held_out_from_the_final_evaluation():
+    for task in TASKS:
+        assert make_task(task, 64, 4, seed=0, split="validation")["ids"] != make_task(task, 64, 4, seed=0)["ids"]

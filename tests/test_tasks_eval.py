@@ -78,3 +78,34 @@ def test_a_length_the_encoding_cannot_encode_is_skipped_not_fatal():
     res = length_accuracy(model, "copy", 64, multiples=(1, 2), n=4)
     assert res[0]["accuracy"] is not None and res[1]["accuracy"] is None and "max_len" in res[1]["skipped"]
     assert set(as_metrics("copy", res)) == {f"tasks/copy/{k}@64" for k in ("accuracy", "low", "high", "token_accuracy")}
+
+
+def test_summary_says_not_applicable_as_null_and_names_are_declared():
+    from posenc.eval.tasks import summary
+    from posenc.metrics import lookup
+
+    model = GPT(256, Learned(32, 4, max_len=64), n_layer=1, n_head=4, d_model=32)
+    res = length_accuracy(model, "copy", 64, multiples=(1, 2), n=4)
+    out = summary("copy", res)
+    assert out["tasks/copy/accuracy@128"] is None and out["tasks/copy/low@128"] is None
+    assert out["tasks/copy/accuracy@64"] is not None and out["tasks"]["lengths"][1]["skipped"]
+    assert all(lookup(k) is not None for k in out if k != "tasks")
+
+
+def test_validation_loss_is_log_v_for_a_uniform_model_and_zero_for_one_that_reads_the_key():
+    from posenc.data.synthetic import SyntheticTask
+    from posenc.eval.tasks import validation_loss
+
+    class Uniform(nn.Module):
+        def forward(self, x):
+            return torch.zeros(*x.shape, 256), None
+
+    spec = SyntheticTask(task="passkey")
+    assert math.isclose(validation_loss(Uniform(), spec, 64, n=4)["val/loss"], math.log(256), rel_tol=1e-6)
+
+    class Sharp(PasskeyReader):
+        def forward(self, x):
+            logits, _ = super().forward(x)
+            return 100 * logits, None
+
+    assert validation_loss(Sharp(), spec, 64, n=4)["val/loss"] < 1e-6  # only the answer tokens are scored

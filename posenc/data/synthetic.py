@@ -36,7 +36,9 @@ TASKS = ("passkey", "copy", "mqar", "selective_copy", "flip_flop")
 #: how training targets are built: only the answer (the papers' protocol) or every next token
 TARGETS = ("answer", "all")
 IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: what GPT.forward's loss skips
-_SPLIT_TAG = {"train": 1, "eval": 2}
+#: independent random streams: training batches, validation during training, the final evaluation
+_SPLIT_TAG = {"train": 1, "eval": 2, "validation": 3}
+VOCAB_SIZE = 256  # byte values: the tasks need no tokenizer
 
 # byte values (vocab 256): readable ASCII, so a generated instance prints as text
 PAD = ord(" ")
@@ -161,15 +163,16 @@ def generate(name: str, length: int, n: int, rng: np.random.Generator, **options
     return np.stack([r[0] for r in rows]), np.stack([r[1] for r in rows])
 
 
-def eval_rng(name: str, length: int, seed: int) -> np.random.Generator:
-    """The evaluation stream of (task, length, seed): the same on every machine and run."""
-    return np.random.default_rng([seed, zlib.crc32(name.encode()), length, _SPLIT_TAG["eval"]])
+def eval_rng(name: str, length: int, seed: int, split: str = "eval") -> np.random.Generator:
+    """The evaluation (or validation) stream of (task, length, seed): the same on every machine and run."""
+    return np.random.default_rng([seed, zlib.crc32(name.encode()), length, _SPLIT_TAG[split]])
 
 
-def make_task(name: str, length: int, n: int, seed: int, **options) -> datasets.Dataset:
+def make_task(name: str, length: int, n: int, seed: int, split: str = "eval", **options) -> datasets.Dataset:
     """The evaluation set of a task at one length: columns ids (length+1 ints) and answer_mask
-    (length bools); the same seed gives the same instances."""
-    ids, mask = generate(name, length, n, eval_rng(name, length, seed), **options)
+    (length bools); the same seed gives the same instances. ``split='validation'`` draws the
+    held-out instances training validates on, disjoint in stream from the final evaluation's."""
+    ids, mask = generate(name, length, n, eval_rng(name, length, seed, split), **options)
     return datasets.Dataset.from_dict({"ids": ids.tolist(), "answer_mask": mask.tolist()})
 
 
@@ -243,6 +246,10 @@ class SyntheticTask:
             raise ValueError("dataset.eval_instances and every dataset.eval_multiples must be positive")
         self.eval_multiples = [int(m) for m in self.eval_multiples]
         self.options = dict(self.options)  # Hydra hands a DictConfig
+
+    @property
+    def vocab_size(self) -> int:
+        return VOCAB_SIZE
 
     def batches(self, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> TaskBatches:
         return TaskBatches(self.task, seq_len, batch_size, seed, rank, world_size, self.targets, **self.options)

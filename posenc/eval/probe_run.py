@@ -14,18 +14,22 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.errors import UserError
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
+from posenc.tracking import Tracker
 
 #: evaluation-length multiples probed by default
 MULTIPLES = (1, 2, 4)
 
 
 def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows: int = 2) -> list[Path]:
-    """Probe run_dir's model at multiples × its training length; returns the files written."""
+    """Probe run_dir's model at multiples × its training length; returns the files written.
+    A run on a synthetic task is probed on its task's evaluation instances; a run logged to
+    W&B gets the figures as images in its W&B run (resumed by id)."""
     run_dir = Path(run_dir)
-    cfg, data, model, _, _ = load_trained(run_dir, overrides)
+    cfg, data, model, state, _ = load_trained(run_dir, overrides)
     device = next(model.parameters()).device
     T = int(cfg.trainer.seq_len)
     idx = {}
@@ -33,11 +37,37 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
         length = m * T
         if model.encoding.max_len is not None and length > model.encoding.max_len:
             continue  # a learned table has no positions there: nothing to probe
-        if len(data.validation) < windows * length:
-            raise UserError(f"the validation split has {len(data.validation)} tokens, fewer than {windows} windows "
-                            f"of {length} — probe shorter lengths")
-        w = np.asarray(data.validation[: windows * length], dtype=np.int64).reshape(windows, length)
-        idx[length] = torch.from_numpy(w).to(device)
+        idx[length] = _windows(data, length, windows).to(device)
     with torch.no_grad():
         probes = probe_lengths(model, idx)
-    return write_probes(probes, run_dir / "probes", T)
+    paths = write_probes(probes, run_dir / "probes", T)
+    _log_to_wandb(run_dir, cfg, state, [p for p in paths if p.suffix == ".png"])
+    return paths
+
+
+def _windows(data, length: int, windows: int) -> torch.Tensor:
+    """(windows, length) token ids: the first validation windows, or the task's first
+    evaluation instances (the same for every run)."""
+    if isinstance(data, SyntheticTask):
+        ids = make_task(data.task, length, windows, 0, **data.options)["ids"]
+        return torch.tensor(ids, dtype=torch.int64)[:, :-1]
+    if len(data.validation) < windows * length:
+        raise UserError(f"the validation split has {len(data.validation)} tokens, fewer than {windows} windows "
+                        f"of {length} — probe shorter lengths")
+    w = np.asarray(data.validation[: windows * length], dtype=np.int64).reshape(windows, length)
+    return torch.from_numpy(w)
+
+
+def _log_to_wandb(run_dir: Path, cfg, state: dict, figures: list[Path]) -> None:
+    """The probe figures as images in the run's W&B run (resumed by its id), when it has one."""
+    if cfg.logger.name != "wandb" or cfg.logger.mode == "disabled" or not state.get("wandb_id"):
+        return
+    lc = cfg.logger
+    tracker = Tracker(run_dir)
+    try:
+        tracker.start_wandb(config={}, project=lc.project, mode=lc.mode, group=lc.group,
+                            job_type="probe", name=run_dir.name, run_id=state["wandb_id"], entity=lc.entity)
+        names = {"probes/" + str(p.relative_to(run_dir / "probes").with_suffix("")): p for p in figures}
+        tracker.log_images(names, step=None, tokens=int(state.get("tokens") or 0))
+    finally:
+        tracker.finish()

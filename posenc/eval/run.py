@@ -1,4 +1,5 @@
-"""`posenc eval RUN_DIR [overrides…]`: perplexity of a trained run at several lengths.
+"""`posenc eval RUN_DIR [overrides…]`: perplexity (or, on a synthetic task, accuracy) of a trained
+run at several lengths, and its per-position loss.
 
 Loads the run's composed config (``.hydra/config.yaml``) and its checkpoint (``checkpoints/
 best.pt`` where trainer.checkpoint=best kept one, else ``last.pt``), applies
@@ -17,7 +18,7 @@ from pathlib import Path
 from rich.console import Console
 
 from posenc.config import load_run_config
-from posenc.eval import extrapolation
+from posenc.eval import extrapolation, tasks
 from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
 
@@ -69,24 +70,30 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
 
     from posenc.build import encoding_summary
 
+    from posenc.data.synthetic import SyntheticTask
+    from posenc.eval import final
+
     run_dir = Path(run_dir)
     cfg, data, model, state, autocast = load_trained(run_dir, overrides)
     device = next(model.parameters()).device
+    out = run_dir / output_name(overrides)
+    header = {"run_dir": str(run_dir), "overrides": overrides, "step": state.get("step"),
+              "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
+    # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
+    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}")
+    if isinstance(data, SyntheticTask):  # dataset=synthetic: task accuracy, not perplexity
+        results = final.task_results(model, data, cfg, device)
+        record = {**header, **tasks.summary(data.task, results)}
+        write_json_atomic(out, record)
+        print_task_results(record, data.task, results)
+        console.print(f"wrote [bold]{out}[/]")
+        return record, out
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("evaluating lengths", total=len(cfg.eval.lengths))
         results = extrapolation.run_from_config(model, data.validation, cfg, device, autocast,
                                                 on_result=lambda r: progress.advance(task))
-    record = {
-        "run_dir": str(run_dir),
-        "overrides": overrides,
-        "step": state.get("step"),
-        "seq_len": cfg.trainer.seq_len,
-        "encoding": encoding_summary(model.encoding),
-        "device": str(device),
-        **extrapolation.summary(results, cfg.eval.get("stride")),
-    }
-    out = run_dir / output_name(overrides)
+    record = {**header, **extrapolation.summary(results, cfg.eval.get("stride"))}
     write_json_atomic(out, record)
     print_results(record, results)
     console.print(f"wrote [bold]{out}[/]")
@@ -111,4 +118,20 @@ def print_results(record: dict, results: list[extrapolation.LengthResult]) -> No
         table.add_row(f"{r.length:,}", f"{r.multiple:g}", f"{r.ppl:.3f}" if defined else "—",
                       f"{r.loss:.4f}" if defined else "—", f"{row['windows']:,}", f"{r.scored_tokens:,}",
                       f"{r.seconds:.1f} s", r.reason or "")
+    console.print(table)
+
+
+def print_task_results(record: dict, task: str, results: list[dict]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
+                  title_justify="left")
+    for name in ("length", "× train", "accuracy", "95% interval", "token accuracy", "n"):
+        table.add_column(name, justify="right")
+    table.add_column("note")
+    for r in results:
+        defined = r["accuracy"] is not None
+        table.add_row(f"{r['length']:,}", f"{r['multiple']:g}", f"{r['accuracy']:.3f}" if defined else "—",
+                      f"{r['low']:.3f}–{r['high']:.3f}" if defined else "—",
+                      f"{r['token_accuracy']:.3f}" if defined else "—", str(r["n"]), r.get("skipped", ""))
     console.print(table)

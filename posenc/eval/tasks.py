@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from contextlib import nullcontext
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.data.synthetic import SyntheticTask, make_task
+from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
+from posenc.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY, VAL_LOSS, VAL_PPL
 from posenc.nn.encodings.base import PositionOutOfRange
 
 MULTIPLES = (1, 2, 4, 8)
@@ -96,12 +99,58 @@ def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed
                            batch_tokens, device, **spec.options)
 
 
+_FIELDS = {"accuracy": TASK_ACCURACY, "low": TASK_LOW, "high": TASK_HIGH, "token_accuracy": TASK_TOKEN_ACCURACY}
+
+
 def as_metrics(task: str, results: list[dict]) -> dict[str, float]:
     """Flat metrics for a Tracker: accuracy and its interval per length (skipped lengths left out)."""
     out: dict[str, float] = {}
     for r in results:
         if r["accuracy"] is None:
             continue
-        for key in ("accuracy", "low", "high", "token_accuracy"):
-            out[f"tasks/{task}/{key}@{r['length']}"] = r[key]
+        for key, metric in _FIELDS.items():
+            out[metric.key(task=task, length=r["length"])] = r[key]
     return out
+
+
+def summary(task: str, results: list[dict]) -> dict:
+    """For summary.json: every length's metrics, null where the encoding cannot represent the
+    length ("not applicable", the reason under tasks.lengths[i].skipped), plus the full records."""
+    flat = {metric.key(task=task, length=r["length"]): r[key] for r in results for key, metric in _FIELDS.items()}
+    return {**flat, "tasks": {"task": task, "lengths": results}}
+
+
+@torch.no_grad()
+def validation_loss(model: nn.Module, spec: SyntheticTask, length: int, n: int, seed: int = 0,
+                    batch_tokens: int = 16384, device: torch.device | str = "cpu", autocast=nullcontext) -> dict[str, float]:
+    """val/loss and val/ppl during training: mean cross-entropy over the targets training uses
+    (spec.targets: the answers, or every next token) of n held-out instances at ``length``
+    (the 'validation' stream, never the final evaluation's instances)."""
+    ds = make_task(spec.task, length, n, seed, split="validation", **spec.options).with_format("torch")
+    batch = max(1, batch_tokens // length)
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0
+    try:
+        for start in range(0, n, batch):
+            rows = ds[start : start + batch]
+            x, y = targets_of(rows["ids"], rows["answer_mask"], spec.targets)
+            x, y = x.to(device), y.to(device)
+            with autocast():
+                logits, _ = model(x)  # (b, length, vocab)
+            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum",
+                                           ignore_index=IGNORE_INDEX))
+            count += int((y != IGNORE_INDEX).sum())
+    finally:
+        model.train(was_training)
+    loss = total / max(count, 1)
+    return {VAL_LOSS.name: loss, VAL_PPL.name: math.exp(min(loss, 700.0))}
+
+
+def log_to(tracker, task: str, results: list[dict], step: int, tokens: int) -> None:
+    """Task accuracy to metrics.jsonl / W&B (defined lengths) and a W&B accuracy-against-length
+    chart with the Wilson bounds in its table."""
+    tracker.log(as_metrics(task, results), step=step, tokens=tokens)
+    rows = [[r["length"], r["multiple"], r["accuracy"], r["low"], r["high"]] for r in results if r["accuracy"] is not None]
+    tracker.log_curve(f"tasks/{task}/accuracy_by_length", ["length", "multiple", "accuracy", "low", "high"], rows,
+                      "length", "accuracy", step, tokens, title=f"{task}: exact-match accuracy against length")

@@ -19,7 +19,8 @@ from posenc import metrics as M
 from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
 from posenc.config import validate as validate_config
 from posenc.data.batches import RandomWindows
-from posenc.eval import extrapolation
+from posenc.data.synthetic import SyntheticTask
+from posenc.eval import final
 from posenc.eval.loss import fixed_span, score_windows
 from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
@@ -50,16 +51,23 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
-    batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed,
-                            rank=distributed.rank(), world_size=distributed.world_size())
+    task = data if isinstance(data, SyntheticTask) else None  # dataset=synthetic: generated task instances
+    rank, world_size = distributed.rank(), distributed.world_size()
+    if task is None:
+        batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
+    else:
+        batches = task.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
     state = new_train_state(model, t, batches, device, autocast)
     resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
-    bytes_per_token = data.bytes_per_token("validation")
-    val_span = fixed_span(len(data.validation), t.seq_len, t.eval_batches * t.batch_size)
+    if task is None:
+        bytes_per_token = data.bytes_per_token("validation")
+        val_span = fixed_span(len(data.validation), t.seq_len, t.eval_batches * t.batch_size)
 
-    def evaluate() -> dict[str, float]:  # the same validation tokens at every evaluation, in every run
-        return score_windows(model, data.validation, t.seq_len, val_span, batch_size=t.batch_size, device=device,
-                             autocast=autocast, bytes_per_token=bytes_per_token).metrics()
+        def evaluate() -> dict[str, float]:  # the same validation tokens at every evaluation, in every run
+            return score_windows(model, data.validation, t.seq_len, val_span, batch_size=t.batch_size, device=device,
+                                 autocast=autocast, bytes_per_token=bytes_per_token).metrics()
+    else:
+        evaluate = final.task_validator(model, task, cfg, device, autocast)  # held-out instances at seq_len
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
@@ -76,10 +84,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
                                       checkpoints=checkpoints)
-        lengths = []  # perplexity at eval.lengths × seq_len (Press et al.), same tokens for each
-        if cfg.eval.get("at_end", True):
-            lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
-            tracker.log(extrapolation.metrics(lengths), step=state.step, tokens=state.tokens)
+        # perplexity at eval.lengths × seq_len (Press et al.) or task accuracy, and per-position loss
+        evaluated = final.evaluate_run(model, data, cfg, run_dir, tracker, state.step, state.tokens, device, autocast) \
+            if cfg.eval.get("at_end", True) else {}
         summary = {
             "status": "completed",
             **val,
@@ -93,7 +100,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "device": str(device),
             "precision": precision,
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
-            **(extrapolation.summary(lengths, cfg.eval.get("stride")) if lengths else {}),
+            **evaluated,
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
             summary.update(M.convergence_metrics(read_jsonl(run_dir / METRICS_FILE), t.get("convergence_targets")))
@@ -173,7 +180,3 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                 # SIGTERM / Ctrl-C: checkpoint saved (unless trainer.checkpoint=none), metrics flushed
                 stop.stop(run_dir, step, saved=checkpoints.kind != "none")
     return val, time.time() - loop_start
-
-
-def _log_length(r: extrapolation.LengthResult) -> None:
-    log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)

@@ -1,0 +1,172 @@
+"""Per-position loss: mean next-token loss against the position inside the window.
+
+Perplexity at a length averages over every position of the window and hides *where* an
+encoding breaks: a model trained on L tokens that is fine up to position L and falls apart
+after it shows a flat curve then a cliff at L (Press et al., 2022, Fig. 1 plot the same
+thing against the evaluation length). For each evaluation length the loss at positions
+0..length-1 is summed over the windows and cut into at most ``buckets`` equal-width buckets
+of positions, so the record stays small at 16× the training length.
+
+The windows are what the rest of the evaluator scores: the fixed validation span of a corpus
+(non-overlapping windows, as ``posenc.eval.loss.score_windows``), or a synthetic task's
+evaluation instances, where only the answer positions are targets (IGNORE_INDEX elsewhere,
+so a bucket without answers is null).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
+from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.rundir import write_json_atomic
+
+BUCKETS = 64  # at most this many points per length
+STEM = "per_position"  # per_position.json and per_position.png in the run dir
+
+
+@torch.no_grad()
+def position_loss_sums(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], length: int,
+                       device: torch.device | str = "cpu", autocast=nullcontext) -> tuple[np.ndarray, np.ndarray]:
+    """Summed loss and target count at each position 0..length-1 over (x, y) batches of
+    (b, length); targets equal to IGNORE_INDEX are not counted. Returns two (length,) arrays."""
+    total = torch.zeros(length, dtype=torch.float64)
+    count = torch.zeros(length, dtype=torch.int64)
+    was_training = model.training
+    model.eval()
+    try:
+        for x, y in batches:
+            x, y = x.to(device), y.to(device)
+            with autocast():
+                logits, _ = model(x)  # (b, length, vocab)
+            loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none",
+                                   ignore_index=IGNORE_INDEX)  # (b, length), 0 where ignored
+            total += loss.double().sum(0).cpu()
+            count += (y != IGNORE_INDEX).sum(0).cpu()
+    finally:
+        model.train(was_training)
+    return total.numpy(), count.numpy()
+
+
+def bucket(total: np.ndarray, count: np.ndarray, buckets: int = BUCKETS) -> dict:
+    """Equal-width buckets of positions: {start, end (exclusive), loss (mean, None when the
+    bucket has no target), count} as parallel lists."""
+    length = len(total)
+    edges = np.unique(np.linspace(0, length, min(buckets, length) + 1).round().astype(int))
+    starts, ends = edges[:-1], edges[1:]
+    sums = np.add.reduceat(total, starts)
+    counts = np.add.reduceat(count, starts)
+    loss = [float(s / c) if c else None for s, c in zip(sums, counts)]
+    return {"start": starts.tolist(), "end": ends.tolist(), "loss": loss, "count": counts.tolist()}
+
+
+def per_position(model: nn.Module, batches_by_length: dict[int, Iterable[tuple[Tensor, Tensor]]],
+                 train_length: int, buckets: int = BUCKETS, device: torch.device | str = "cpu",
+                 autocast=nullcontext) -> dict:
+    """The per-position record of a model: for each length its bucketed curve, or None with the
+    reason when the encoding has no positions there (learned beyond max_len)."""
+    lengths = []
+    for length, batches in batches_by_length.items():
+        record = {"length": length, "multiple": length / train_length}
+        max_len = getattr(getattr(model, "encoding", None), "max_len", None)
+        try:
+            if max_len is not None and length > max_len:
+                raise PositionOutOfRange(f"{model.encoding.name} has no positions beyond {max_len - 1}")
+            record.update(bucket(*position_loss_sums(model, batches, length, device, autocast), buckets))
+        except PositionOutOfRange as e:
+            record.update(start=None, end=None, loss=None, count=None, skipped=f"not defined: {e}")
+        lengths.append(record)
+    return {"train_length": train_length, "buckets": buckets, "lengths": lengths}
+
+
+def corpus_batches(tokens: np.ndarray, length: int, span: int, batch_tokens: int = 16384):
+    """Non-overlapping windows over targets [0, span) of a validation split: (x, y) batches."""
+    starts = list(range(0, span - length + 1, length))
+    per = max(1, batch_tokens // length)
+    for i in range(0, len(starts), per):
+        w = torch.from_numpy(np.stack([tokens[s : s + length + 1] for s in starts[i : i + per]]).astype(np.int64))
+        yield w[:, :-1], w[:, 1:]
+
+
+def task_batches(spec: SyntheticTask, length: int, seed: int = 0, batch_tokens: int = 16384):
+    """The task's evaluation instances at ``length`` (those task accuracy scores), with the
+    targets training used (spec.targets)."""
+    ds = make_task(spec.task, length, spec.eval_instances, seed, **spec.options).with_format("torch")
+    per = max(1, batch_tokens // length)
+    for i in range(0, spec.eval_instances, per):
+        rows = ds[i : i + per]
+        yield targets_of(rows["ids"], rows["answer_mask"], spec.targets)
+
+
+def as_table_rows(record: dict) -> list[list]:
+    """[length, position (bucket centre), loss] rows of every defined bucket: a W&B table."""
+    rows = []
+    for r in record["lengths"]:
+        if r["loss"] is None:
+            continue
+        rows += [[r["length"], (s + e - 1) / 2, loss] for s, e, loss in zip(r["start"], r["end"], r["loss"])
+                 if loss is not None]
+    return rows
+
+
+def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str = STEM) -> list[Path]:
+    """<stem>.json and <stem>.png (loss against position, one line per length, a dashed
+    vertical line at the training length) in out_dir."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
+    write_json_atomic(json_path, record)
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
+    for r in sorted(record["lengths"], key=lambda r: -r["length"]):  # the shortest drawn last, on top
+        if r["loss"] is None:
+            continue
+        x = [(s + e - 1) / 2 for s, e in zip(r["start"], r["end"])]
+        y = [math.nan if v is None else v for v in r["loss"]]
+        ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=f"{r['length']} ({r['multiple']:g}×)")
+    ax.axvline(record["train_length"], color="black", linestyle="--", linewidth=1, label="training length")
+    ax.set_xlabel("position in the window")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title or "per-position loss")
+    ax.legend(title="evaluation length", fontsize=7)
+    fig.tight_layout()
+    tmp = png_path.with_suffix(".png.tmp")
+    fig.savefig(tmp, format="png")
+    plt.close(fig)
+    tmp.replace(png_path)
+    return [json_path, png_path]
+
+
+def from_config(model: nn.Module, data, cfg, device: torch.device | str = "cpu", autocast=nullcontext) -> dict:
+    """The per-position record of a run as its config says: a corpus at eval.lengths ×
+    trainer.seq_len over the extrapolation's validation span, or a synthetic task at
+    dataset.eval_multiples × trainer.seq_len on its evaluation instances."""
+    from posenc.eval.extrapolation import eval_lengths, eval_span
+
+    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
+    if isinstance(data, SyntheticTask):
+        batches = {m * T: task_batches(data, m * T, 0, batch_tokens) for m in data.eval_multiples}
+    else:
+        lengths = eval_lengths(T, list(cfg.eval.lengths))
+        span = eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))
+        batches = {L: corpus_batches(data.validation, L, span, batch_tokens) for L in lengths}
+    return per_position(model, batches, T, BUCKETS, device, autocast)
+
+
+def log_to(tracker, record: dict, figure: Path, step: int, tokens: int) -> None:
+    """Per-position loss to W&B: a table/line chart (one line per length) and the PNG."""
+    tracker.log_curve("per_position/loss", ["length", "position", "loss"], as_table_rows(record), "position", "loss",
+                      step, tokens, stroke="length", title="loss against position, per evaluation length")
+    tracker.log_images({"per_position/figure": figure}, step, tokens)

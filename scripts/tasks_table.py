@@ -1,0 +1,64 @@
+"""Accuracy against length of a task sweep as a Markdown table: one row per encoding, one column
+per evaluation length, mean and 95% t-interval over seeds (posenc.report.stats.mean_interval).
+
+    python scripts/tasks_table.py outputs/sweeps/<date>/<time>_tasks_length [--task flip_flop]
+
+Reads each run's summary.json (tasks/<task>/accuracy@<length>); a length an encoding cannot
+represent (null in every seed) prints as "n/a".
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from posenc.metrics import TASK_ACCURACY
+from posenc.report.stats import mean_interval
+
+
+def collect(sweep: Path, task: str | None) -> tuple[str, dict[str, dict[int, list]]]:
+    """(task, {encoding: {length: [accuracy per seed, None where not applicable]}})."""
+    table: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
+    for path in sorted(sweep.rglob("summary.json"), key=_job_order):
+        summary = json.loads(path.read_text())
+        for key, value in summary.items():
+            match = TASK_ACCURACY.match(key)
+            if match and (task is None or match["task"] == task):
+                task = match["task"]
+                table[summary["encoding"]["name"]][int(match["length"])].append(value)
+    if task is None:
+        raise SystemExit(f"error: no run under {sweep} has tasks/<task>/accuracy@<length> in its summary.json")
+    return task, table
+
+
+def _job_order(path: Path) -> tuple:
+    """A sweep's runs in job order (0_nope, 1_nope, ..., 10_t5_bias), as Hydra numbered them."""
+    head = path.parent.name.split("_")[0]
+    return (int(head) if head.isdigit() else -1, str(path))
+
+
+def cell(values: list) -> str:
+    values = [v for v in values if v is not None]
+    if not values:
+        return "n/a"
+    s = mean_interval([100 * v for v in values])
+    return f"{s.mean:.0f}" if s.low is None else f"{s.mean:.0f} [{max(s.low, 0):.0f}, {min(s.high, 100):.0f}]"
+
+
+def markdown(task: str, table: dict[str, dict[int, list]]) -> str:
+    lengths = sorted({L for by_length in table.values() for L in by_length})
+    seeds = max(len(v) for by_length in table.values() for v in by_length.values())
+    head = f"| {task}: exact match, % (n={seeds} seeds) | " + " | ".join(f"{L}" for L in lengths) + " |"
+    rule = "|---|" + "---:|" * len(lengths)
+    rows = [f"| {enc} | " + " | ".join(cell(table[enc].get(L, [])) for L in lengths) + " |" for enc in table]
+    return "\n".join([head, rule, *rows])
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("sweep", type=Path)
+    parser.add_argument("--task", default=None)
+    args = parser.parse_args()
+    print(markdown(*collect(args.sweep, args.task)))
