@@ -220,3 +220,27 @@ def test_a_numeric_baseline_matches_however_it_is_typed(tmp_path: Path):
     for typed in ("10000", "1e4", "10000.0"):
         c = build_comparison(find_runs([root]), by=None, metric="val/loss", baseline=typed)
         assert c.baseline.label == "10000" and list(c.versus) == ["100"]
+
+
+def test_task_runs_compare_as_accuracy_against_length_with_intervals(tmp_path: Path):
+    """dataset=synthetic runs: one accuracy column per evaluated length (mean [95% interval],
+    clipped to [0, 100%]), n/a where an encoding is not defined, and an accuracy figure."""
+    root = tmp_path / "tasks"
+    accuracy = {"rope": [(1.0, 0.5), (1.0, 0.3), (1.0, 0.4)], "learned": [(1.0, None), (1.0, None), (1.0, None)]}
+    for name, rows in accuracy.items():
+        for seed, (at_32, at_64) in enumerate(rows):
+            make_run(root, f"{name}_{seed}", {"name": name}, seed, [f"encoding={name}", f"seed={seed}"], [1.0, 0.5],
+                     extra={"tasks/flip_flop/accuracy@32": at_32, "tasks/flip_flop/accuracy@64": at_64})
+    c = build_comparison(find_runs([root]), by=["encoding"], metric="tasks/flip_flop/accuracy@64")
+    headers = [col.header for col in c.columns]
+    assert "flip_flop acc@32" in headers and "flip_flop acc@64" in headers
+    rope = c.cells[("rope", "tasks/flip_flop/accuracy@64")]
+    assert rope.n == 3 and rope.mean == pytest.approx(0.4) and rope.low < 0.4 < rope.high
+    out = tmp_path / "report"
+    result = CliRunner().invoke(app, ["compare", str(root), "--by", "encoding", "--out", str(out),
+                                      "--metric", "tasks/flip_flop/accuracy@64"])
+    assert result.exit_code == 0, result.output
+    report = (out / "report.md").read_text()
+    assert "100.0% [100.0%, 100.0%]" in report  # every seed solved it at the training length: zero width
+    assert "40.0% [" in report
+    assert (out / "accuracy_flip_flop.png").stat().st_size > 0

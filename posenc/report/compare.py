@@ -20,11 +20,11 @@ from rich.console import Console
 from rich.markup import escape
 
 from posenc.errors import UserError
-from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TOKENS_PER_S, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
+from posenc.metrics import (DEFAULT_TARGETS, EXTRAPOLATION_PPL, TASK_ACCURACY, TOKENS_PER_S, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
                             VAL_PPL, Target, convergence_metrics, lookup, parse_target, target_of)
 from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
-from posenc.report.plots_length import plot_extrapolation
+from posenc.report.plots_length import plot_extrapolation, plot_task_accuracy, task_names
 from posenc.report.runs import (Group, Run, Stat, aggregate, check_choice, deduplicate, find_runs, format_value,
                                 group_keys, group_runs, varying_keys)
 from posenc.report.setup import describe, describe_varied, setup_line, setup_split
@@ -37,7 +37,7 @@ from posenc.rundir import read_sweep
 class Column:
     key: str              # the summary key
     header: str
-    fmt: str              # "loss" | "ppl" | "tokens" | "rate"
+    fmt: str              # "loss" | "ppl" | "tokens" | "rate" | "accuracy"
 
     @property
     def lower_is_better(self) -> bool:
@@ -80,6 +80,9 @@ def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[Target]) -> 
     cols += [Column(t.tokens_key, f"→{t}", "tokens") for t in targets]
     cols += [Column(k, f"ppl@{EXTRAPOLATION_PPL.match(k)['length']}", "ppl")
              for k in sorted(keys, key=_length_order) if EXTRAPOLATION_PPL.match(k)]
+    # dataset=synthetic: exact-match accuracy at each evaluated length (null there: not applicable)
+    cols += [Column(k, f"{m['task']} acc@{m['length']}", "accuracy")
+             for k in sorted(keys, key=_length_order) if (m := TASK_ACCURACY.match(k))]
     if metric not in {c.key for c in cols} and metric in keys:
         cols.insert(0, Column(metric, metric, "loss"))
     if RATE_COLUMN.key in keys:
@@ -234,6 +237,9 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
     ]
     if any(EXTRAPOLATION_PPL.match(col.key) for col in c.columns):  # some finished run was evaluated at other lengths
         plots.append(plot_extrapolation(c.groups, out / "extrapolation.png", f"Perplexity against length, {title}", setup))
+    for task in task_names(c.groups):  # some finished run was a synthetic task scored at several lengths
+        plots.append(plot_task_accuracy(c.groups, task, out / f"accuracy_{task}.png",
+                                        f"{task} accuracy against length, {title}", setup))
     notes = [NOTES] + ([f"ranking by {c.metric} across {c.within}: "
                         + ("the same order for every value" if same_order(c.rankings) else "the order changes")]
                        if c.rankings else [])

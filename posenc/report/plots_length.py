@@ -15,7 +15,7 @@ import matplotlib.ticker
 import numpy as np
 
 from posenc.errors import UserError
-from posenc.metrics import EXTRAPOLATION_PPL
+from posenc.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import BAND, legend_outside, save_figure, titled  # selects the Agg backend first
 from posenc.report.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line
@@ -118,6 +118,64 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
     titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup)
+    ax.grid(alpha=0.3, which="both")
+    legend_outside(ax, BAND)
+    return save_figure(fig, out)
+
+
+def task_names(groups: Sequence[Group]) -> list[str]:
+    """The synthetic tasks whose accuracy by length the groups' completed runs hold."""
+    return sorted({m["task"] for g in groups for r in g.completed for k in r.summary if (m := TASK_ACCURACY.match(k))})
+
+
+def accuracy_stats(group: Group, task: str) -> dict[int, Stat]:
+    """length -> exact-match accuracy mean and 95% interval over the completed seeds; no mean
+    where a seed has none (null: not applicable, e.g. learned positions beyond max_len)."""
+    keys = {int(m["length"]): k for r in group.completed for k in r.summary
+            if (m := TASK_ACCURACY.match(k)) and m["task"] == task}
+    return {n: aggregate([r.metric(k) for r in group.completed if k in r.summary]) for n, k in sorted(keys.items())}
+
+
+def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str = "", setup: str | None = None) -> Path:
+    """Exact-match accuracy against evaluation length (Kazemnejad et al. 2023, Fig. 1 style):
+    log-x (base 2) at the evaluated lengths, accuracy 0-100%, the training length dashed, the
+    95% interval over seeds shaded (clipped to [0, 100%])."""
+    fig, ax = plt.subplots(figsize=(9, 4.8))
+    styles = styles_for([g.label for g in groups])
+    lengths: set[int] = set()
+    for group in groups:
+        stats = accuracy_stats(group, task)
+        points = [(n, s) for n, s in stats.items() if s.mean is not None]
+        if not points:
+            continue
+        label = f"{group.label} (n={len(group.completed)})"
+        undefined = [n for n, s in stats.items() if s.mean is None]
+        if undefined:
+            label += f"; n/a at {', '.join(map(str, undefined))}"
+        x = np.array([n for n, _ in points])
+        mean = 100 * np.array([s.mean for _, s in points])
+        half = 100 * np.array([s.half_width or 0.0 for _, s in points])
+        style = styles[group.label]
+        ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
+        if len(group.completed) > 1:
+            ax.fill_between(x, np.clip(mean - half, 0, 100), np.clip(mean + half, 0, 100),
+                            color=style.color, alpha=0.2, linewidth=0)
+        lengths.update(stats)
+    seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed
+                       if "trainer.seq_len" in r.config})
+    for i, seq_len in enumerate(seq_lens):
+        ax.axvline(seq_len, color="grey", linestyle="--", linewidth=1, label="training length" if i == 0 else None)
+    ax.set_xscale("log", base=2)
+    ticks = sorted(lengths)
+    ax.set_xticks(ticks)
+    ax.set_xticklabels([f"{n}\n({format_value(n / seq_lens[0])}×)" if len(seq_lens) == 1 else str(n) for n in ticks])
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.set_ylim(-3, 103)
+    ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
+    ax.set_ylabel(f"{task}: exact-match accuracy (%)")
+    if setup is None:
+        setup = setup_line([r for g in groups for r in g.runs])
+    titled(ax, title or f"{task}: accuracy beyond the training length", setup)
     ax.grid(alpha=0.3, which="both")
     legend_outside(ax, BAND)
     return save_figure(fig, out)

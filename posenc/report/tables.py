@@ -28,6 +28,8 @@ def format_number(value: float, fmt: str) -> str:
         return f"{value:,.0f}"
     if fmt == "ppl":
         return f"{value:.3f}"
+    if fmt == "accuracy":
+        return f"{100 * value:.1f}%"
     return f"{value:.4f}"
 
 
@@ -41,7 +43,8 @@ def format_stat(stat: Stat, fmt: str, compact: bool = False) -> str:
         return text
     if compact:
         return f"{text} ±{format_number(stat.half_width, fmt)}"
-    return f"{text} [{format_number(stat.low, fmt)}, {format_number(stat.high, fmt)}]"
+    low, high = (max(stat.low, 0.0), min(stat.high, 1.0)) if fmt == "accuracy" else (stat.low, stat.high)
+    return f"{text} [{format_number(low, fmt)}, {format_number(high, fmt)}]"
 
 
 #: how the tables say what a cell holds
