@@ -64,6 +64,7 @@ class TrainerConfig:
     compile: Any = MISSING                      # auto | true | false
     peak_flops: Optional[float] = MISSING
     resume: Any = MISSING                       # false | <run dir> | auto | true
+    init_from: Optional[str] = MISSING          # null | <run dir>: start from that run's weights (train/init_from.py)
     convergence_targets: List[float] = MISSING
 
 
@@ -284,8 +285,10 @@ def _positive(key: str, example: Any) -> Rule:
 
 RULES: tuple[Rule, ...] = (
     *(_positive(f"trainer.{k}", e) for k, e in (
-        ("seq_len", 256), ("batch_size", 16), ("grad_accum", 1), ("max_steps", 300), ("log_interval", 10),
+        ("seq_len", 256), ("batch_size", 16), ("grad_accum", 1), ("log_interval", 10),
         ("eval_interval", 50), ("early_evals", 4), ("eval_batches", 8), ("checkpoint_interval", 100), ("lr", 2e-3), ("grad_clip", 1.0))),
+    # 0 steps: evaluate the model as it starts (a trainer.init_from parent as is, with its new scaling)
+    Rule("trainer.max_steps", lambda v: v >= 0, ">= 0", 300),
     Rule("trainer.warmup_steps", lambda v: v >= 0, ">= 0", 30),
     Rule("trainer.checkpoint", lambda v: v in ("last", "best", "none"), "last, best or none", "last"),
     Rule("trainer.min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]", 0.1),

@@ -13,7 +13,10 @@ def check_run(cfg) -> None:
     """What the schema's types cannot say, checked before Hydra creates a run directory."""
     from posenc.config import apply_choice_schemas, validate
 
+    from posenc.train import init_from
+
     validate(apply_choice_schemas(cfg))
+    init_from.check(cfg)  # a parent whose weights would not fit: refused before any directory exists
 
 
 def train(ctx: typer.Context) -> None:

@@ -28,7 +28,7 @@ from posenc.cli.hydra_entry import parse_args
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
 from posenc.rundir import checkpoint_path, load_checkpoint, run_checkpoint_kind
-from posenc.train import distributed
+from posenc.train import distributed, init_from
 
 RESUME_KEY = "trainer.resume"
 NO_RESUME = (False, None, "false", "none", "")
@@ -161,6 +161,7 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
         args.overrides = restore_run_overrides(run_dir, args.overrides)
         args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
         fixed = True
+    args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len
     if distributed.launched() and not args.multirun:
         distributed.init()
         if not fixed:

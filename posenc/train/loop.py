@@ -25,7 +25,7 @@ from posenc.eval.loss import fixed_span, score_windows
 from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
-from posenc.train import distributed
+from posenc.train import distributed, init_from
 from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
 from posenc.train.eval_schedule import is_eval_step
 from posenc.train.progress import TrainProgress
@@ -47,7 +47,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     data = build_data(cfg)
     seed_everything(cfg.seed)  # the model's init depends on the seed alone, as in `posenc bench`
-    model = build_model(cfg, data.vocab_size).to(device)
+    model = build_model(cfg, data.vocab_size)
+    parent = init_from.start_from_parent(cfg, model, run_dir, write=distributed.is_main())  # {} without init_from
+    model = model.to(device)
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
@@ -100,6 +102,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             "device": str(device),
             "precision": precision,
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
+            **parent,
             **evaluated,
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
@@ -138,6 +141,10 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
     loop_start = rate.start - (M.elapsed_before(read_jsonl(run_dir / METRICS_FILE), state.step)
                                if state.step and tracker.enabled else 0.0)
+    if t.max_steps == 0 and distributed.is_main():  # nothing to train: evaluate and save the model as it starts
+        val = evaluate()
+        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
+        checkpoints.save(state, cfg, tracker.wandb_id, val)
     with TrainProgress(t.max_steps, enabled=distributed.is_main()) as progress, GracefulStop() as stop:
         while state.step < t.max_steps:
             tokens_before = state.tokens

@@ -1,0 +1,153 @@
+"""``trainer.init_from=<run dir>``: start a new run from a finished run's weights.
+
+The context-extension recipe of Position Interpolation (Chen et al., 2023) and YaRN (Peng et
+al., 2023): train at T, change the RoPE frequencies to reach s·T, fine-tune briefly at s·T.
+The new run (the child) takes the parent's **weights only**: its optimiser, learning-rate
+schedule (warmup included), step, token count, data sampler and RNG start fresh from the
+child's own config and seed. Any ``trainer.*`` and the encoding's scaling settings may differ;
+whatever would make the weights mean something else may not:
+
+- ``model.*`` (but ``dropout``), every ``tokenizer.*``, and ``dataset.*`` when the tokenizer
+  is trained on the corpus (BPE: another corpus is another vocabulary);
+- ``encoding._target_``, and any other encoding option that changes the encoding's parameter
+  shapes (T5's ``num_buckets``, learned ``max_len``, ...).
+
+A mismatch is refused with one ``error:`` line naming the keys, before Hydra creates the run
+dir (cli/hydra_commands.check_run) and again in each job (a sweep over a model key). When the
+scaling's training length ``encoding.original_max_len`` is not given on the command line, the
+child takes the parent's ``trainer.seq_len``: the T the parent was trained at, not the child's
+new, longer seq_len (parent_overrides). The child's dir holds ``parent.json`` (the parent's
+path, step and config) and its summary a ``parent`` entry.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.config import load_run_config, parse_overrides
+from posenc.errors import UserError
+from posenc.rundir import checkpoint_path, load_checkpoint, write_json_atomic
+
+log = logging.getLogger("posenc")
+
+KEY = "trainer.init_from"
+PARENT_FILE = "parent.json"
+UNSET = (None, False, "", "none", "null", "false")
+#: model keys that do not change what the weights are
+FREE_MODEL_KEYS = ("dropout",)
+#: encoding keys that change how positions are scaled, never a parameter's shape
+SCALING_KEYS = ("scaling", "scaling_factor", "original_max_len", "low_freq_factor", "high_freq_factor",
+                "short_factor", "long_factor")
+#: tokenizers whose vocabulary is learned from the corpus: the dataset is part of the vocabulary
+TRAINED_TOKENIZERS = ("posenc.data.tokenizers.BPETokenizer",)
+
+
+def requested(value: Any) -> bool:
+    return not (value in UNSET or (isinstance(value, str) and value.strip().lower() in UNSET))
+
+
+def parent_dir(value: Any) -> Path:
+    """The parent run dir trainer.init_from names, absolute, checked to hold a checkpoint."""
+    run_dir = Path(str(value)).expanduser()
+    if not run_dir.is_dir():
+        raise UserError(f"{KEY}: run dir '{run_dir}' does not exist — pass the directory of a finished "
+                        f"`posenc train` run (it holds checkpoints/last.pt)")
+    if not checkpoint_path(run_dir).is_file():
+        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.pt — start from a run that saved one")
+    return run_dir.resolve()
+
+
+def parent_config(run_dir: Path) -> DictConfig:
+    """The parent's composed config (.hydra/config.yaml), typed as posenc reads a run."""
+    return load_run_config(run_dir, [])
+
+
+def _flat(node: Any, prefix: str) -> dict[str, Any]:
+    if not isinstance(node, DictConfig):
+        return {prefix: node}
+    container = OmegaConf.to_container(node, resolve=True)
+    return {f"{prefix}.{k}": v for k, v in container.items()}  # type: ignore[union-attr]
+
+
+def _differing(parent: dict[str, Any], child: dict[str, Any], skip: tuple[str, ...] = ()) -> list[str]:
+    keys = sorted(set(parent) | set(child))
+    return [f"{k} (parent {parent.get(k)!r}, this run {child.get(k)!r})" for k in keys
+            if k.rpartition(".")[2] not in skip and parent.get(k) != child.get(k)]
+
+
+def _encoding_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]]:
+    from posenc.build import build_encoding
+
+    return {name: tuple(t.shape) for name, t in build_encoding(cfg).state_dict().items()}
+
+
+def incompatible(parent: DictConfig, child: DictConfig) -> list[str]:
+    """The keys on which child's weights would not be parent's: 'key (parent X, this run Y)'."""
+    out = _differing(_flat(parent.model, "model"), _flat(child.model, "model"), FREE_MODEL_KEYS)
+    out += _differing(_flat(parent.tokenizer, "tokenizer"), _flat(child.tokenizer, "tokenizer"))
+    if child.tokenizer.get("_target_") in TRAINED_TOKENIZERS:
+        out += _differing(_flat(parent.dataset, "dataset"), _flat(child.dataset, "dataset"))
+    p_enc, c_enc = _flat(parent.encoding, "encoding"), _flat(child.encoding, "encoding")
+    target = "encoding._target_"
+    if p_enc.get(target) != c_enc.get(target):  # another encoding: its options cannot be compared
+        return [*out, *_differing({target: p_enc.get(target)}, {target: c_enc.get(target)})]
+    if not out and _encoding_shapes(parent) != _encoding_shapes(child):
+        # an option that sizes a parameter table differs: name the non-scaling options that do
+        out += _differing(p_enc, c_enc, SCALING_KEYS) or ["encoding (its parameter shapes)"]
+    return out
+
+
+def check(cfg: DictConfig) -> Path | None:
+    """The parent run dir if cfg sets trainer.init_from and the two fit; else None. A misfit is
+    one UserError naming every differing key."""
+    value = OmegaConf.select(cfg, KEY, default=None)
+    if not requested(value):
+        return None
+    run_dir = parent_dir(value)
+    differing = incompatible(parent_config(run_dir), cfg)
+    if differing:
+        raise UserError(f"{KEY}={value}: this run's weights would not be the parent's — it differs on "
+                        f"{'; '.join(differing)}; use the parent's values for these keys "
+                        f"(only trainer.*, model.dropout and the encoding's scaling settings may change)")
+    return run_dir
+
+
+def parent_overrides(overrides: list[str]) -> list[str]:
+    """overrides, plus ``encoding.original_max_len=<the parent's trainer.seq_len>`` when
+    trainer.init_from names one parent, the parent's encoding has that key, and the command
+    line does not set it: scaling extends from the length the parent was trained at."""
+    parsed = {o.key: o for o in parse_overrides(overrides)}
+    init = parsed.get(KEY)
+    if init is None or init.override.is_sweep_override() or not requested(init.value):
+        return overrides
+    if "encoding.original_max_len" in parsed or "encoding" in parsed:
+        return overrides  # set by the user (or another encoding: refused by check)
+    run_dir = parent_dir(init.value)
+    parent = parent_config(run_dir)
+    if "original_max_len" not in parent.encoding:
+        return overrides
+    return [*overrides, f"encoding.original_max_len={int(parent.trainer.seq_len)}"]
+
+
+def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, write: bool = True) -> dict:
+    """Load the parent's weights into model (in place) and record the parent in run_dir;
+    returns the summary's ``{"parent": ...}`` entry, or {} for a run with no parent."""
+    from posenc.build import restore_weights
+
+    parent = check(cfg)
+    if parent is None:
+        return {}
+    state = load_checkpoint(parent)
+    restore_weights(model, state, checkpoint_path(parent))  # weights only: no optimiser, step or RNG
+    config = state["config"]
+    record = {"path": str(parent), "step": state["step"], "tokens": state["tokens"],
+              "seq_len": config["trainer"]["seq_len"], "encoding": config["encoding"].get("name")}
+    if write:
+        write_json_atomic(Path(run_dir) / PARENT_FILE, {**record, "val": state.get("val"), "config": config})
+    log.info("initialised from %s (step %d, trained at seq_len %d)", parent, state["step"], record["seq_len"])
+    return {"parent": record}
