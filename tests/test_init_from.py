@@ -120,3 +120,28 @@ def test_a_sweep_over_scaling_with_zero_steps_evaluates_the_parent_as_is(parent:
     assert summaries["none"]["val/loss"] == pytest.approx(parent_val, abs=1e-5)
     assert summaries["linear"]["val/loss"] != pytest.approx(parent_val, abs=1e-3)  # PI changed the positions
     assert all(load_checkpoint(d)["step"] == 0 for d in jobs.values())  # `posenc eval` works on each
+
+
+def test_a_sweep_over_parents_trained_at_one_length_extends_from_it(parent: Path) -> None:
+    from posenc.train.init_from import parent_overrides
+
+    overrides = [f"trainer.init_from={parent},{parent}", "trainer.seq_len=128"]
+    assert parent_overrides(overrides) == [*overrides, "encoding.original_max_len=32"]
+    explicit = [f"trainer.init_from={parent}", "encoding.original_max_len=48"]
+    assert parent_overrides(explicit) == explicit
+
+
+def test_init_from_set_where_the_cli_cannot_see_it_must_name_the_training_length(parent: Path) -> None:
+    """A config (not the command line) that sets init_from leaves original_max_len at the new
+    run's seq_len: refused, saying which length to give, rather than extending from the wrong T."""
+    from posenc.config import compose
+    from posenc.errors import UserError
+    from posenc.train.init_from import check
+
+    tiny = [o for o in TINY if not o.startswith("trainer.seq_len")]
+    cfg = compose([*tiny, "trainer.seq_len=128", f"trainer.init_from={parent}"], bench=False)
+    with pytest.raises(UserError, match=r"encoding.original_max_len=32"):
+        check(cfg)
+    cfg = compose([*tiny, "trainer.seq_len=128", f"trainer.init_from={parent}", "encoding.original_max_len=32"],
+                  bench=False)
+    assert check(cfg) == parent.resolve()

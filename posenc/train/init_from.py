@@ -109,29 +109,38 @@ def check(cfg: DictConfig) -> Path | None:
     if not requested(value):
         return None
     run_dir = parent_dir(value)
-    differing = incompatible(parent_config(run_dir), cfg)
+    parent = parent_config(run_dir)
+    differing = incompatible(parent, cfg)
     if differing:
         raise UserError(f"{KEY}={value}: this run's weights would not be the parent's — it differs on "
                         f"{'; '.join(differing)}; use the parent's values for these keys "
                         f"(only trainer.*, model.dropout and the encoding's scaling settings may change)")
+    T = int(parent.trainer.seq_len)
+    enc = cfg.encoding
+    # still the YAML's ${trainer.seq_len} (init_from came from a config file, not the command
+    # line): the scaling would extend from this run's length, not the parent's
+    if "original_max_len" in enc and OmegaConf.is_interpolation(enc, "original_max_len") and enc.original_max_len != T:
+        raise UserError(f"{KEY}={value}: encoding.original_max_len follows this run's trainer.seq_len "
+                        f"({enc.original_max_len}) but the parent was trained at {T} — pass "
+                        f"encoding.original_max_len={T} (set for you when {KEY} is on the command line)")
     return run_dir
 
 
 def parent_overrides(overrides: list[str]) -> list[str]:
     """overrides, plus ``encoding.original_max_len=<the parent's trainer.seq_len>`` when
-    trainer.init_from names one parent, the parent's encoding has that key, and the command
-    line does not set it: scaling extends from the length the parent was trained at."""
+    trainer.init_from names a parent (or a sweep of parents trained at one length) whose
+    encoding has that key, and the command line does not set it: scaling extends from the
+    length the parent was trained at."""
     parsed = {o.key: o for o in parse_overrides(overrides)}
     init = parsed.get(KEY)
-    if init is None or init.override.is_sweep_override() or not requested(init.value):
+    if init is None or "encoding.original_max_len" in parsed or "encoding" in parsed:
+        return overrides  # no parent, or set by the user (another encoding: refused by check)
+    values = init.value if init.override.is_sweep_override() else [init.value]
+    parents = [parent_config(parent_dir(v)) for v in values if requested(v)]
+    lengths = {int(p.trainer.seq_len) for p in parents if "original_max_len" in p.encoding}
+    if len(lengths) != 1:  # none, or a sweep over parents trained at different lengths: check() asks
         return overrides
-    if "encoding.original_max_len" in parsed or "encoding" in parsed:
-        return overrides  # set by the user (or another encoding: refused by check)
-    run_dir = parent_dir(init.value)
-    parent = parent_config(run_dir)
-    if "original_max_len" not in parent.encoding:
-        return overrides
-    return [*overrides, f"encoding.original_max_len={int(parent.trainer.seq_len)}"]
+    return [*overrides, f"encoding.original_max_len={lengths.pop()}"]
 
 
 def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, write: bool = True) -> dict:
