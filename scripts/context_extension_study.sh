@@ -19,8 +19,9 @@ started=$(date +%s)
     "hydra.sweep.dir=$study/parent" "$@"
 extended=()
 for i in "${!seeds[@]}"; do
-    # every method × {0, 50} fine-tune steps from parent i, with the parent's seed
-    "$posenc" train -m experiment=context_extension "trainer.init_from=$study/parent/${i}_rope" "seed=${seeds[$i]}" \
+    # every method × {0, 50} fine-tune steps from parent i (job dir <i>_<its swept values>), with its seed
+    parent=$(ls -d "$study/parent/${i}_"*/)
+    "$posenc" train -m experiment=context_extension "trainer.init_from=${parent%/}" "seed=${seeds[$i]}" \
         logger=none "hydra.sweep.dir=$study/extended/seed${seeds[$i]}" "$@"
     extended+=("$study/extended/seed${seeds[$i]}")
 done
