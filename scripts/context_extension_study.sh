@@ -5,7 +5,7 @@
 # score every run at 1, 2, 4, 8, 16 × T on the same validation tokens, and compare (mean and
 # interval over the seeds; one seed gives no error bars).
 #   scripts/context_extension_study.sh [extra overrides for every run, e.g. device=cuda]
-#   SEEDS=0 scripts/context_extension_study.sh          # one seed: 4-6 min on a busy 2-core CPU
+#   SEEDS=0 scripts/context_extension_study.sh          # one seed: 3-6 min on a busy 2-core CPU
 # Three seeds (the default): ~11 min on a busy 2-core CPU. PYTHON: the interpreter with posenc (python3).
 set -euo pipefail
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}" WANDB_MODE="${WANDB_MODE:-offline}" WANDB_SILENT=true
