@@ -244,3 +244,13 @@ def test_task_runs_compare_as_accuracy_against_length_with_intervals(tmp_path: P
     assert "100.0% [100.0%, 100.0%]" in report  # every seed solved it at the training length: zero width
     assert "40.0% [" in report
     assert (out / "accuracy_flip_flop.png").stat().st_size > 0
+
+
+def test_fine_tunes_from_one_parent_per_seed_group_by_method_not_by_parent(tmp_path: Path):
+    root = tmp_path / "extension"
+    for seed in (0, 1):
+        for method in ("linear", "yarn"):
+            make_run(root, f"{method}_{seed}", {"name": "rope", "scaling": method}, seed,
+                     [f"encoding.scaling={method}", f"trainer.init_from=/runs/parent_{seed}", f"seed={seed}"], [3.0, 2.0])
+    c = build_comparison(find_runs([root]), by=None, metric="val/loss")
+    assert c.by == ["encoding.scaling"] and [g.label for g in c.groups] == ["linear", "yarn"]

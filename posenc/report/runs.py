@@ -26,7 +26,8 @@ from posenc.rundir import read_jsonl
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",
-                   "logger.tags", "trainer.resume", "trainer.compile"}
+                   "logger.tags", "trainer.resume", "trainer.compile",
+                   "trainer.init_from"}  # each seed of a fine-tune sweep has its own parent: not a group
 
 #: config keys that say where or how a run was made, not what was trained: two runs that differ
 #: only in these are the same experiment (a re-run, a resumed copy) and are counted once
