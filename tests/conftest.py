@@ -50,6 +50,21 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+def interrupt_training(args: list[str], cwd: Path, sig: int) -> tuple[int, str]:
+    """`posenc train ARGS` in cwd, sent signal sig once its first checkpoint exists, as a user's
+    Ctrl-C (SIGINT) or a scheduler's SIGTERM; returns (exit code, stderr)."""
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *args], cwd=cwd, env=cli_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not list(cwd.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, stderr = proc.communicate(timeout=60)
+    return proc.returncode, stderr
+
+
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
     """`posenc ARGS` in a subprocess, as a user would type it, in directory cwd."""
     return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,

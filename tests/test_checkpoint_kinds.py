@@ -6,15 +6,12 @@ from __future__ import annotations
 import json
 import shlex
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import TINY, cli_env, run_cli, run_dirs
+from conftest import TINY, interrupt_training, run_cli, run_dirs
 from posenc.cli.launch import prepare
 from posenc.config import compose, validate
 from posenc.errors import UserError
@@ -49,13 +46,7 @@ def test_none_keeps_nothing_and_eval_and_resume_say_so_in_one_line(workdir: Path
 def test_best_keeps_the_lowest_val_loss_resumes_from_last_and_drops_last_at_the_end(workdir: Path) -> None:
     run = [*TINY, "trainer.max_steps=30", "trainer.checkpoint_interval=5", "trainer.eval_interval=5",
            "trainer.checkpoint=best"]
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *run], cwd=workdir, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list(workdir.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
+    _, stderr = interrupt_training(run, workdir, signal.SIGTERM)
     [run_dir] = run_dirs(workdir)
     assert "stopped by SIGTERM" in stderr, stderr[-2000:]
     # unfinished: last.pt is kept for the resume, best.pt beside it

@@ -8,9 +8,6 @@ from __future__ import annotations
 import shlex
 import shutil
 import signal
-import subprocess
-import sys
-import time
 
 from pathlib import Path
 
@@ -18,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import TINY, cli_env, run_cli, run_dirs
+from conftest import TINY, interrupt_training, run_cli, run_dirs
 from posenc.rundir import read_jsonl
 
 RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5", "trainer.eval_interval=20"]
@@ -31,14 +28,8 @@ def losses(run_dir: Path) -> list[tuple[int, float]]:
 def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     straight, interrupted = tmp_path / "straight", tmp_path / "interrupted"
     straight.mkdir(), interrupted.mkdir()
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *RUN], cwd=interrupted, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list(interrupted.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, stderr = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM  # the shell's convention (130 after Ctrl-C)
+    returncode, stderr = interrupt_training(RUN, interrupted, signal.SIGTERM)
+    assert returncode == 128 + signal.SIGTERM  # the shell's convention (130 after Ctrl-C)
     assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
     [run_dir] = run_dirs(interrupted)
     stopped_at = len(losses(run_dir))
@@ -131,13 +122,7 @@ def test_resuming_a_finished_run_says_so_and_touches_nothing(run_dir: Path) -> N
 
 def test_ctrl_c_exits_130_and_prints_the_resume_command(tmp_path: Path) -> None:
     """The first Ctrl-C finishes the step, saves and exits as shells expect of SIGINT (128 + 2)."""
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *RUN], cwd=tmp_path, env=cli_env(),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 120
-    while not list(tmp_path.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    _, stderr = proc.communicate(timeout=60)
+    returncode, stderr = interrupt_training(RUN, tmp_path, signal.SIGINT)
     last = stderr.strip().splitlines()[-1]
-    assert proc.returncode == 130, stderr[-2000:]
+    assert returncode == 130, stderr[-2000:]
     assert last.startswith("error:") and "stopped by SIGINT" in last and "trainer.resume=" in last
