@@ -109,3 +109,19 @@ def test_validation_loss_is_log_v_for_a_uniform_model_and_zero_for_one_that_read
             return 100 * logits, None
 
     assert validation_loss(Sharp(), spec, 64, n=4)["val/loss"] < 1e-6  # only the answer tokens are scored
+
+
+def test_fractional_eval_multiples_score_a_fine_tuned_run_at_its_parents_lengths():
+    """A run fine-tuned at 4T from a parent trained at T = 32: dataset.eval_multiples
+    [0.25, 0.5, 1, 2] × 128 scores the parent's 1, 2, 4, 8 × T (the context-extension study)."""
+    from posenc.build import build_data
+    from posenc.config import compose
+    from posenc.eval.tasks import evaluate_task
+
+    cfg = compose(["dataset=synthetic", "dataset.task=passkey", "dataset.eval_multiples=[0.25,0.5,1,2]",
+                   "dataset.eval_instances=4"], bench=False)
+    spec = build_data(cfg)
+    oracle = Oracle([torch.tensor(r) for L in (32, 64, 128, 256) for r in make_task("passkey", L, 4, seed=0)["ids"]])
+    res = evaluate_task(oracle, spec, 128, seed=0)
+    assert [r["length"] for r in res] == [32, 64, 128, 256] and [r["multiple"] for r in res] == [0.25, 0.5, 1, 2]
+    assert [r["accuracy"] for r in res] == [1.0] * 4

@@ -226,7 +226,9 @@ class SyntheticTask:
     """``dataset=synthetic``: the task a run trains and is evaluated on (conf/dataset/synthetic.yaml).
 
     Training draws ``batches(...)`` at trainer.seq_len; evaluation scores ``eval_instances``
-    instances at each of ``eval_multiples`` × trainer.seq_len (posenc.eval.tasks.evaluate_task).
+    instances at each of ``eval_multiples`` × trainer.seq_len (posenc.eval.tasks.evaluate_task),
+    rounded to whole tokens. A multiple may be a fraction: a run fine-tuned at 4T from a parent
+    trained at T scores 0.25, 0.5, 1, 2, 4 × 4T = 1, 2, 4, 8, 16 × T, the parent's lengths.
     ``options`` go to the task's generator (passkey: digits; selective_copy: tokens;
     flip_flop: p_ignore).
     """
@@ -234,7 +236,7 @@ class SyntheticTask:
     task: str = "passkey"
     name: str = "synthetic"
     targets: str = "answer"
-    eval_multiples: list[int] = field(default_factory=lambda: [1, 2, 4, 8])
+    eval_multiples: list[float] = field(default_factory=lambda: [1, 2, 4, 8])
     eval_instances: int = 256
     options: dict = field(default_factory=dict)
 
@@ -242,9 +244,10 @@ class SyntheticTask:
         check_task(self.task)
         if self.targets not in TARGETS:
             raise ValueError(f"dataset.targets must be one of {', '.join(TARGETS)}, got '{self.targets}'")
-        if self.eval_instances < 1 or not self.eval_multiples or min(self.eval_multiples) < 1:
+        if self.eval_instances < 1 or not self.eval_multiples or min(self.eval_multiples) <= 0:
             raise ValueError("dataset.eval_instances and every dataset.eval_multiples must be positive")
-        self.eval_multiples = [int(m) for m in self.eval_multiples]
+        # whole multiples stay ints (1, not 1.0: what summary.json and the logs have always shown)
+        self.eval_multiples = [int(m) if float(m).is_integer() else float(m) for m in self.eval_multiples]
         self.options = dict(self.options)  # Hydra hands a DictConfig
 
     @property

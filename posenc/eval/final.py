@@ -62,7 +62,7 @@ def task_results(model: nn.Module, spec: SyntheticTask, cfg, device: torch.devic
     results = tasks.evaluate_task(model, spec, int(cfg.trainer.seq_len), seed=0,
                                   batch_tokens=int(cfg.eval.get("batch_tokens", 16384)), device=device)
     for r in results:
-        log.info("task %s: length %d (%d×): %s", spec.task, r["length"], r["multiple"],
+        log.info("task %s: length %d (%g×): %s", spec.task, r["length"], r["multiple"],
                  f"accuracy {r['accuracy']:.3f}" if r["accuracy"] is not None else r["skipped"])
     return results
 

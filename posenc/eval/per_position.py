@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
+from posenc.eval.tasks import task_lengths
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.rundir import write_json_atomic
 
@@ -157,7 +158,7 @@ def from_config(model: nn.Module, data, cfg, device: torch.device | str = "cpu",
 
     T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
     if isinstance(data, SyntheticTask):
-        batches = {m * T: task_batches(data, m * T, 0, batch_tokens) for m in data.eval_multiples}
+        batches = {L: task_batches(data, L, 0, batch_tokens) for L in task_lengths(T, data.eval_multiples)}
     else:
         lengths = eval_lengths(T, list(cfg.eval.lengths))
         span = eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))

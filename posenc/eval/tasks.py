@@ -78,15 +78,21 @@ def task_accuracy(model: nn.Module, task: str, length: int, n: int = 256, seed: 
             "token_accuracy": answers_right / answers}
 
 
-def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[int] = MULTIPLES,
+def task_lengths(train_length: int, multiples: Sequence[float]) -> list[int]:
+    """Evaluation lengths in tokens: round(multiple · train_length), each >= 1 (a multiple may be
+    a fraction, e.g. 0.25 to score a run trained at 4T at its parent's length T)."""
+    return [max(1, round(m * train_length)) for m in multiples]
+
+
+def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[float] = MULTIPLES,
                     n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
                     **options) -> list[dict]:
     """``task_accuracy`` at every multiple of the training length, each dict with its multiple.
 
     Metric names for metrics.jsonl / W&B: ``tasks/<task>/accuracy@<length>`` (see ``as_metrics``).
     """
-    return [{"multiple": m, **task_accuracy(model, task, m * train_length, n, seed, batch_tokens, device, **options)}
-            for m in multiples]
+    return [{"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, **options)}
+            for m, length in zip(multiples, task_lengths(train_length, multiples))]
 
 
 def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed: int = 0,
