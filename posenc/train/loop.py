@@ -159,23 +159,20 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                 # the only host sync of a step; NaN/inf stops the run here, naming the step
                 train_loss = check_finite(distributed.mean(result.loss), step, run_dir)
                 row = {M.TRAIN_LOSS.name: train_loss, M.TRAIN_LR.name: result.lr,
-                       M.TRAIN_GRAD_NORM.name: float(result.grad_norm), **rate.metrics()}
-                if at_eval_step:
-                    val = evaluate()
-                    row.update(val)
-                    if distributed.is_main():
-                        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
-                tracker.log({**row, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
-                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name],
-                                tokens=state.tokens, lr=result.lr)
-                if at_eval_step:
-                    progress.evaluated(step, val)
-                rate.restart()
-            elif at_eval_step:
+                       M.TRAIN_GRAD_NORM.name: float(result.grad_norm), **rate.metrics()}  # before eval: tokens/s excludes it
+            if at_eval_step:
                 val = evaluate()
                 if distributed.is_main():
                     checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
+            if at_log_step:
+                tracker.log({**row, **(val if at_eval_step else {}), M.ELAPSED.name: time.time() - loop_start},
+                            step=step, tokens=state.tokens)
+                progress.update(step, train_loss, val.get(M.VAL_PPL.name), row[M.TRAIN_TOKENS_PER_S.name],
+                                tokens=state.tokens, lr=result.lr)
+                rate.restart()
+            elif at_eval_step:
                 tracker.log({**val, M.ELAPSED.name: time.time() - loop_start}, step=step, tokens=state.tokens)
+            if at_eval_step:
                 progress.evaluated(step, val)
             # under DDP ranks agree on a signal at log steps only: no collective per step
             stopping = (at_log_step or not distributed.active()) and distributed.any_rank(stop.received is not None)
