@@ -29,6 +29,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import InterpolationToMissingValueError
 
 from posenc.errors import UserError
 
@@ -77,6 +78,13 @@ class ModelConfig:
     dropout: float = MISSING
     attention: str = MISSING                    # softmax | linear
     flavor: str = MISSING                       # gpt2 | llama (posenc/nn/flavors.py)
+    # one component of the flavour switched (null: the flavour's own), for recipe ablations;
+    # defaults here so run directories written before these keys load as their flavour
+    norm: Optional[str] = None                  # layernorm | rmsnorm
+    mlp: Optional[str] = None                   # gelu | swiglu
+    bias: Optional[bool] = None                 # biases in every linear and LayerNorm
+    tie_embeddings: Optional[bool] = None       # output head = token embedding
+    init: Optional[str] = None                  # gpt2 | fan_in
 
 
 @dataclass
@@ -114,6 +122,13 @@ class BenchConfig:
 
 
 @dataclass
+class BudgetConfig:
+    """conf/budget/x<f>.yaml: trainer.max_steps = steps · factor (the same batch, so f× the tokens)."""
+    steps: int = MISSING                        # the ×1 budget in optimiser steps (an experiment sets it)
+    factor: float = MISSING                     # 1, 2, 4: the multiple of it this run trains
+
+
+@dataclass
 class PosencConfig:
     seed: int = MISSING
     device: str = MISSING                       # auto | cpu | cuda | cuda:N
@@ -127,9 +142,18 @@ class PosencConfig:
     logger: LoggerConfig = MISSING
     eval: EvalConfig = MISSING
     bench: Optional[BenchConfig] = None         # only `posenc bench` composes it
+    budget: Optional[BudgetConfig] = None       # only budget=x<f> composes it (conf/budget/)
 
 
 ConfigStore.instance().store(name=SCHEMA_NAME, node=PosencConfig)
+
+
+def steps_times(steps: int, factor: float) -> int:
+    """${posenc.times:${budget.steps},${budget.factor}}: a budget's optimiser steps."""
+    return int(round(int(steps) * float(factor)))
+
+
+OmegaConf.register_new_resolver("posenc.times", steps_times, replace=True)
 
 
 # --- the per-choice schema: a class's __init__ is the schema of its YAML ---------------------
@@ -317,12 +341,24 @@ def head_split_fix(d_model: int, n_head: int) -> str:
     return fix
 
 
+def _missing_keys(node: DictConfig, name: str) -> list[str]:
+    """The full keys ('trainer.max_steps') of node's keys without a value. An interpolation to a
+    missing key (trainer.max_steps from an unset budget.steps) is not one: the key it points to
+    is reported where it lives."""
+    try:
+        return sorted(OmegaConf.missing_keys(node))  # full keys already
+    except InterpolationToMissingValueError:
+        return sorted(f"{name}.{key}" for key in node if not OmegaConf.is_interpolation(node, key)
+                      and OmegaConf.is_missing(node, key))
+
+
 def validate(cfg: DictConfig) -> None:
     """The rules types cannot state: every key has a value, the RULES ranges, and the shape
     rule of attention (d_model % n_head). The first one broken is a UserError saying what to do."""
     missing = [k for k in cfg if OmegaConf.is_missing(cfg, k)]
-    missing += [f"{k}.{m}" for k in cfg if k not in ("hydra", "bench") and OmegaConf.is_config(cfg._get_node(k))
-                for m in sorted(OmegaConf.missing_keys(cfg[k]))]
+    missing += [m for k in cfg if k not in ("hydra", "bench") and OmegaConf.is_config(cfg._get_node(k))
+                and cfg[k] is not None  # an optional group not chosen (budget)
+                for m in _missing_keys(cfg[k], k)]
     if missing:
         raise UserError(f"{missing[0]} has no value — set it in its conf/ YAML file or on the command line "
                         f"({missing[0]}=...)")

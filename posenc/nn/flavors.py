@@ -8,7 +8,7 @@ Measurements behind the choices: docs/model_recipe.md.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 NORMS = ("layernorm", "rmsnorm")
 MLPS = ("gelu", "swiglu")
@@ -47,13 +47,27 @@ FLAVORS: dict[str, Flavor] = {
 }
 
 
-def get_flavor(flavor: str | Flavor) -> Flavor:
-    """A flavour by name (model.flavor=llama), or a Flavor passed through (for ablations)."""
-    if isinstance(flavor, Flavor):
+#: the components a recipe ablation switches one at a time (model.<switch>=..., null: the flavour's)
+SWITCHES = ("norm", "mlp", "bias", "tie_embeddings", "init")
+
+
+def get_flavor(flavor: str | Flavor, **switches: str | bool | None) -> Flavor:
+    """A flavour by name (model.flavor=llama), or a Flavor passed through (for ablations), with
+    each switch that is not None replacing that component (model.mlp=gelu: llama with GELU's MLP
+    and everything else llama's). The result is named after what changed: 'llama+mlp=gelu'."""
+    if not isinstance(flavor, Flavor):
+        if flavor not in FLAVORS:
+            raise ValueError(f"model.flavor must be one of {', '.join(FLAVORS)}, got '{flavor}'")
+        flavor = FLAVORS[flavor]
+    unknown = set(switches) - set(SWITCHES)
+    if unknown:
+        raise ValueError(f"unknown flavour switch {sorted(unknown)[0]!r}: the switches are {', '.join(SWITCHES)}")
+    changed = {key: value for key, value in switches.items()
+               if value is not None and value != getattr(flavor, key)}
+    if not changed:
         return flavor
-    if flavor not in FLAVORS:
-        raise ValueError(f"model.flavor must be one of {', '.join(FLAVORS)}, got '{flavor}'")
-    return FLAVORS[flavor]
+    name = flavor.name + "".join(f"+{key}={str(value).lower()}" for key, value in changed.items())
+    return replace(flavor, name=name, **changed)  # __post_init__ checks the new values
 
 
 def init_stds(flavor: Flavor, d_model: int) -> tuple[float, float, float]:

@@ -37,6 +37,11 @@ class GPT(nn.Module):
         dropout: float = 0.0,
         attention: str = "softmax",
         flavor: str | Flavor = "gpt2",
+        norm: str | None = None,
+        mlp: str | None = None,
+        bias: bool | None = None,
+        tie_embeddings: bool | None = None,
+        init: str | None = None,
     ) -> None:
         super().__init__()
         if attention not in ATTENTIONS:
@@ -51,7 +56,8 @@ class GPT(nn.Module):
                 f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
                 f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
             )
-        self.flavor = get_flavor(flavor)
+        # each switch that is not None replaces that component of the flavour (recipe ablations)
+        self.flavor = get_flavor(flavor, norm=norm, mlp=mlp, bias=bias, tie_embeddings=tie_embeddings, init=init)
         self.vocab_size = vocab_size
         self.n_layer = n_layer
         self.d_model = d_model
