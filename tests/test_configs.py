@@ -6,7 +6,7 @@ from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_MODULE, apply_choice_schemas, group_options
 
-GROUPS = ["encoding", "model", "dataset", "tokenizer", "trainer", "logger"]
+GROUPS = ["encoding", "model", "recipe", "dataset", "tokenizer", "trainer", "logger"]
 
 
 @pytest.mark.parametrize("group", GROUPS)

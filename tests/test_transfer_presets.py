@@ -1,0 +1,133 @@
+"""Issue 26's presets: a recipe ablation is a config override (model.<switch>=...), a budget is a
+multiple of the experiment's steps, and every swept value of the three presets composes."""
+
+import math
+
+import pytest
+import torch
+from hydra import compose, initialize_config_module
+from omegaconf import OmegaConf
+
+from posenc.build import build_model
+from posenc.config import CONFIG_MODULE, apply_choice_schemas, parse_overrides, validate
+from posenc.errors import UserError
+from posenc.nn.blocks import MLP, RMSNorm, SwiGLU
+from posenc.nn.flavors import SWITCHES
+
+SHAPE = ["model.n_layer=2", "model.n_head=2", "model.d_model=64"]
+PRESETS = ["recipe_ablation", "scale_ladder", "tasks_budget"]
+
+
+def composed(overrides: list[str], hydra: bool = False):
+    with initialize_config_module(config_module=CONFIG_MODULE, version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=hydra)
+    return cfg
+
+
+def built(overrides: list[str]):
+    cfg = apply_choice_schemas(composed(["encoding=rope", *SHAPE, *overrides]))
+    validate(cfg)
+    torch.manual_seed(0)
+    return build_model(cfg, vocab_size=256)
+
+
+def recipe_of(model) -> dict:
+    """The recipe read off the built modules (not off the Flavor): what a switch must change."""
+    block = model.blocks[0]
+    linears = [m for m in model.blocks.modules() if isinstance(m, torch.nn.Linear)]
+    return {
+        "norm": "rmsnorm" if isinstance(block.ln_1, RMSNorm) else type(block.ln_1).__name__.lower(),
+        "mlp": {SwiGLU: "swiglu", MLP: "gelu"}[type(block.mlp)],
+        "bias": all(m.bias is not None for m in linears),
+        "tie_embeddings": model.lm_head.weight is model.wte.weight,
+        # fan-in σ at d=64 is 1/√192 ≈ 0.072, GPT-2's 0.02: the qkv weights tell them apart
+        "init": "gpt2" if block.attn.c_attn.weight.std().item() < 0.04 else "fan_in",
+    }
+
+
+@pytest.mark.parametrize("switch", SWITCHES)
+def test_one_switch_under_llama_changes_that_component_to_gpt2s_and_keeps_the_rest(switch):
+    llama, gpt2 = recipe_of(built(["model.flavor=llama"])), recipe_of(built(["model.flavor=gpt2"]))
+    assert llama[switch] != gpt2[switch]  # each switch is one of the differences between the recipes
+    value = str(gpt2[switch]).lower()
+    switched = built(["model.flavor=llama", f"model.{switch}={value}"])
+    assert recipe_of(switched) == {**llama, switch: gpt2[switch]}
+    assert switched.flavor.name == f"llama+{switch}={value}"
+
+
+def test_null_switches_leave_the_flavour_as_it_is():
+    assert recipe_of(built(["model.flavor=gpt2", "model.mlp=null", "model.norm=null"])) == \
+        recipe_of(built(["model.flavor=gpt2"]))
+    assert built(["model.flavor=llama", "model.mlp=swiglu"]).flavor.name == "llama"  # no change, same name
+
+
+def test_a_switch_to_an_unknown_component_is_a_user_error():
+    with pytest.raises(UserError, match="mlp must be one of gelu, swiglu"):
+        built(["model.mlp=relu"])
+
+
+def sweep_values(preset: str) -> dict[str, list]:
+    params = composed([f"experiment={preset}"], hydra=True).hydra.sweeper.params
+    return {key: [o.value for o in parse_overrides([f"{key}={value}"])][0] for key, value in params.items()}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_swept_value_of_the_preset_composes_and_validates(preset):
+    for key, values in sweep_values(preset).items():
+        for value in values:
+            cfg = apply_choice_schemas(composed([f"experiment={preset}", f"{key}={value}"]))
+            validate(cfg)
+            OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
+
+
+def test_recipe_ablation_switches_exactly_one_llama_component_per_recipe():
+    llama = recipe_of(built(["experiment=recipe_ablation", "recipe=llama", *SHAPE]))
+    gpt2 = recipe_of(built(["experiment=recipe_ablation", "recipe=gpt2", *SHAPE]))
+    recipes = [r for r in sweep_values("recipe_ablation")["recipe"] if r not in ("llama", "gpt2")]
+    changed = []
+    for recipe in recipes:
+        got = recipe_of(built(["experiment=recipe_ablation", f"recipe={recipe}", *SHAPE]))
+        diff = [k for k in got if got[k] != llama[k]]
+        assert len(diff) == 1 and got[diff[0]] == gpt2[diff[0]], (recipe, diff)
+        changed += diff
+    assert sorted(changed) == sorted(SWITCHES)  # every component is ablated once
+
+
+@pytest.mark.parametrize("preset", ["scale_ladder", "tasks_budget"])
+def test_a_budget_multiplies_the_tokens_and_changes_nothing_else(preset):
+    def flat(budget: str) -> dict:
+        cfg = composed([f"experiment={preset}", f"budget={budget}"])
+        return {k: v for k, v in _flatten(OmegaConf.to_container(cfg, resolve=True)).items()}
+
+    x1 = flat("x1")
+    for factor in sweep_values(preset)["budget"]:
+        other = flat(factor)
+        f = other["budget.factor"]
+        assert other["trainer.max_steps"] == x1["trainer.max_steps"] * f
+        tokens = lambda c: c["trainer.max_steps"] * c["trainer.batch_size"] * c["trainer.seq_len"]  # noqa: E731
+        assert math.isclose(tokens(other), f * tokens(x1))
+        assert {k for k in x1 if x1[k] != other[k]} <= {"trainer.max_steps", "budget.factor"}
+
+
+def test_the_ladder_runs_unchanged_at_the_gpu_sizes():
+    """The same preset at model=small|base: only the model's shape differs from the CPU ladder."""
+    ladder = composed(["experiment=scale_ladder"])
+    for size in ("small", "base"):
+        cfg = apply_choice_schemas(composed(["experiment=scale_ladder", f"model={size}"]))
+        validate(cfg)
+        assert cfg.trainer == ladder.trainer and cfg.eval == ladder.eval and cfg.model.d_model > 256
+
+
+def test_a_budget_without_steps_names_the_key_to_set():
+    with pytest.raises(UserError, match=r"^budget.steps has no value .*budget.steps=\.\.\."):
+        validate(composed(["budget=x2"]))
+
+
+def _flatten(node: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in node.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
