@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from posenc.build import build_model
-from posenc.config import CONFIG_MODULE, apply_choice_schemas, parse_overrides, validate
+from posenc.config import CONFIG_MODULE, apply_choice_schemas, group_options, parse_overrides, validate
 from posenc.errors import UserError
 from posenc.nn.blocks import MLP, RMSNorm, SwiGLU
 from posenc.nn.flavors import SWITCHES
@@ -80,17 +80,25 @@ def test_every_swept_value_of_the_preset_composes_and_validates(preset):
             OmegaConf.to_container(cfg, resolve=True, throw_on_missing=True)
 
 
-def test_recipe_ablation_switches_exactly_one_llama_component_per_recipe():
-    llama = recipe_of(built(["experiment=recipe_ablation", "recipe=llama", *SHAPE]))
-    gpt2 = recipe_of(built(["experiment=recipe_ablation", "recipe=gpt2", *SHAPE]))
-    recipes = [r for r in sweep_values("recipe_ablation")["recipe"] if r not in ("llama", "gpt2")]
-    changed = []
-    for recipe in recipes:
-        got = recipe_of(built(["experiment=recipe_ablation", f"recipe={recipe}", *SHAPE]))
-        diff = [k for k in got if got[k] != llama[k]]
-        assert len(diff) == 1 and got[diff[0]] == gpt2[diff[0]], (recipe, diff)
-        changed += diff
-    assert sorted(changed) == sorted(SWITCHES)  # every component is ablated once
+def test_every_recipe_preset_switches_exactly_one_component_to_the_other_flavours():
+    """conf/recipe/<flavour>_<part>.yaml is <flavour> with one component taken from the other
+    flavour; over the llama_* presets (the ablation) and the gpt2_* ones (its other direction)
+    every component is switched once."""
+    recipe = {f: recipe_of(built(["experiment=recipe_ablation", f"recipe={f}", *SHAPE])) for f in ("llama", "gpt2")}
+    other = {"llama": "gpt2", "gpt2": "llama"}
+    changed = {"llama": [], "gpt2": []}
+    for option in group_options("recipe"):
+        base = option.split("_")[0]
+        if option == base:
+            continue
+        got = recipe_of(built(["experiment=recipe_ablation", f"recipe={option}", *SHAPE]))
+        diff = [k for k in got if got[k] != recipe[base][k]]
+        assert len(diff) == 1 and got[diff[0]] == recipe[other[base]][diff[0]], (option, diff)
+        changed[base] += diff
+    assert sorted(changed["llama"]) == sorted(changed["gpt2"]) == sorted(SWITCHES)
+    swept = sweep_values("recipe_ablation")["recipe"]
+    assert {"llama", "gpt2"} <= set(swept) and {o for o in swept if o.startswith("llama_")} == \
+        {o for o in group_options("recipe") if o.startswith("llama_")}
 
 
 @pytest.mark.parametrize("preset", ["scale_ladder", "tasks_budget"])
