@@ -127,7 +127,7 @@ def test_plot_commands_write_next_to_the_data_or_into_out_never_the_current_dire
     root = sweep_of(tmp_path / "s", {"rope": [2.0, 2.2]})
     result = posenc("plot", "extrapolation", str(root), cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
-    assert (root / "extrapolation.png").exists()
+    assert (root / "ppl_by_length.png").exists()
     result = posenc("plot", "decay", "--out", "figs", cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "figs" / "rope_decay.png").read_bytes()[:4] == b"\x89PNG"
