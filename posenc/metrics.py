@@ -133,6 +133,9 @@ TOKENS_SEEN = Metric("tokens", "tokens", False, None, "training tokens seen")
 MACHINE_LOAD = Metric("machine/load_1m", "", False, None,
                       "os.getloadavg()'s 1-minute load average when the summary was written (runnable threads, all processes)")
 MACHINE_CPUS = Metric("machine/cpus", "", False, None, "CPUs this process could run on")
+#: timings are flagged when MACHINE_LOAD exceeded this many times MACHINE_CPUS: a run's own threads
+#: account for at most 1×, the rest were other processes competing for the CPUs
+LOADED_PER_CPU = 1.5
 
 METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,

@@ -111,6 +111,7 @@ def test_one_seed_per_group_gives_no_verdict_and_says_how_to_get_one(tmp_path: P
         make_run(root, enc, {"name": enc}, 0, [f"encoding={enc}"], [3.0, final])
     result = posenc("compare", str(root), cwd=tmp_path)
     assert "verdict on val/loss: none (1 seed per group" in result.stdout and "seed=0,1,2" in result.stdout
+    assert "| 1 | rope | 1 (0) | 2.0000 | — (1 seed per group) |" in (root / "report.md").read_text()  # no fake certainty
     assert "**" not in table((root / "report.md").read_text(), "quality — mean")
 
 

@@ -21,15 +21,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from posenc.errors import UserError
-from posenc.metrics import (DEFAULT_TARGETS, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU, VAL_LOSS,
-                            VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of, val_curve)
+from posenc.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU,
+                            VAL_LOSS, VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of,
+                            val_curve)
 from posenc.report.comparison import Comparison, columns_for, length_order
 from posenc.report.rank_tables import rank_text_tables, verdict_line
 from posenc.report.format import format_value
 from posenc.report.runs import Run, check_choice, deduplicate, find_runs, group_keys, group_runs, varying_keys
 from posenc.report.setup import describe, describe_varied, setup_line, setup_split
 from posenc.report.stats import aggregate, scale_of
-from posenc.report.tables import LOADED, rich_table, text_tables
+from posenc.report.tables import rich_table, text_tables
 from posenc.report.verdicts import baseline_table, find_baseline, leader, ranking_of, rank_within
 from posenc.report.write import report_title, write_report
 
@@ -164,7 +165,7 @@ def warning_lines(c: Comparison) -> list[str]:
     """What a reader must not over-read: timings from a loaded machine, targets left out."""
     out = []
     loaded = [(r, r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in c.runs if r.ok]
-    loaded = [(r, load, cpus) for r, load, cpus in loaded if load is not None and load > LOADED * cpus]
+    loaded = [(r, load, cpus) for r, load, cpus in loaded if load is not None and load > LOADED_PER_CPU * cpus]
     if loaded:
         worst = max(load / cpus for _, load, cpus in loaded)
         out.append(f"{len(loaded)} of {len(c.runs)} runs ended with the machine loaded (up to {worst:.1f}× its CPUs "

@@ -6,7 +6,7 @@ from __future__ import annotations
 from posenc.report.comparison import Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number
-from posenc.report.ranking import Agreement, Ranking
+from posenc.report.ranking import Agreement, Rank, Ranking
 from posenc.report.tables import format_stat, runs_cell
 
 RANK_NOTE = ("Rank interval: the 2.5th-97.5th percentile of a group's rank when every group's seeds are "
@@ -30,8 +30,12 @@ def verdict_line(c: Comparison) -> str:
             "(the leader's difference to each is inside Welch's 95% interval)")
 
 
-def _interval(low: float, high: float) -> str:
-    return f"[{low:g}, {high:g}]"
+def rank_interval(r: Rank, ranking: Ranking) -> str:
+    """'[1, 2]'; a group with one seed is flagged (it never moves in a resample), and where every
+    group has one seed there is no interval at all."""
+    if all(other.n == 1 for other in ranking.ranks):
+        return "— (1 seed per group)"
+    return f"[{r.low:g}, {r.high:g}]" + (" (1 seed)" if r.n == 1 else "")
 
 
 def ranking_table(c: Comparison) -> TextTable:
@@ -39,14 +43,14 @@ def ranking_table(c: Comparison) -> TextTable:
     assert c.ranking is not None
     by_label = {g.label: g for g in c.groups}
     rows = [[f"{r.rank:g}", r.label, runs_cell(by_label[r.label]), format_stat(by_label[r.label].stat(c.metric), c.metric_fmt),
-             _interval(r.low, r.high)] for r in c.ranking.ranks]
+             rank_interval(r, c.ranking)] for r in c.ranking.ranks]
     rows += [["—", label, runs_cell(by_label[label]), "not in every seed", ""] for label in c.ranking.unranked]
     return TextTable(f"ranking by {c.metric} (1 = best)", ["rank", c.group_header, "n (seeds)",
                      f"{c.metric} [95% interval]", "rank interval (95% bootstrap)"], rows, label_column=1)
 
 
 def within_table(c: Comparison, value: str, ranking: Ranking) -> TextTable:
-    rows = [[f"{r.rank:g}", r.label, str(r.n), format_number(r.mean, c.metric_fmt), _interval(r.low, r.high)]
+    rows = [[f"{r.rank:g}", r.label, str(r.n), format_number(r.mean, c.metric_fmt), rank_interval(r, ranking)]
             for r in ranking.ranks]
     rows += [["—", label, "", "not in every seed", ""] for label in ranking.unranked]
     return TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",

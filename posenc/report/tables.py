@@ -10,7 +10,7 @@ from collections.abc import Callable
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.metrics import EXTRAPOLATION_PPL, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
+from posenc.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
 from posenc.report.comparison import Column, Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number, format_value
@@ -19,9 +19,6 @@ from posenc.report.runs import Group, Run
 from posenc.report.stats import Stat
 from posenc.report.verdicts import Versus, higher_is_better
 
-#: a run's timings are flagged when the machine's 1-minute load average exceeded this many times
-#: its CPUs: the run's own threads account for at most 1×, the rest were other processes
-LOADED = 1.5
 INTERVAL = "mean [95% interval over seeds]"
 EARLY = "≤ first eval"
 
@@ -88,16 +85,16 @@ def cell_text(c: Comparison, g: Group, col: Column, seeds: bool) -> str:
 
 def load_cell(runs: list[Run], seeds: bool = False) -> str:
     """The machine's 1-minute load average on its CPUs when the runs ended: the highest (seeds: each
-    run's), '⚠ loaded' above LOADED × CPUs."""
+    run's), '⚠ loaded' above LOADED_PER_CPU × CPUs."""
     loads = [(r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in runs]
     if all(load is None for load, _ in loads):
         return "not recorded"
-    text = lambda load, cpus: "—" if load is None else f"{load:.1f}" + (" ⚠" if load > LOADED * cpus else "")  # noqa: E731
+    text = lambda load, cpus: "—" if load is None else f"{load:.1f}" + (" ⚠" if load > LOADED_PER_CPU * cpus else "")  # noqa: E731
     cpus = max(c for _, c in loads)
     if seeds:
         return ", ".join(text(load, c) for load, c in loads) + f" on {cpus} CPUs"
     load, cpus = max(((lo, c) for lo, c in loads if lo is not None), key=lambda lc: lc[0] / lc[1])
-    return f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded" if load > LOADED * cpus else "")
+    return f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded" if load > LOADED_PER_CPU * cpus else "")
 
 
 #: one table per family of columns, so each fits a terminal's width
