@@ -26,12 +26,13 @@ from posenc.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHI
                             val_curve)
 from posenc.report.comparison import Comparison, columns_for, length_order
 from posenc.report.rank_tables import rank_text_tables, verdict_line
+from posenc.report.ranking import leader
 from posenc.report.format import format_value
 from posenc.report.runs import Run, check_choice, deduplicate, find_runs, group_keys, group_runs, varying_keys
 from posenc.report.setup import describe, describe_varied, setup_line, setup_split
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
-from posenc.report.verdicts import baseline_table, find_baseline, leader, ranking_of, rank_within
+from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
 from posenc.report.write import report_title, write_report
 
 
@@ -91,20 +92,20 @@ def add_run_metrics(runs: Sequence[Run], targets: Sequence[Target]) -> None:
             run.summary.setdefault(TRAIN_MFU.name, statistics.median(mfu))
 
 
-def check_options(runs: Sequence[Run], by: Sequence[str] | None, metric: str | None, within: str | None) -> None:
-    """Refuse a --by, --within or --metric these runs do not have (the closest few named)."""
+def check_keys(runs: Sequence[Run], by: Sequence[str] | None, within: str | None) -> None:
+    """Refuse a --by or --within key these runs do not have (the closest few named)."""
     valid, swept = group_keys(runs), varying_keys(runs)
     for key in (by or []):
         check_choice("--by key", key, valid, prefer=swept)
     if within is not None:
         check_choice("--within key", within, valid, prefer=swept)
-    if metric is not None:
-        check_choice("--metric", metric, metric_keys(runs))
 
 
-def fill_cells(c: Comparison) -> None:
-    """Every (group, column) Stat and each column's leader. A seed already at a convergence target
-    at its first evaluation counts as having no value there (c.early says how many)."""
+def fill_cells(c: Comparison) -> dict[str, dict[str, list]]:
+    """Every (group, column) Stat and each column's leader; returns {column key: {label: values}}.
+    A seed already at a convergence target at its first evaluation counts as having no value there
+    (c.early says how many)."""
+    by_column = {}
     for col in c.columns:
         target = target_of(col.key)
         values = {}
@@ -115,9 +116,10 @@ def fill_cells(c: Comparison) -> None:
             c.cells[(g.label, col.key)] = aggregate(values[g.label], scale_of(col.key))
             if any(early):
                 c.early[(g.label, col.key)] = sum(early)
+        by_column[col.key] = {k: v for k, v in values.items() if v}
         if not col.cost:  # timings of single runs are never emphasised
-            c.leaders[col.key] = leader({k: v for k, v in values.items() if v}, not col.lower_is_better,
-                                        scale_of(col.key).log)
+            c.leaders[col.key] = leader(by_column[col.key], not col.lower_is_better, scale_of(col.key).log)
+    return by_column
 
 
 def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str | None = None,
@@ -126,18 +128,20 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     """The whole comparison, computed before anything is written, so a mistaken option is
     refused (UserError naming the closest valid choices) with nothing on disk."""
     runs, duplicates = deduplicate(runs)
-    check_options(runs, by, metric, within)
+    check_keys(runs, by, within)
     by = list(by) if by else [k for k in varying_keys(runs) if k != within]
     chosen = convergence_targets(runs, targets)
-    add_run_metrics(runs, chosen)
+    add_run_metrics(runs, chosen)  # a --metric may name a target's tokens, computed here
+    if metric is not None:
+        check_choice("--metric", metric, metric_keys(runs))
     shown = [t for t in chosen if targets or crossed(runs, t)]  # asked for: always shown
     metric = metric or default_metric(runs)
     groups = group_runs(runs, by)
     fixed, varied = setup_split(runs)
     c = Comparison(by, groups, columns_for(runs, metric, shown), shown, {}, {}, metric, list(runs), duplicates,
                    fixed, varied, dropped_targets=[t for t in chosen if t not in shown])
-    fill_cells(c)
-    c.ranking = ranking_of(groups, metric)
+    values = fill_cells(c)
+    c.ranking = ranking_of(groups, metric, values.get(metric))  # the cells' values: early seeds left out
     if baseline is not None:
         c.baseline = find_baseline(groups, baseline)
         c.versus = baseline_table(groups, c.baseline, metric)

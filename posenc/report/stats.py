@@ -94,10 +94,10 @@ def aggregate(values: Sequence[float | None], scale: Scale = Scale(), confidence
     if not present or len(present) < len(cleaned):
         return Stat(cleaned, None, None, log=scale.log)
     x, log = on_scale(present, scale)
-    back = np.exp if log else (lambda v: v)
-    centre, std = float(back(x.mean())), float(np.std(present, ddof=1)) if len(present) > 1 else 0.0
     if len(present) == 1:
-        return Stat(cleaned, present[0], std, log=log)
+        return Stat(cleaned, present[0], 0.0, log=log)
+    back = np.exp if log else (lambda v: v)
+    centre, std = float(back(x.mean())), float(np.std(present, ddof=1))
     sem = stats.sem(x)
     low, high = (x.mean(), x.mean()) if sem == 0 else stats.t.interval(confidence, len(x) - 1, loc=x.mean(), scale=sem)
     low, high = float(back(low)), float(back(high))
@@ -131,10 +131,8 @@ def compare_to_baseline(group: Sequence[float], baseline: Sequence[float], highe
     group, baseline = [float(v) for v in group], [float(v) for v in baseline]
     if not group or not baseline:
         raise ValueError("compare_to_baseline needs at least one value on each side")
-    (a, log_a), (b, log_b) = on_scale(group, scale), on_scale(baseline, scale)
-    log = log_a and log_b
-    if log != log_a:
-        a, b = np.asarray(group), np.asarray(baseline)
+    log = scale.log and min(group + baseline) > 0  # both sides on the same scale: the log only if both allow it
+    a, b = (np.log(group), np.log(baseline)) if log else (np.asarray(group), np.asarray(baseline))
     back = math.exp if log else (lambda v: v)
     diff = float(a.mean() - b.mean())
     if len(a) < 2 or len(b) < 2:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from posenc.metrics import lookup
-from posenc.report.ranking import Agreement, Leader, Ranking, leader, rank_agreement, rank_groups
+from posenc.report.ranking import Agreement, Ranking, rank_agreement, rank_groups
 from posenc.report.runs import Group, Run, check_choice, format_value, group_runs, sort_key
 from posenc.report.stats import NO_ERROR_BARS, Difference, compare_to_baseline, scale_of
 
@@ -70,13 +70,11 @@ def values_by_group(groups: Sequence[Group], metric: str) -> dict[str, list]:
     return {g.label: g.values(metric) for g in groups if g.completed}
 
 
-def leader_of(groups: Sequence[Group], metric: str) -> Leader:
-    return leader(values_by_group(groups, metric), higher_is_better(metric), scale_of(metric).log)
-
-
-def ranking_of(groups: Sequence[Group], metric: str) -> Ranking:
-    """The groups ranked on metric (its own scale and direction), with bootstrap rank intervals."""
-    return rank_groups(values_by_group(groups, metric), higher_is_better(metric), scale_of(metric).log)
+def ranking_of(groups: Sequence[Group], metric: str, values: dict[str, list] | None = None) -> Ranking:
+    """The groups ranked on metric (its own scale and direction), with bootstrap rank intervals;
+    values: {label: per-seed values} where the caller already has them."""
+    values = values if values is not None else values_by_group(groups, metric)
+    return rank_groups(values, higher_is_better(metric), scale_of(metric).log)
 
 
 def rank_within(runs: Sequence[Run], by: Sequence[str], within: str, metric: str
