@@ -99,60 +99,65 @@ def _long(labels: Sequence[str]) -> bool:
     return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
 
 
+def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], i: int) -> None:
+    """One line per combination of the other keys over the numeric key by[i] (log-x when it spans
+    decades, e.g. RoPE's base), the interval as error bars."""
+    series: dict[tuple, list] = {}
+    for g, s in stats:
+        series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
+    rest_keys = [k for j, k in enumerate(by) if j != i]
+    series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
+    for rest, points in series.items():
+        x, y, below, above = zip(*sorted(points))
+        label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
+        style = series_styles[", ".join(format_value(v) for v in rest)]
+        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, **style.line())
+    xs = [g.key[i] for g, _ in stats]
+    log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
+    if log_x:
+        ax.set_xscale("log")
+    else:
+        ax.xaxis.set_major_formatter(EngFormatter())
+    ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
+    if len(series) > 1:
+        legend_outside(ax)
+
+
+def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
+    """A point per group, not a bar: the axis is zoomed on the differences, and a bar would imply
+    zero. Long labels go down the y-axis, horizontal, where they cannot collide."""
+    styles = styles_for([g.label for g, _ in stats])
+    labels = [g.label for g, _ in stats]
+    across = not _long(labels)
+    for j, (g, st) in enumerate(stats):
+        style = styles[g.label]
+        x, y = ([j], [st.mean]) if across else ([st.mean], [j])
+        err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
+        ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
+    if across:
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlim(-0.5, len(stats) - 0.5)
+        ax.set_xlabel(", ".join(by) or "runs")
+    else:
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
+        ax.set_ylabel(", ".join(by) or "runs")
+
+
 def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
                setup: str = "") -> Path:
-    """Final metric against the swept value: a line over a numeric key (log-x when it spans
-    decades, e.g. RoPE's base), points over categories."""
+    """Final metric against the swept value: a line over a numeric key, points over categories;
+    the metric on the axis the groups are not on."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
-    styles = styles_for([g.label for g in groups])
-    stats = [(g, g.stat(metric)) for g in groups]
-    stats = [(g, s) for g, s in stats if s.mean is not None]
+    stats = [(g, s) for g in groups if (s := g.stat(metric)).mean is not None]
     numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
-    if stats and len(numeric) >= 1:
-        i = numeric[0]
-        series: dict[tuple, list] = {}
-        for g, s in stats:
-            series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
-        rest_keys = [k for j, k in enumerate(by) if j != i]
-        series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
-        for rest, points in series.items():
-            points.sort()
-            x, y, below, above = zip(*points)
-            label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
-            style = series_styles[", ".join(format_value(v) for v in rest)]
-            ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, **style.line())
-        xs = [g.key[i] for g, _ in stats]
-        log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
-        if log_x:
-            ax.set_xscale("log")
-        else:
-            ax.xaxis.set_major_formatter(EngFormatter())
-        ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
-        if len(series) > 1:
-            legend_outside(ax)
+    horizontal = False
+    if stats and numeric:
+        _final_over_numbers(ax, stats, by, numeric[0])
     elif stats:
-        # points, not bars: the axis is zoomed on the differences, and a bar would imply zero.
-        # Long labels go down the y-axis, horizontal, where they cannot collide.
-        labels = [g.label for g, _ in stats]
-        across = not _long(labels)
-        for j, (g, st) in enumerate(stats):
-            style = styles[g.label]
-            x, y = ([j], [st.mean]) if across else ([st.mean], [j])
-            err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
-            ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
-        if across:
-            ax.set_xticks(range(len(labels)), labels)
-            ax.set_xlim(-0.5, len(stats) - 0.5)
-            ax.set_xlabel(", ".join(by) or "runs")
-        else:
-            ax.set_yticks(range(len(labels)), labels)
-            ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
-            ax.set_ylabel(", ".join(by) or "runs")
-            ax.set_xlabel(f"final {metric}" + _unit(metric))
-            titled(ax, f"{title} ({BAND})", setup)
-            ax.grid(alpha=0.3)
-            return save_figure(fig, path)
-    ax.set_ylabel(f"final {metric}" + _unit(metric))
+        _final_over_categories(ax, stats, by)
+        horizontal = _long([g.label for g, _ in stats])
+    (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
     titled(ax, f"{title} ({BAND})", setup)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
