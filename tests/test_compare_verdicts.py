@@ -185,6 +185,9 @@ def flavours(tmp_path: Path) -> Path:
 
 def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, tmp_path: Path):
     c = build_comparison(find_runs([flavours]), by=["encoding"], metric="val/loss", within="model.flavor")
+    # a table cell never pools two flavours: rope at 2.0 under llama and 2.6 under gpt2 is no "rope ± 0.3"
+    assert [g.label for g in c.groups] == ["encoding=alibi, flavor=gpt2", "encoding=alibi, flavor=llama",
+                                           "encoding=rope, flavor=gpt2", "encoding=rope, flavor=llama"]
     assert list(c.rankings) == ["gpt2", "llama"]
     assert [(r.rank, r.label) for r in c.rankings["llama"].ranks] == [(1, "rope"), (2, "alibi")]
     assert [(r.rank, r.label) for r in c.rankings["gpt2"].ranks] == [(1, "alibi"), (2, "rope")]
@@ -199,6 +202,8 @@ def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, t
     assert "model.flavor = llama: ranking by val/loss" in result.stdout
     assert "Kendall's τ" in result.stdout and "-1.00" in result.stdout
     assert "alibi ahead of rope at gpt2" in result.stdout and "confident" in result.stdout
+    assert "verdict on val/loss at model.flavor=gpt2: alibi is best" in result.stdout
+    assert "verdict on val/loss at model.flavor=llama: rope is best" in result.stdout
     report = (flavours / "report.md").read_text()
     assert "| gpt2 vs llama | alibi ahead of rope at gpt2 | rope ahead of alibi at llama | confident |" in report
     assert "![ranks_model.flavor](ranks_model.flavor.png)" in report

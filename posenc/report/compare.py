@@ -25,7 +25,7 @@ from posenc.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHI
                             VAL_LOSS, VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of,
                             val_curve)
 from posenc.report.comparison import Comparison, columns_for, length_order
-from posenc.report.rank_tables import rank_text_tables, verdict_line
+from posenc.report.rank_tables import rank_text_tables, verdict_lines
 from posenc.report.ranking import leader
 from posenc.report.format import format_value
 from posenc.report.runs import Run, check_choice, deduplicate, find_runs, group_keys, group_runs, varying_keys
@@ -136,17 +136,18 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
         check_choice("--metric", metric, metric_keys(runs))
     shown = [t for t in chosen if targets or crossed(runs, t)]  # asked for: always shown
     metric = metric or default_metric(runs)
-    groups = group_runs(runs, by)
+    groups = group_runs(runs, by + ([within] if within else []))  # a cell never pools two values of --within
     fixed, varied = setup_split(runs)
     c = Comparison(by, groups, columns_for(runs, metric, shown), shown, {}, {}, metric, list(runs), duplicates,
-                   fixed, varied, dropped_targets=[t for t in chosen if t not in shown])
+                   fixed, varied, dropped_targets=[t for t in chosen if t not in shown], within=within)
     values = fill_cells(c)
-    c.ranking = ranking_of(groups, metric, values.get(metric))  # the cells' values: early seeds left out
     if baseline is not None:
         c.baseline = find_baseline(groups, baseline)
         c.versus = baseline_table(groups, c.baseline, metric)
-    if within is not None:
-        c.within = within
+    if within is None:
+        c.ranking = ranking_of(groups, metric, values.get(metric))  # the cells' values: early seeds left out
+    else:  # groups are ranked, and a best one named, among the runs of one value of --within at a time
+        c.leaders = {}
         c.rankings, c.agreements = rank_within(runs, by, within, metric)
     return c
 
@@ -195,7 +196,7 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
                                                highlight=False)
     for line in duplicate_lines(c, root):
         say(f"warning: {line}", "bold yellow")
-    say(f"{title}, grouped by {', '.join(c.by) or 'nothing varies'} · {setup_line(c.runs)}", "bold")
+    say(f"{title}, grouped by {', '.join(c.keys) or 'nothing varies'} · {setup_line(c.runs)}", "bold")
     say(f"varied: {describe_varied(c.varied) or 'nothing'}")
     say(f"held fixed: {describe(c.fixed) or 'nothing'}", "dim")
     for table in text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c):
@@ -204,7 +205,8 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
         say(f"not averaged in: {line}", "bold red")
     for line in warning_lines(c):
         say(f"warning: {line}", "yellow")
-    say(verdict_line(c), "bold")
+    for line in verdict_lines(c):
+        say(line, "bold")
 
 
 def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str | None = None,

@@ -73,8 +73,8 @@ def columns_for(runs: Sequence[Run], metric: str, targets: Sequence[Target]) -> 
 
 @dataclass
 class Comparison:
-    by: list[str]
-    groups: list[Group]
+    by: list[str]                        # what is compared (and ranked): the groups' keys but --within
+    groups: list[Group]                  # one per value of `keys`: a cell never pools two values of --within
     columns: list[Column]
     targets: list[Target]
     cells: dict[tuple[str, str], Stat]   # (group label, column key) -> stat
@@ -102,5 +102,10 @@ class Comparison:
         return next((col.fmt for col in self.columns if col.key == self.metric), "loss")
 
     @property
+    def keys(self) -> list[str]:
+        """The keys the table's groups are made of: by, and the --within key."""
+        return self.by + ([self.within] if self.within else [])
+
+    @property
     def group_header(self) -> str:
-        return ", ".join(self.by) or "group"
+        return ", ".join(self.keys) or "group"

@@ -34,7 +34,7 @@ class Document:
     failed: list[str]
     duplicates: list[str]
     plots: list[Path]
-    verdict: str = ""          # the comparison's answer in one line, shown above the tables
+    verdicts: list[str] = field(default_factory=list)   # the comparison's answer, shown above the tables
 
 
 def _md_cell(text: str) -> str:
@@ -54,7 +54,7 @@ def write_markdown(path: Path, doc: Document) -> None:
     if doc.sweep:
         parts += [f"Command: `{doc.sweep['command']}` (started {doc.sweep['started']})", ""]
     parts += [f"**Varied:** {doc.varied or 'nothing'}", "", f"**Held fixed:** {doc.fixed or 'nothing'}", ""]
-    parts += [f"**{_md_cell(doc.verdict)}**", ""] if doc.verdict else []
+    parts += [line for verdict in doc.verdicts for line in (f"**{_md_cell(verdict)}**", "")]
     for table in doc.tables:
         parts += [markdown_table(table), ""]
     parts += [line for note in doc.notes for line in (note, "")]  # one paragraph each
@@ -82,7 +82,7 @@ def write_html(path: Path, doc: Document) -> None:
                     f"(started {html.escape(doc.sweep['started'])})</p>")
     body += [f"<p><b>Varied:</b> {html.escape(doc.varied or 'nothing')}</p>",
              f"<p class=note><b>Held fixed:</b> {html.escape(doc.fixed or 'nothing')}</p>"]
-    body += [f"<p><b>{html.escape(doc.verdict)}</b></p>"] if doc.verdict else []
+    body += [f"<p><b>{html.escape(verdict)}</b></p>" for verdict in doc.verdicts]
     body += [html_table(t) for t in doc.tables]
     body += [f"<p class=note>{html.escape(note)}</p>" for note in doc.notes]
     for heading, lines in (("Duplicate runs (counted once)", doc.duplicates),

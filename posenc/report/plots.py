@@ -25,7 +25,7 @@ from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import styles_for  # noqa: E402
 
 DPI = 150
-BAND = "mean, 95% interval over seeds"
+BAND = "mean over seeds (perplexity, tokens, rates: geometric), 95% interval"
 
 
 def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

@@ -15,19 +15,26 @@ RANK_NOTE = ("Rank interval: the 2.5th-97.5th percentile of a group's rank when 
              "95% interval, not from the ranks. A group with 1 seed never moves in a resample.")
 
 
-def verdict_line(c: Comparison) -> str:
-    """The comparison's answer in one line: the detectable best group, the tied ones, or why none."""
-    if c.ranking is None or not c.ranking.ranks:
-        return f"verdict on {c.metric}: none — no group has {c.metric} in every seed"
-    lead = c.ranking.leader
+def verdict(ranking: Ranking | None, metric: str) -> str:
+    """A ranking's answer in one line: the detectable best group, the tied ones, or why none."""
+    if ranking is None or not ranking.ranks:
+        return f"verdict on {metric}: none — no group has {metric} in every seed"
+    lead = ranking.leader
     if lead.best is not None:
-        return (f"verdict on {c.metric}: {lead.best} is best, ahead of every other group by a detectable margin "
+        return (f"verdict on {metric}: {lead.best} is best, ahead of every other group by a detectable margin "
                 "(Welch 95% interval of each difference excludes 0)")
     if lead.reason:
         hint = " — run seeds (e.g. seed=0,1,2) for intervals and a verdict" if "1 seed" in lead.reason else ""
-        return f"verdict on {c.metric}: none ({lead.reason}){hint}"
-    return (f"verdict on {c.metric}: no detectable best — {', '.join(lead.tied)} tied "
+        return f"verdict on {metric}: none ({lead.reason}){hint}"
+    return (f"verdict on {metric}: no detectable best — {', '.join(lead.tied)} tied "
             "(the leader's difference to each is inside Welch's 95% interval)")
+
+
+def verdict_lines(c: Comparison) -> list[str]:
+    """The comparison's answer: one line, or with --within one per value of the key."""
+    if not c.rankings:
+        return [verdict(c.ranking, c.metric)]
+    return [verdict(ranking, f"{c.metric} at {c.within}={value}") for value, ranking in c.rankings.items()]
 
 
 def rank_interval(r: Rank, ranking: Ranking) -> str:

@@ -116,7 +116,7 @@ def family_table(c: Comparison, title: str, columns: list[Column], seeds: bool, 
     for i, g in enumerate(c.groups):
         rows.append([g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns]])
         best |= {(i, 2 + j) for j, col in enumerate(columns) if (lead := c.leaders.get(col.key)) and lead.best == g.label}
-    if not seeds and len(c.groups) > 1:
+    if not seeds and len(c.groups) > 1 and c.leaders:  # with --within the rankings name a best per value
         rows.append(["best (Welch 95%)", "", *[leader_text(c.leaders.get(col.key), compact) for col in columns]])
     return TextTable(f"{title} — {'per seed, in seed order' if seeds else INTERVAL}", header, rows, set() if seeds else best)
 

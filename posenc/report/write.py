@@ -17,7 +17,7 @@ from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
 from posenc.report.plots_length import plot_extrapolation, plot_task_accuracy, task_names
 from posenc.report.plots_rank import plot_ranks
-from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_line
+from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_lines
 from posenc.report.setup import describe, describe_varied, setup_line
 from posenc.report.tables import text_tables
 from posenc.rundir import read_sweep
@@ -27,7 +27,8 @@ NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one
          "mean with the interval of the mean log (for perplexity: of the loss) mapped back with exp, so it is never "
          "negative and the same in every table and figure. A cell is bold only where its group is ahead of every "
          "other group by a detectable margin (Welch's 95% interval of the difference, on the same scale, excludes "
-         "none); the 'best' row names that group, or the groups tied with the leader. Per-seed values follow each "
+         "none); the 'best' row names that group, or the groups tied with the leader (with --within the groups are "
+         "compared within each value of the key, in the rankings below). Per-seed values follow each "
          "table. →x: tokens until val/loss reaches x (→xbpb: val/bpb reaches x bits/byte), interpolated between the "
          "two evaluations that bracket x (—: never; k/n seeds: only k got there, so no mean; ≤ first eval: already "
          "below x at the first evaluation, so the count says nothing). AUC: area under val/loss(tokens) / token span "
@@ -53,9 +54,9 @@ def safe_name(text: str) -> str:
 
 
 def make_plots(c: Comparison, out: Path, title: str, setup: str) -> list[Path]:
-    by_text = ", ".join(c.by) or "nothing varies"
+    by_text = ", ".join(c.keys) or "nothing varies"
     plots = [plot_convergence(c.groups, out / "convergence.png", f"Validation loss, {title}", c.targets, setup),
-             plot_final(c.groups, c.by, c.metric, out / f"final_{safe_name(c.metric)}.png",
+             plot_final(c.groups, c.keys, c.metric, out / f"final_{safe_name(c.metric)}.png",
                         f"Final {c.metric} by {by_text}", setup)]
     if c.targets:
         plots.append(plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a target",
@@ -82,7 +83,7 @@ def write_report(c: Comparison, out: Path, paths: Sequence[Path], title: str, fa
     notes = [NOTES] + ([rank_note(c)] if c.ranking or c.rankings else []) + warnings
     doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed),
                    text_tables(c, seeds=True) + rank_text_tables(c), notes, failed, duplicates, plots,
-                   verdict=verdict_line(c))
+                   verdicts=verdict_lines(c))
     write_markdown(out / "report.md", doc)
     write_html(out / "report.html", doc)
     for stale in previous - {p.name for p in plots}:
