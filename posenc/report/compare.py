@@ -93,12 +93,13 @@ def add_run_metrics(runs: Sequence[Run], targets: Sequence[Target]) -> None:
 
 
 def check_keys(runs: Sequence[Run], by: Sequence[str] | None, within: str | None) -> None:
-    """Refuse a --by or --within key these runs do not have (the closest few named)."""
+    """Refuse a --by or --within key these runs do not have: the closest few and the swept keys
+    named, not the run's every config key."""
     valid, swept = group_keys(runs), varying_keys(runs)
     for key in (by or []):
-        check_choice("--by key", key, valid, prefer=swept)
+        check_choice("--by key", key, valid, prefer=swept, shown=8)
     if within is not None:
-        check_choice("--within key", within, valid, prefer=swept)
+        check_choice("--within key", within, valid, prefer=swept, shown=8)
 
 
 def fill_cells(c: Comparison) -> dict[str, dict[str, list]]:

@@ -164,13 +164,15 @@ def group_keys(runs: Sequence[Run]) -> list[str]:
     return sorted(k for k in keys if not k.endswith("._target_"))  # a class path: its group's name says it
 
 
-def check_choice(what: str, given: str, valid: Sequence[str], prefer: Sequence[str] = (), shown: int = 8) -> None:
+def check_choice(what: str, given: str, valid: Sequence[str], prefer: Sequence[str] = (),
+                 shown: int | None = None) -> None:
     """Refuse a value that is not one of valid, naming the closest matches first, then the
     preferred ones (e.g. the keys the sweep varied), at most `shown` of them and how many more."""
     if given in valid:
         return
     close = difflib.get_close_matches(given, valid, n=3, cutoff=0.5)
     ordered = list(dict.fromkeys([*close, *(p for p in prefer if p in valid), *valid]))
+    shown = shown or len(ordered)
     more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
     raise UserError(f"{what} {given!r} is not in these runs — use one of: {', '.join(ordered[:shown])}{more}")
 
