@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 from contextlib import nullcontext
 from functools import partial
 
 import torch
 
 from posenc.errors import UserError
+from posenc.metrics import MACHINE_CPUS, MACHINE_LOAD
 
 #: dense bf16 peak FLOP/s by device name fragment (vendor datasheets, SXM parts)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "4090": 165e12}
@@ -85,3 +87,14 @@ def use_compile(setting, device: torch.device) -> bool:
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)
+
+
+def machine_load() -> dict[str, float]:
+    """The machine's 1-minute load average and the CPUs this process may use, for summary.json: a throughput timed while other processes competed for the
+    CPUs (load above the CPU count) is noise, and the report says so. Empty where the OS has none."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows: no load average
+        return {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {MACHINE_LOAD.name: round(load, 2), MACHINE_CPUS.name: cpus}

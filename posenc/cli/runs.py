@@ -32,8 +32,9 @@ def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
 def compare(
     paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
-    metric: str = typer.Option(None, "--metric", help="the headline metric: plotted against the swept value, "
-                               "compared to --baseline, ranked by --within; default: val/ppl, else val/loss"),
+    metric: str = typer.Option(None, "--metric", help="the headline metric: ranked, plotted against the swept value, "
+                               "compared to --baseline; default: a task's accuracy at the training length, else "
+                               "val/ppl, else val/loss"),
     out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the run or sweep "
                              "directory given (several: outputs/compare/<date>/<time>)"),
     target: list[str] = typer.Option(None, "--target", help="tokens to reach this val/loss in nats (2.5), or this "
@@ -41,13 +42,15 @@ def compare(
     baseline: str = typer.Option(None, "--baseline", help="a group (its --by value, e.g. rope): every other group's "
                                  "difference to it on --metric, with a 95% interval and a verdict"),
     within: str = typer.Option(None, "--within", help="rank the groups separately for each value of this key "
-                               "(e.g. model.flavor): does the ranking hold?"),
+                               "(e.g. model.flavor) and measure how well the rankings agree (Kendall's τ, flips)"),
+    seeds: bool = typer.Option(False, "--seeds", help="also print every seed's value (report.md/html always have them)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """Compare runs: tables (mean and 95% interval over seeds), PNG plots, report.md and report.html."""
+    """Compare runs: tables (mean and 95% interval over seeds), the groups ranked with rank intervals
+    and a verdict (best only where detectable), PNG plots, report.md and report.html."""
     from posenc.report.compare import compare as compare_runs
 
-    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within), debug)
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within, seeds), debug)
 
 
 def register(app: typer.Typer) -> None:

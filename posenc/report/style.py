@@ -49,10 +49,6 @@ ENCODING_STYLES: dict[str, Style] = {
 _FREE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def encoding_style(name: str) -> Style | None:
-    return ENCODING_STYLES.get(name)
-
-
 def styles_for(labels: Sequence[str]) -> dict[str, Style]:
     """label -> Style: an encoding's own, else a colour picked from the label's hash (linear
     probing past colours already taken in this figure), deterministic for a set of labels."""

@@ -22,7 +22,7 @@ from posenc.data.batches import RandomWindows
 from posenc.data.synthetic import SyntheticTask
 from posenc.eval import final
 from posenc.eval.loss import fixed_span, score_windows
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
+from posenc.hardware import autocast_context, enable_fast_matmul, machine_load, peak_flops, resolve_device, resolve_precision
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed, init_from
@@ -97,6 +97,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             M.PARAMS.name: model.num_params(),
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
+            **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             "seq_len": t.seq_len,
             "encoding": encoding,
             "device": str(device),
