@@ -4,90 +4,36 @@
     python scripts/transfer_tables.py ladder SWEEP...   # experiment=scale_ladder: rankings per size and budget, Kendall τ, flips
     python scripts/transfer_tables.py budget SWEEP...   # experiment=tasks_budget: flip-flop exact match per budget
 
-An interim script: `posenc compare SWEEP --by encoding --within model` (rank intervals, Kendall τ
-with a bootstrap interval, flips) should replace the ladder part once it is on main. Statistics
-are scipy.stats': perplexity intervals are t-intervals of the loss (log perplexity) over seeds,
-mapped back with exp (never negative); a difference is "detectable" where Welch's 95% interval
-of the log difference excludes 0; Kendall's τ (scipy.stats.kendalltau) between two rankings of the
-group means, with a 95% bootstrap interval (each group's seeds drawn with replacement, 2000 times).
+A formatter over posenc's own statistics, so every number is the one `posenc compare` prints
+(`posenc compare SWEEP --by encoding --within model` for one budget's ladder): perplexity means
+are geometric with the t-interval of the loss mapped back (posenc.report.stats.aggregate), a
+difference is "detectable" where Welch's 95% interval excludes none (compare_to_baseline), ranks
+and Kendall's τ with their bootstrap intervals and the flips come from posenc.report.ranking.
+What compare does not do: the growth ppl@16T / ppl@T per seed (the recipe table), one table for
+all sizes × budgets (the ladder), accuracy with every seed's value (the budget table).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import math
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
-from scipy import stats
-
+from posenc.report.ranking import rank_agreement, rank_groups
 from posenc.report.runs import Run, find_runs
+from posenc.report.stats import NO_DIFFERENCE, Scale, aggregate, compare_to_baseline, detectable
 
-RECIPES = ["llama", "llama_tied_head", "llama_gpt2_init", "llama_gelu", "llama_layernorm", "llama_bias", "gpt2"]
-RESAMPLES = 2000
-
-
-# --- statistics (scipy) -------------------------------------------------------------------
-def log_interval(values: Sequence[float]) -> tuple[float, float, float]:
-    """(geometric mean, low, high): the 95% t-interval of log(values) over seeds, mapped back."""
-    x = np.log(np.asarray(values, dtype=float))
-    if len(x) < 2:
-        return float(np.exp(x.mean())), math.nan, math.nan
-    low, high = stats.t.interval(0.95, len(x) - 1, loc=x.mean(), scale=stats.sem(x))
-    return float(np.exp(x.mean())), float(np.exp(low)), float(np.exp(high))
+RECIPES = ["llama", "llama_tied_head", "llama_gpt2_init", "llama_gelu", "llama_layernorm", "llama_bias", "gpt2",
+           "gpt2_untied_head", "gpt2_fan_in_init", "gpt2_swiglu", "gpt2_rmsnorm", "gpt2_no_bias"]
+LOG = Scale(log=True)
+ACCURACY = Scale(low=0.0, high=100.0)
 
 
-def welch_log_ratio(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
-    """(ratio of geometric means a/b, low, high): Welch's 95% interval of mean(log a) - mean(log b)."""
-    la, lb = np.log(a), np.log(b)
-    ci = stats.ttest_ind(la, lb, equal_var=False).confidence_interval(0.95)
-    return float(np.exp(la.mean() - lb.mean())), float(np.exp(ci.low)), float(np.exp(ci.high))
-
-
-def detectable(a: Sequence[float], b: Sequence[float]) -> bool:
-    _, low, high = welch_log_ratio(a, b)
-    return not (low <= 1 <= high)
-
-
-def kendall(u: dict[str, list[float]], v: dict[str, list[float]], seed: int = 0) -> tuple[float, float, float]:
-    """Kendall's τ between the rankings of the groups' geometric means at u and at v, with its 95%
-    bootstrap interval over seeds."""
-    groups = sorted(set(u) & set(v))
-    point = stats.kendalltau([gm(u[g]) for g in groups], [gm(v[g]) for g in groups]).statistic
-    rng = np.random.default_rng(seed)
-
-    def resample(side: dict[str, list[float]]) -> np.ndarray:  # (RESAMPLES, groups) of mean log values
-        return np.stack([np.log(side[g])[rng.integers(0, len(side[g]), (RESAMPLES, len(side[g])))].mean(1)
-                         for g in groups], axis=1)
-
-    bu, bv = resample(u), resample(v)
-    taus = np.array([stats.kendalltau(bu[i], bv[i]).statistic for i in range(RESAMPLES)])
-    low, high = np.nanpercentile(taus, [2.5, 97.5])
-    return float(point), float(low), float(high)
-
-
-def flips(u: dict[str, list[float]], v: dict[str, list[float]]) -> list[str]:
-    """Pairs ordered one way at u and the other at v (lower is better); 'confident' where both
-    orders are detectable, else 'within noise'."""
-    out = []
-    for a, b in itertools.combinations(sorted(set(u) & set(v)), 2):
-        if (gm(u[a]) < gm(u[b])) != (gm(v[a]) < gm(v[b])):
-            sure = detectable(u[a], u[b]) and detectable(v[a], v[b])
-            first, second = (a, b) if gm(u[a]) < gm(u[b]) else (b, a)
-            out.append(f"{first}<{second} → {second}<{first} ({'confident' if sure else 'within noise'})")
-    return out
-
-
-def gm(values: Sequence[float]) -> float:
-    return float(np.exp(np.mean(np.log(values))))
-
-
-def fmt(values: Sequence[float], digits: int = 2) -> str:
-    mean, low, high = log_interval(values)
-    return f"{mean:.{digits}f}" if math.isnan(low) else f"{mean:.{digits}f} [{low:.{digits}f}, {high:.{digits}f}]"
+def fmt(values: Sequence[float], scale: Scale = LOG, digits: int = 2) -> str:
+    s = aggregate(values, scale)
+    return f"{s.mean:.{digits}f}" if s.low is None else f"{s.mean:.{digits}f} [{s.low:.{digits}f}, {s.high:.{digits}f}]"
 
 
 # --- runs ---------------------------------------------------------------------------------
@@ -119,7 +65,8 @@ def recipe_table(runs: Sequence[Run], short: int, long: int) -> str:
     for encoding in sorted({k[0] for k in groups}):
         base = [r.metric(f"extrapolation/ppl@{long}") / r.metric(f"extrapolation/ppl@{short}")
                 for r in groups.get((encoding, "llama"), [])]
-        lines += [f"\n**{encoding}** (growth = ppl@{long} / ppl@{short}; vs llama: ratio of growths, Welch 95%)\n",
+        lines += [f"\n**{encoding}** (growth = ppl@{long} / ppl@{short}; vs llama: ratio of geometric-mean growths, "
+                  f"Welch 95% on the log)\n",
                   f"| recipe | seeds | ppl@{short} | ppl@{long} | growth ×{long // short} length | per seed | vs llama |",
                   "|---|---|---|---|---|---|---|"]
         for recipe in RECIPES:
@@ -131,9 +78,9 @@ def recipe_table(runs: Sequence[Run], short: int, long: int) -> str:
             growth = [b / a for a, b in zip(p_short, p_long)]
             versus = "—"
             if recipe != "llama" and len(base) > 1 and len(growth) > 1:
-                ratio, low, high = welch_log_ratio(growth, base)
-                verdict = "detectable" if not (low <= 1 <= high) else "no detectable difference"
-                versus = f"{ratio:.2f} [{low:.2f}, {high:.2f}] {verdict}"
+                d = compare_to_baseline(growth, base, higher_is_better=False, scale=LOG)
+                verdict = "no detectable difference" if d.verdict == NO_DIFFERENCE else "detectable"
+                versus = f"{d.diff:.2f} [{d.low:.2f}, {d.high:.2f}] {verdict}"
             lines.append(f"| {recipe} | {','.join(str(r.seed) for r in rs)} | {fmt(p_short)} | {fmt(p_long)} | "
                          f"×{fmt(growth)} | {', '.join(f'{g:.2f}' for g in growth)} | {versus} |")
     return "\n".join(lines + ["", wall(runs)])
@@ -147,33 +94,39 @@ def ladder_tables(runs: Sequence[Run], lengths: Sequence[int], sizes: Sequence[s
                               for k, rs in groups.items() if k[:2] == (b, s)}
     lines = []
     for L in lengths:
-        lines += [f"\n**ppl@{L}**: encodings ranked within each size (geometric mean [95% t-interval of the loss] over seeds)\n",
+        lines += [f"\n**ppl@{L}**: encodings ranked within each size and budget (geometric mean [95% interval], "
+                  "rank interval (95% bootstrap) in braces when it is not a single rank)\n",
                   "| budget | size | params | 1st | 2nd | 3rd | 4th | 5th |", "|---|---|---|---|---|---|---|---|"]
         for b, s in itertools.product(budgets, sizes):
             v = values(b, s, L)
-            order = sorted(v, key=lambda e: gm(v[e]))
-            params = next(iter(groups[(b, s, order[0])])).metric("params")
+            ranking = rank_groups(v, higher_is_better=False, log=True)
             cells = []
-            for i, e in enumerate(order):
-                tie = i + 1 < len(order) and not detectable(v[e], v[order[i + 1]])
-                cells.append(f"{e} {fmt(v[e])}{' ≈' if tie else ''}")
+            for i, r in enumerate(ranking.ranks):
+                nxt = ranking.ranks[i + 1].label if i + 1 < len(ranking.ranks) else None
+                tie = " ≈" if nxt and not detectable(v[r.label], v[nxt], LOG) else ""
+                spread = "" if r.low == r.high else f" {{{r.low:.0f}–{r.high:.0f}}}"
+                cells.append(f"{r.label} {fmt(v[r.label])}{spread}{tie}")
+            params = groups[(b, s, ranking.ranks[0].label)][0].metric("params")
             lines.append(f"| {b} | {s} | {params / 1e6:.2f}M | " + " | ".join(cells) + " |")
     lines += ["\n(≈: no detectable difference from the next one, Welch 95% on the loss)\n",
-              "**Kendall's τ between the rankings** (95% bootstrap interval over seeds) and the pairs that flip\n",
-              "| compared | at | τ | flips |", "|---|---|---|---|"]
+              "**Kendall's τ between rankings** (95% bootstrap interval over seeds) and the pairs whose order flips\n",
+              "| compared | metric | τ | flips (confident: both orders detectable) |", "|---|---|---|---|"]
     for L in lengths:
         for b in budgets:
-            for s, t in itertools.combinations(sizes, 2):
-                tau, low, high = kendall(values(b, s, L), values(b, t, L))
-                lines.append(f"| {s} → {t} ({b}) | ppl@{L} | {tau:+.2f} [{low:+.2f}, {high:+.2f}] | "
-                             f"{'; '.join(flips(values(b, s, L), values(b, t, L))) or 'none'} |")
-        for s in sizes:
-            if len(budgets) > 1:
-                u, v = values(budgets[0], s, L), values(budgets[-1], s, L)
-                tau, low, high = kendall(u, v)
-                lines.append(f"| {budgets[0]} → {budgets[-1]} ({s}) | ppl@{L} | {tau:+.2f} [{low:+.2f}, {high:+.2f}] | "
-                             f"{'; '.join(flips(u, v)) or 'none'} |")
+            lines += [_agreement_row(a, f"{a.u} → {a.v} ({b})", L)
+                      for a in rank_agreement({s: values(b, s, L) for s in sizes}, higher_is_better=False, log=True)]
+        if len(budgets) > 1:
+            for s in sizes:
+                lines += [_agreement_row(a, f"{a.u} → {a.v} ({s})", L)
+                          for a in rank_agreement({b: values(b, s, L) for b in budgets}, higher_is_better=False, log=True)]
     return "\n".join(lines + ["", wall(runs)])
+
+
+def _agreement_row(a, label: str, L: int) -> str:
+    tau = "n/a" if a.tau is None else f"{a.tau:+.2f} [{a.low:+.2f}, {a.high:+.2f}]"
+    flips = "; ".join(f"{f.first} ahead at {a.u}, {f.second} at {a.v} ({'confident' if f.confident else 'within noise'})"
+                      for f in a.flips)
+    return f"| {label} | ppl@{L} | {tau} | {flips or 'none'} |"
 
 
 def budget_table(runs: Sequence[Run], task: str) -> str:
@@ -187,13 +140,10 @@ def budget_table(runs: Sequence[Run], task: str) -> str:
         cells = []
         for L in lengths:
             acc = [100 * r.metric(f"tasks/{task}/accuracy@{L}") for r in rs]
-            mean = float(np.mean(acc))
-            low, high = stats.t.interval(0.95, len(acc) - 1, loc=mean, scale=stats.sem(acc)) \
-                if len(acc) > 1 and np.std(acc) > 0 else (mean, mean)
-            cells.append(f"{mean:.0f} [{max(low, 0):.0f}, {min(high, 100):.0f}] ({'/'.join(f'{a:.0f}' for a in acc)})")
+            cells.append(f"{fmt(acc, ACCURACY, 0)} ({'/'.join(f'{a:.0f}' for a in acc)})")
         loss = [r.metric("val/loss") for r in rs]
         steps = rs[0].summary.get("steps", "?")
-        lines.append(f"| {encoding} | {budget} | {steps} | {len(rs)} | {np.mean(loss):.3f} ({'/'.join(f'{x:.3f}' for x in loss)}) | "
+        lines.append(f"| {encoding} | {budget} | {steps} | {len(rs)} | {sum(loss) / len(loss):.3f} ({'/'.join(f'{x:.3f}' for x in loss)}) | "
                      + " | ".join(cells) + " |")
     return "\n".join(lines + ["", wall(runs)])
 
