@@ -44,8 +44,8 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
         if reference:  # every bias through the dense float mask; no bias: the mask is causal alone
             monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         elif model.encoding.has_bias:
-            assert isinstance(attention.position_bias(model.encoding, Context.arange(256, "cuda"), 0.0),
-                              attention.FlexBias)
+            assert isinstance(attention.plan(model.encoding, Context.arange(256, "cuda"), 0, 0.0),
+                              attention.FlexPlan)
         _, loss = model(idx, idx)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
