@@ -30,6 +30,7 @@ from hydra.core.override_parser.types import Override
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from posenc.data.corpora import PACKINGS
 from posenc.errors import UserError
 
 #: the top-level conf/ directory, shipped inside the package as posenc.conf
@@ -318,6 +319,9 @@ RULES: tuple[Rule, ...] = (
     *(_positive(f"model.{k}", e) for k, e in (("n_layer", 4), ("n_head", 4), ("d_model", 256))),
     Rule("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)", 0.0),
     Rule("seed", lambda v: v >= 0, ">= 0", 0),
+    # None: a dataset without packing (synthetic tasks), or eval.packing as training's
+    *(Rule(key, lambda v: v is None or v in PACKINGS, f"one of {', '.join(PACKINGS)}", "documents")
+      for key in ("dataset.packing", "eval.packing")),
 )
 
 

@@ -10,12 +10,13 @@ import sysconfig
 import zlib
 from pathlib import Path
 
-from posenc.data.windows import PACKINGS
 from posenc.errors import UserError
 
 log = logging.getLogger("posenc")
 
 SPLITS = ("train", "validation")
+#: how windows are cut from the packed documents (posenc/data/windows.py)
+PACKINGS = ("concat", "bos_aligned", "documents")
 
 
 class Corpus:

@@ -26,9 +26,8 @@ import numpy as np
 import torch
 
 from posenc.data.batches import Batch
+from posenc.data.corpora import PACKINGS
 from posenc.errors import UserError
-
-PACKINGS = ("concat", "bos_aligned", "documents")
 
 
 @dataclass(frozen=True)
