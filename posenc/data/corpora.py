@@ -146,7 +146,8 @@ class TextFiles(Corpus):
         return datasets.Dataset.from_dict({"text": texts, "source": sources})
 
     def fingerprint(self) -> str:
-        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
+        # the path as given too: the split hashes each document's source, which holds it
+        stats = [(str(p), str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
         return f"text:{stats}:{self.val_fraction}:{self.lines_per_doc}"
 
 
