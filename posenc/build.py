@@ -91,6 +91,11 @@ def build_encoding(cfg: DictConfig) -> PositionalEncoding:
     encodings = {}
     for kind in used:
         own = OmegaConf.to_container(layout.kinds[kind].encoding, resolve=True)
+        unknown = sorted(set(own) - set(base)) if "_target_" not in own else []
+        if unknown:
+            raise UserError(f"layout={layout.name} sets {', '.join(f'encoding.{k}' for k in unknown)} on its {kind} layers, "
+                            f"which encoding '{cfg.encoding.name}' does not have — use an encoding that has it "
+                            f"(e.g. encoding=rope) or another layout")
         node = own if "_target_" in own else {**base, **own}
         key = repr(sorted(node.items()))
         if key not in by_node:

@@ -24,8 +24,9 @@ def bench_batch(vocab: int, batch_size: int, seq_len: int, document_length: int 
 
 
 def mask_summary(cfg: DictConfig, batch: Batch, device: torch.device) -> list[dict]:
-    """Per distinct layer mask: its layers, the fraction of scores it hides, and on CUDA the
-    percentage of FlexAttention blocks it lets the kernel skip (BlockMask.sparsity)."""
+    """Per distinct layer mask: its layers, the fraction of the causal scores it hides (what
+    documents and windows save over plain causal attention), and on CUDA the percentage of
+    FlexAttention blocks the kernel skips (BlockMask.sparsity, causal ones included)."""
     layout = build_layout(cfg)
     T = batch.x.shape[1]
     out = []
@@ -33,9 +34,10 @@ def mask_summary(cfg: DictConfig, batch: Batch, device: torch.device) -> list[di
         if kind not in layout.kinds:
             continue
         mask = AttentionMask(T, None if batch.doc is None else batch.doc.to(device), window)
+        causal = T * (T + 1) / 2 * batch.x.shape[0]
         row = {"kind": kind, "layers": layout.kinds.count(kind), "window": window.describe(),
                "documents": batch.doc is not None,
-               "hidden_fraction": 1.0 - float(mask.visible(device=device).float().mean())}
+               "hidden_fraction": 1.0 - float(mask.visible(device=device).expand(batch.x.shape[0], -1, -1, -1).sum()) / causal}
         if device.type == "cuda":
             row["blocks_skipped_pct"] = float(mask.block_mask(device).sparsity())
         out.append(row)

@@ -29,7 +29,7 @@ def masks(result: dict) -> str:
             continue
         what = " + ".join((["documents"] if m["documents"] else []) + ([m["window"]] if m["window"] != "global" else []))
         skipped = f", skips {m['blocks_skipped_pct']:.0f}% of blocks" if "blocks_skipped_pct" in m else ""
-        parts.append(f"{what} ×{m['layers']} (hides {100 * m['hidden_fraction']:.0f}%{skipped})")
+        parts.append(f"{what} ×{m['layers']} (hides {100 * m['hidden_fraction']:.0f}% of the causal scores{skipped})")
     return f", masks: {'; '.join(parts)}" if parts else ""
 
 
