@@ -2,9 +2,11 @@
 
 nanoGPT's shape: CausalSelfAttention, MLP, Block (posenc/nn/blocks.py), GPT. The block recipe
 (norm, MLP, biases, tied head, init) is a flavour (posenc/nn/flavors.py): ``gpt2`` is nanoGPT's,
-``llama`` is RMSNorm, SwiGLU, no biases and an untied head. The model owns one encoding, computes positions once per forward, asks for the bias once
-(shared by all layers, as T5 does) and hands the encoding to every block's attention,
-which calls ``rotate`` on q and k. Nothing here knows an encoding's name.
+``llama`` is RMSNorm, SwiGLU, no biases and an untied head. The model owns one encoding (or one
+per layer kind, posenc/nn/layout.py) and a layer layout (each layer's window). Once per forward it
+builds the context (positions, per sequence under documents packing, and each layer's mask),
+asks for each layer kind's bias and mask once (shared by its layers, as T5 shares its bias) and
+hands every block its encoding, which ``rotate`` q and k. Nothing here knows an encoding's name.
 """
 
 from __future__ import annotations

@@ -11,13 +11,20 @@ has one hook for each, a no-op by default:
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
   (CoPE's contextual positions), computed in each layer.
 
+Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
+sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each
+layer's attention mask (causal ∧ same document ∧ window, posenc/nn/mask.py). Which keys a query
+sees is the mask's job, never the encoding's; a hook that sums over keys (CoPE) asks the mask.
+A layout may give each layer kind its own encoding (posenc/nn/layout.py): the model asks
+``for_layer``.
+
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
 offers is *derived* from which hooks it overrides (``has_bias``, ``has_content_bias``): there
 is no flag to remember, and attention never asks which encoding it has.
 
 Vocabulary, one name per concept:
-    bias           b_h(i, j), the (H, Tq, Tk) logit term an encoding's ``bias`` returns;
+    bias           b_h(i, j), the (..., H, Tq, Tk) logit term an encoding's ``bias`` returns;
     relative_bias  b_h(n) as a table over distances n = i - j, for a bias that depends on
                    positions only through i - j (what a fused kernel looks up);
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
