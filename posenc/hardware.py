@@ -74,14 +74,6 @@ def enable_fast_matmul(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def to_device(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """CPU batch -> device. On CUDA through pinned memory with non_blocking=True, so the copy
-    overlaps the previous step's kernels instead of stalling the host."""
-    if device.type != "cuda":
-        return tuple(t.to(device) for t in tensors)
-    return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
-
-
 def use_compile(setting, device: torch.device) -> bool:
     """trainer.compile: true | false | auto (on for CUDA, off for CPU)."""
     if setting == "auto":

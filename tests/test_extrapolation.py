@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 
 import numpy as np
@@ -51,9 +50,8 @@ def test_chunked_long_evaluation_equals_dense(make, monkeypatch):
         return score_windows(model, tokens, 256, 1024, batch_size=4, device=torch.device("cpu"))
 
     dense = score()
-    monkeypatch.setattr(attention, "DENSE_BIAS_MAX_LEN", 64)
-    monkeypatch.setattr(attention, "chunked_biased_attention",
-                        functools.partial(attention.chunked_biased_attention, chunk=48))
+    monkeypatch.setattr(attention, "DENSE_MAX_LEN", 64)
+    monkeypatch.setattr(attention, "QUERY_CHUNK", 48)
     chunked = score()
     assert (chunked.scored_tokens, chunked.windows) == (dense.scored_tokens, dense.windows)
     assert chunked.loss == pytest.approx(dense.loss, rel=1e-5)

@@ -40,7 +40,8 @@ def first_batch_loss(run_dir: Path, weights: dict) -> float:
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
     model.load_state_dict(weights)
-    x, y = RandomWindows(data.train, cfg.trainer.seq_len, cfg.trainer.batch_size, seed=cfg.seed).next()
+    batch = RandomWindows(data.train, cfg.trainer.seq_len, cfg.trainer.batch_size, seed=cfg.seed).next()
+    x, y = batch.x, batch.y
     with torch.no_grad():
         return float(model(x, y)[1])
 

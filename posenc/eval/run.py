@@ -91,9 +91,9 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
 
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("evaluating lengths", total=len(cfg.eval.lengths))
-        results = extrapolation.run_from_config(model, data.validation, cfg, device, autocast,
+        results = extrapolation.run_from_config(model, data, cfg, device, autocast,
                                                 on_result=lambda r: progress.advance(task))
-    record = {**header, **extrapolation.summary(results, cfg.eval.get("stride"))}
+    record = {**header, **extrapolation.summary(results, cfg.eval.get("stride"), final.eval_packing(cfg))}
     write_json_atomic(out, record)
     print_results(record, results)
     console.print(f"wrote [bold]{out}[/]")

@@ -19,11 +19,9 @@ import torch
 from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from posenc.hardware import to_device, use_compile
+from posenc.data.batches import Batch
+from posenc.hardware import use_compile
 from posenc.train import distributed
-
-Batch = tuple[Tensor, Tensor]  # (B, T) inputs, (B, T) targets
-
 
 class BatchSource(Protocol):
     """Where micro-batches come from: RandomWindows in training, a fixed batch in the bench."""
@@ -111,14 +109,14 @@ def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
     schedule, zero the gradients. No host synchronisation inside."""
     loss_sum = torch.zeros((), device=state.device)
     seen = 0
-    for x, y in batches:
-        x, y = to_device((x, y), state.device)
+    for batch in batches:
+        batch = batch.to(state.device)
         with state.autocast():
-            _, loss = state.step_model(x, y)
+            _, loss = state.step_model(batch.x, batch.y, **batch.model_inputs())
         (loss / state.grad_accum).backward()
         loss_sum += loss.detach()
         seen += 1
-        state.tokens += y.numel() * distributed.world_size()  # shapes only: no sync
+        state.tokens += batch.tokens * distributed.world_size()  # shapes only: no sync
         if seen == state.grad_accum:
             break
     if seen != state.grad_accum:

@@ -37,7 +37,8 @@ def rotated_part(x: Tensor, rot_dim: int) -> Tensor:
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     """Rotate the first 2·cos.shape[-1] dims of x by the angles whose cos/sin are given.
 
-    x: (..., T, head_dim); cos, sin: (T, rot_dim/2) float32 -> same shape and dtype as x.
+    x: (..., T, head_dim); cos, sin: (T, rot_dim/2), or (B, 1, T, rot_dim/2) for per-sequence
+    positions, float32 -> same shape and dtype as x.
     Computed in float32 and cast back (torchtitan), since bf16 angles lose position.
     """
     rot_dim = 2 * cos.shape[-1]
@@ -47,14 +48,15 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
     else:  # half: (x1, x2) -> (x1 cos - x2 sin, x2 cos + x1 sin) = x·cos + flip(x)·(-sin, sin)
         x2d = xr.unflatten(-1, (2, -1))  # (..., T, 2, rot/2): the halves x1, x2
-        out = torch.addcmul(x2d * cos[:, None, :], x2d.flip(-2), torch.stack((-sin, sin), dim=-2)).flatten(-2)
+        out = torch.addcmul(x2d * cos.unsqueeze(-2), x2d.flip(-2), torch.stack((-sin, sin), dim=-2)).flatten(-2)
     return torch.cat((out.type_as(x), x_pass), dim=-1) if x_pass.shape[-1] else out.type_as(x)
 
 
 def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
     """The interleaved rotation as one complex product: (x_{2i} + i·x_{2i+1}) · e^{i·mθ_i}.
 
-    x: (..., T, head_dim); freqs: (T, rot_dim/2) complex64 -> same shape and dtype as x.
+    x: (..., T, head_dim); freqs: (T, rot_dim/2) or (B, 1, T, rot_dim/2) complex64 -> same shape
+    and dtype as x.
     The same maths as ``apply_rotary(style="interleaved")`` in one elementwise kernel instead
     of six plus a copy: in eager mode (CPU) it makes interleaved RoPE the cheapest style.
     """
@@ -145,20 +147,22 @@ class RoPE(PositionalEncoding):
             self.sin_cached = torch.sin(theta) * self.attention_scale
 
     def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
-        cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) each
+        cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) or (B, 1, T, rot/2) each
         if self.style == "interleaved" and not torch.compiler.is_compiling():
             # eager: one complex product; compiled: inductor fuses the real formula below into
             # one kernel but does not generate code for complex ops
-            freqs = torch.complex(cos, sin)  # e^{i·mθ_i}, (T, rot/2)
+            freqs = torch.complex(cos, sin)  # e^{i·mθ_i}
             return rotate_complex(q, freqs), rotate_complex(k, freqs)
         return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
 
     def cos_and_sin(self, ctx: Context) -> tuple[Tensor, Tensor]:
-        """cos mθ_i and sin mθ_i at the context's positions: (T, rot/2) each, float32. With the
-        default positions a slice of the cache, not a gather."""
+        """cos mθ_i and sin mθ_i at the context's positions, float32: (T, rot/2) each, a slice of
+        the cache with the default positions; (B, 1, T, rot/2) for per-sequence positions
+        (documents packing), broadcast over the heads."""
         if ctx.default_positions:
             return self.cos_cached[: ctx.T], self.sin_cached[: ctx.T]
-        return self.cos_cached[ctx.pos], self.sin_cached[ctx.pos]
+        cos, sin = self.cos_cached[ctx.pos], self.sin_cached[ctx.pos]
+        return (cos[:, None], sin[:, None]) if ctx.per_sequence else (cos, sin)
 
     def options(self) -> dict[str, object]:
         opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
