@@ -22,7 +22,7 @@ def trained(tmp_path_factory):
 def test_run_directory_layout(trained):
     _, run_dir, _ = trained
     for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "train.log", "metrics.jsonl", "summary.json",
-                 "checkpoints/last.pt"):
+                 "checkpoints/last.safetensors"):
         assert (run_dir / name).exists(), name
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should write an offline run"
     assert run_dir.parent.parent.name == "outputs"
@@ -53,7 +53,9 @@ def test_summary(trained):
 
 def test_checkpoint_holds_the_model(trained):
     _, run_dir, _ = trained
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    from posenc.rundir import load_checkpoint
+
+    ckpt = load_checkpoint(run_dir)
     assert ckpt["step"] == 4 and ckpt["tokens"] == 512
     assert "wte.weight" in ckpt["model"] and ckpt["config"]["encoding"]["name"] == "rope"
 

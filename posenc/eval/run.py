@@ -2,7 +2,7 @@
 run at several lengths, and its per-position loss.
 
 Loads the run's composed config (``.hydra/config.yaml``) and its checkpoint (``checkpoints/
-best.pt`` where trainer.checkpoint=best kept one, else ``last.pt``), applies
+best.safetensors`` where trainer.checkpoint=best kept one, else ``last.safetensors``), applies
 overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
 ``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
 table and writes ``eval.json`` (``eval_<key>-<value>….json`` when overrides change the setup:

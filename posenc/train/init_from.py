@@ -31,7 +31,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import load_run_config, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, write_json_atomic
+from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
 
 log = logging.getLogger("posenc")
 
@@ -56,9 +56,10 @@ def parent_dir(value: Any) -> Path:
     run_dir = Path(str(value)).expanduser()
     if not run_dir.is_dir():
         raise UserError(f"{KEY}: run dir '{run_dir}' does not exist — pass the directory of a finished "
-                        f"`posenc train` run (it holds checkpoints/last.pt)")
+                        f"`posenc train` run (it holds checkpoints/last.safetensors)")
     if not checkpoint_path(run_dir).is_file():
-        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.pt — start from a run that saved one")
+        refuse_legacy(run_dir)
+        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.safetensors — start from a run that saved one")
     return run_dir.resolve()
 
 

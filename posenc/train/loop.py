@@ -2,7 +2,7 @@
 
 The loop around train_step (state.py): logging at log steps (the only host sync), periodic
 evaluation on fixed validation windows (posenc.eval.loss), checkpoints as trainer.checkpoint
-says (checkpoints/last.pt and/or best.pt: train/checkpoint.py), SIGTERM / Ctrl-C handling,
+says (checkpoints/last.safetensors and/or best.safetensors: train/checkpoint.py), SIGTERM / Ctrl-C handling,
 metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation and the summary.
 """
 
