@@ -88,3 +88,17 @@ def test_a_gpu_run_reaches_the_cpu_runs_validation_loss(name, workdir):
         newest = max(run_dirs(workdir), key=lambda p: p.stat().st_mtime)
         losses[device] = json.loads((newest / "summary.json").read_text())["val/loss"]
     assert losses["cuda"] == pytest.approx(losses["cpu"], rel=0.03), losses
+
+
+def test_posenc_eval_on_a_gpu_computes_what_training_reported(workdir):
+    """Training and `posenc eval` set the device up alike (TF32, autocast: hardware.setup_device),
+    so the perplexity at the training length that training reported is the one a re-run gives;
+    before, eval ran without TF32 and the two differed in the fourth digit."""
+    result = run_cli("train", *TINY, "device=cuda", "trainer.precision=fp32", "trainer.compile=false",
+                     "eval.at_end=true", "eval.lengths=[1]", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = run_dirs(workdir)
+    trained = json.loads((run_dir / "summary.json").read_text())["extrapolation/ppl@32"]
+    result = run_cli("eval", str(run_dir), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "eval.json").read_text())["extrapolation/ppl@32"] == pytest.approx(trained, rel=1e-6)

@@ -48,14 +48,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def local_device(device: torch.device) -> torch.device:
-    """Each rank takes its own GPU (LOCAL_RANK); CPU stays CPU."""
-    if device.type == "cuda" and active():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    return device
-
-
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """DDP averages gradients over ranks in backward, so every rank takes the same step."""
     if not active():

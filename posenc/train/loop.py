@@ -22,7 +22,7 @@ from posenc.data.batches import RandomWindows
 from posenc.data.synthetic import SyntheticTask
 from posenc.eval import final
 from posenc.eval.loss import fixed_span, score_windows
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
+from posenc.hardware import peak_flops, setup_device
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed, init_from
@@ -39,10 +39,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_config(cfg)
     check_encodable(cfg)
     started = time.time()
-    device = distributed.local_device(resolve_device(cfg.device))
-    precision = resolve_precision(cfg.trainer.precision, device)
-    autocast = autocast_context(precision, device)
-    enable_fast_matmul(device)
+    device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
 
     data = build_data(cfg)
