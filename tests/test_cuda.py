@@ -92,8 +92,8 @@ def test_a_gpu_run_reaches_the_cpu_runs_validation_loss(name, workdir):
 
 def test_posenc_eval_on_a_gpu_computes_what_training_reported(workdir):
     """Training and `posenc eval` set the device up alike (TF32, autocast: hardware.setup_device),
-    so the perplexity at the training length that training reported is the one a re-run gives;
-    before, eval ran without TF32 and the two differed in the fourth digit."""
+    so the perplexity at the training length that training reported is the one a re-run gives
+    (an eval without TF32 would round its fp32 matmuls differently)."""
     result = run_cli("train", *TINY, "device=cuda", "trainer.precision=fp32", "trainer.compile=false",
                      "eval.at_end=true", "eval.lengths=[1]", cwd=workdir)
     assert result.returncode == 0, result.stderr
