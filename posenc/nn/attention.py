@@ -2,7 +2,7 @@
 position bias (optionally also as a FlexAttention ``score_mod``), a content bias.
 
 Which kernel runs is chosen from those offers and from what the device can do
-(``select_kernel``), never from the encoding's name (DESIGN.md, "Attention paths"):
+(``select_kernel``), never from the encoding's name (docs/architecture.md, "Attention paths"):
 
 - no bias: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN / memory-efficient);
 - a position bias on CUDA, offered as a score_mod: FlexAttention with a causal BlockMask
