@@ -43,7 +43,7 @@ UNSET = (None, False, "", "none", "null", "false")
 FREE_MODEL_KEYS = ("dropout",)
 #: encoding keys that change how positions are scaled, never a parameter's shape
 SCALING_KEYS = ("scaling", "scaling_factor", "original_max_len", "low_freq_factor", "high_freq_factor",
-                "short_factor", "long_factor")
+                "short_factor", "long_factor", "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim")
 #: tokenizers whose vocabulary is learned from the corpus: the dataset is part of the vocabulary
 TRAINED_TOKENIZERS = ("posenc.data.tokenizers.BPETokenizer",)
 
