@@ -82,7 +82,10 @@ def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
         if key == ITEMS:
             return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in value}
         if key == NDARRAY:
-            return np.asarray(value["data"], dtype=np.dtype(value["dtype"])).reshape(value["shape"])
+            dtype = np.dtype(value["dtype"])
+            if dtype.kind not in "biuf":  # numbers only: an object array would hold whatever the file says
+                raise ValueError(f"an array of dtype {dtype} is not a state posenc writes")
+            return np.asarray(value["data"], dtype=dtype).reshape(value["shape"])
     return {k: decode(v, tensors) for k, v in obj.items()}
 
 
