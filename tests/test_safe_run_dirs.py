@@ -115,3 +115,35 @@ def test_convert_turns_an_old_run_dir_into_one_every_command_reads(finished_run,
     assert str(converted["optimizer"]) == str(state["optimizer"])
     result = run_cli("eval", str(run_dir), "eval.lengths=[1]", cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_a_state_comes_back_as_saved_with_tied_weights_stored_once(tmp_path):
+    """What a checkpoint holds round-trips: tensors bit for bit (a tied weight once, tied again on
+    load), tuples as tuples (Python's RNG state), integer dict keys (the optimiser's), numpy's RNG
+    array; an object JSON and tensors cannot hold is refused when saving, not pickled."""
+    import random
+
+    import numpy as np
+
+    from posenc.statefile import load_state, save_state
+
+    embedding = torch.nn.Embedding(5, 3)
+    head = torch.nn.Linear(3, 5, bias=False)
+    head.weight = embedding.weight
+    optimizer = torch.optim.AdamW([embedding.weight], betas=(0.9, 0.95))
+    head(embedding(torch.tensor([1, 2]))).sum().backward()
+    optimizer.step()
+    state = {"model": {"wte.weight": embedding.weight, "lm_head.weight": head.weight},
+             "optimizer": optimizer.state_dict(), "python": random.getstate(), "numpy": np.random.get_state(),
+             "best": float("inf"), "config": {"encoding": {"name": "rope", "short_factor": None}}}
+    save_state(state, tmp_path / "s.safetensors")
+    back = load_state(tmp_path / "s.safetensors")
+    assert torch.equal(back["model"]["wte.weight"], embedding.weight.detach())
+    assert back["model"]["lm_head.weight"] is back["model"]["wte.weight"]
+    assert back["python"] == state["python"] and back["best"] == float("inf") and back["config"] == state["config"]
+    assert back["numpy"][0] == "MT19937" and np.array_equal(back["numpy"][1], state["numpy"][1])
+    assert list(back["optimizer"]["state"]) == [0] and back["optimizer"]["param_groups"][0]["betas"] == (0.9, 0.95)
+    torch.testing.assert_close(back["optimizer"]["state"][0]["exp_avg"], optimizer.state_dict()["state"][0]["exp_avg"])
+    with pytest.raises(TypeError, match="cannot be stored without pickle"):
+        save_state({"sampler": Payload(tmp_path / "never")}, tmp_path / "refused.safetensors")
+    assert not (tmp_path / "refused.safetensors").exists()
