@@ -16,12 +16,14 @@ import numpy as np
 import torch
 from hydra.errors import InstantiationException
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from posenc.data.packing import TokenData, load_tokens
 from posenc.data.synthetic import SyntheticTask
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionalEncoding, PositionOutOfRange
+from posenc.nn.layout import LayerLayout, LayeredEncoding, layer_kinds
+from posenc.nn.mask import Window
 from posenc.nn.model import GPT
 
 log = logging.getLogger("posenc")
@@ -62,13 +64,52 @@ def build_data(cfg: DictConfig) -> TokenData | SyntheticTask:
     return load_tokens(corpus, build_tokenizer(cfg), log=log.info)
 
 
+def build_layout(cfg: DictConfig) -> LayerLayout:
+    """Each layer's kind and window, from cfg.layout (posenc/nn/layout.py)."""
+    layout = cfg.get("layout")
+    if layout is None:  # a config composed without the layout group
+        return LayerLayout.uniform(cfg.model.n_layer)
+    try:
+        kinds = layer_kinds(list(layout.pattern), cfg.model.n_layer)
+        windows = {name: Window(kind.window, bool(kind.chunked)) for name, kind in layout.kinds.items()}
+        return LayerLayout(kinds, windows, layout.name)
+    except ValueError as e:
+        raise UserError(f"layout: {e}") from None
+
+
 def build_encoding(cfg: DictConfig) -> PositionalEncoding:
-    return instantiate_group(cfg.encoding, "encoding", d_model=cfg.model.d_model, n_head=cfg.model.n_head)
+    """The encoding, or, when the layout gives a layer kind an encoding of its own, one per kind:
+    a kind's ``encoding`` overrides the keys of ``encoding`` (Gemma 3: {base: 1000000}) or, with a
+    ``_target_``, replaces it (Llama 4: NoPE); kinds whose encodings are equal share one module."""
+    sizes = {"d_model": cfg.model.d_model, "n_head": cfg.model.n_head}
+    layout = cfg.get("layout")
+    used = dict.fromkeys(layer_kinds(list(layout.pattern), cfg.model.n_layer)) if layout is not None else {}
+    if not any(layout.kinds[k].encoding for k in used if k in layout.kinds):
+        return instantiate_group(cfg.encoding, "encoding", **sizes)
+    base = OmegaConf.to_container(cfg.encoding, resolve=True)
+    by_node: dict[str, PositionalEncoding] = {}
+    encodings = {}
+    for kind in used:
+        own = OmegaConf.to_container(layout.kinds[kind].encoding, resolve=True)
+        unknown = sorted(set(own) - set(base)) if "_target_" not in own else []
+        if unknown:
+            raise UserError(f"layout={layout.name} sets {', '.join(f'encoding.{k}' for k in unknown)} on its {kind} layers, "
+                            f"which encoding '{cfg.encoding.name}' does not have — use an encoding that has it "
+                            f"(e.g. encoding=rope) or another layout")
+        node = own if "_target_" in own else {**base, **own}
+        key = repr(sorted(node.items()))
+        if key not in by_node:
+            by_node[key] = instantiate_group(OmegaConf.create(node), f"layout.kinds.{kind}.encoding", **sizes)
+        encodings[kind] = by_node[key]
+    try:
+        return LayeredEncoding(encodings, layer_kinds(list(layout.pattern), cfg.model.n_layer), cfg.encoding.name)
+    except ValueError as e:
+        raise UserError(f"layout: {e}") from None
 
 
 def build_model(cfg: DictConfig, vocab_size: int) -> GPT:
     encoding = build_encoding(cfg)
-    return instantiate_group(cfg.model, "model", vocab_size=vocab_size, encoding=encoding)
+    return instantiate_group(cfg.model, "model", vocab_size=vocab_size, encoding=encoding, layout=build_layout(cfg))
 
 
 def check_encodable(cfg: DictConfig) -> None:

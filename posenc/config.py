@@ -31,6 +31,7 @@ from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import InterpolationToMissingValueError
 
+from posenc.data.corpora import PACKINGS
 from posenc.errors import UserError
 
 #: the top-level conf/ directory, shipped inside the package as posenc.conf
@@ -88,9 +89,25 @@ class ModelConfig:
 
 
 @dataclass
+class LayerKindConfig:
+    window: Optional[int] = None                # tokens a query sees, itself included; null: its whole causal past
+    chunked: bool = False                       # chunks of `window` tokens (Llama 4) instead of a sliding band (Mistral)
+    encoding: Dict[str, Any] = field(default_factory=dict)   # this kind's encoding: overrides of `encoding`, or a whole one with _target_
+
+
+@dataclass
+class LayoutConfig:
+    name: str = MISSING
+    window: Optional[int] = None                # the local window the presets' kinds refer to (${layout.window})
+    pattern: List[str] = MISSING                # layer kinds, repeated over model.n_layer, anchored at the last layer
+    kinds: Dict[str, LayerKindConfig] = MISSING
+
+
+@dataclass
 class EvalConfig:
     lengths: List[float] = MISSING              # multiples of trainer.seq_len (OmegaConf 2.3 iterates a List[Union] as nodes)
     stride: Optional[int] = MISSING
+    packing: Optional[str] = None               # null: as dataset.packing | concat | bos_aligned | documents
     tokens: int = MISSING
     batch_tokens: int = MISSING
     at_end: bool = MISSING
@@ -119,6 +136,7 @@ class BenchConfig:
     peak_flops: Optional[float] = MISSING
     reference: bool = MISSING
     eval_length_multiple: int = MISSING
+    document_length: Optional[int] = None       # N: every window packs documents of N tokens (documents masking)
 
 
 @dataclass
@@ -136,6 +154,7 @@ class PosencConfig:
     # typed per choice by choice_schema (from the _target_ class's __init__)
     encoding: Dict[str, Any] = MISSING
     model: ModelConfig = MISSING
+    layout: LayoutConfig = MISSING              # local/global layers: posenc/nn/layout.py
     dataset: Dict[str, Any] = MISSING
     tokenizer: Dict[str, Any] = MISSING
     trainer: TrainerConfig = MISSING
@@ -271,6 +290,8 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     if not path.exists():
         raise UserError(f"{run_dir} has no .hydra/config.yaml — pass a run directory made by `posenc train`")
     saved = OmegaConf.load(path)
+    if "layout" not in saved:  # runs made before layouts: every layer global
+        saved["layout"] = OmegaConf.load(files(CONFIG_MODULE).joinpath("layout", "uniform.yaml").open())
     for group in ("model", "encoding", "dataset", "tokenizer"):  # runs made before the subpackages
         target = OmegaConf.select(saved, f"{group}._target_")
         if isinstance(target, str) and target.rpartition(".")[0] in MOVED_MODULES:
@@ -322,6 +343,9 @@ RULES: tuple[Rule, ...] = (
     *(_positive(f"model.{k}", e) for k, e in (("n_layer", 4), ("n_head", 4), ("d_model", 256))),
     Rule("model.dropout", lambda v: 0 <= v < 1, "in [0, 1)", 0.0),
     Rule("seed", lambda v: v >= 0, ">= 0", 0),
+    # None: a dataset without packing (synthetic tasks), or eval.packing as training's
+    *(Rule(key, lambda v: v is None or v in PACKINGS, f"one of {', '.join(PACKINGS)}", "documents")
+      for key in ("dataset.packing", "eval.packing")),
 )
 
 

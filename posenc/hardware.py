@@ -1,10 +1,17 @@
-"""Device, precision and peak-FLOP facts, so the trainer and the benchmark agree on them."""
+"""Device, precision and peak-FLOP facts, so training, evaluation, probes and the benchmark agree.
+
+``setup_device`` is the one device setup all four call: which device (under torchrun, this
+process's GPU), which precision and autocast, and TF32 matmuls on CUDA. A run evaluated again
+with `posenc eval` or `posenc probe` therefore computes as its in-training evaluation did.
+"""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
@@ -74,12 +81,30 @@ def enable_fast_matmul(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
-def to_device(tensors: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
-    """CPU batch -> device. On CUDA through pinned memory with non_blocking=True, so the copy
-    overlaps the previous step's kernels instead of stalling the host."""
-    if device.type != "cuda":
-        return tuple(t.to(device) for t in tensors)
-    return tuple(t.pin_memory().to(device, non_blocking=True) for t in tensors)
+def process_device(device: torch.device) -> torch.device:
+    """Under torchrun (WORLD_SIZE > 1) each process takes its own GPU, LOCAL_RANK; CPU stays CPU."""
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+class DeviceSetup(NamedTuple):
+    """Where and in what precision a command computes (unpacks as device, precision, autocast)."""
+
+    device: torch.device
+    precision: str                   # fp32 | bf16 | fp16, resolved from auto
+    autocast: Callable               # zero-argument factory of the precision's autocast context
+
+
+def setup_device(device: str, precision: str) -> DeviceSetup:
+    """The device setup of `posenc train`, `eval`, `probe` and `bench`: ``device`` (auto | cpu |
+    cuda | cuda:N; under torchrun this process's GPU), ``precision`` (auto | fp32 | bf16 | fp16)
+    and its autocast, and fast (TF32) fp32 matmuls on CUDA."""
+    where = process_device(resolve_device(device))
+    resolved = resolve_precision(precision, where)
+    enable_fast_matmul(where)
+    return DeviceSetup(where, resolved, autocast_context(resolved, where))
 
 
 def use_compile(setting, device: torch.device) -> bool:

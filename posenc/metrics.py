@@ -128,7 +128,9 @@ TOKENS_PER_S = Metric("tokens_per_s", "tokens/s", False, "higher", "tokens / sec
 WALL_TIME = Metric("wall_time_s", "s", False, None, "seconds from start to summary, setup and evaluation included", "log")
 PARAMS = Metric("params", "", False, None, "parameters of the model")
 STEPS = Metric("steps", "", False, None, "optimizer steps taken")
-TOKENS_SEEN = Metric("tokens", "tokens", False, None, "training tokens seen")
+# the x-axis column of every metrics.jsonl row (TOKENS) and the summary's counter are one name
+# for one quantity: training tokens seen, by that row's step or by the end of the run
+TOKENS_SEEN = Metric(TOKENS, "tokens", False, None, "training tokens seen (every row's x-axis column too)")
 # --- the machine while the run trained (summary): timings from a loaded machine are noise -----
 MACHINE_LOAD = Metric("machine/load_1m", "", False, None,
                       "os.getloadavg()'s 1-minute load average when the summary was written (runnable threads, all processes)")

@@ -3,7 +3,8 @@
 The reference is that formula written out in float64 with an explicit mask. The paths are
 SDPA is_causal (no bias), SDPA with the dense float mask, the query-chunked path (long
 sequences), and FlexAttention with the encoding's score_mod and a causal BlockMask (its
-forward runs eagerly on CPU; its backward and the compiled kernel only on CUDA).
+forward runs eagerly on CPU; its backward and the compiled kernel only on CUDA). Document and
+window masks on every path: tests/test_masks.py.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch
 from posenc.nn import attention
 from posenc.config import compose, group_options
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.flex import causal_block_mask
+from posenc.nn.mask import GLOBAL, static_block_mask
 from posenc.build import build_model
 
 ENCODINGS = group_options("encoding")
@@ -61,17 +62,24 @@ def rotated_qkv(encoding: PositionalEncoding):
 
 
 @pytest.mark.parametrize("name", ENCODINGS)
-def test_every_cpu_path_equals_the_masked_reference(name):
+def test_every_cpu_path_equals_the_masked_reference(name, monkeypatch):
     encoding = tiny_model(name).encoding.double()
     q, k, v, pos = rotated_qkv(encoding)
     bias = encoding.bias(pos, pos) if encoding.has_bias else None  # (H, T, T)
     expected = reference(q, k, v, bias)
-    chosen = attention.position_bias(encoding, Context.arange(T, dtype=torch.float64), 0.0)
-    assert (chosen is None) == (not encoding.has_bias)
-    torch.testing.assert_close(attention.causal_attention(q, k, v, chosen), expected)
-    if encoding.has_bias:  # the long-sequence path, in chunks that do not divide T
-        chunked = attention.chunked_biased_attention(q, k, v, chosen, chunk=5)
-        torch.testing.assert_close(chunked, expected)
+    ctx = Context.arange(T, dtype=torch.float64)
+    chosen = attention.plan(encoding, ctx, 0, 0.0)
+    assert (chosen is None) == (not encoding.has_bias and not encoding.has_content_bias)
+    content = encoding.content_bias(q, k, ctx) if encoding.has_content_bias else None
+    if content is not None:  # CoPE: its own term joins the scores
+        expected = reference(q, k, v, content if bias is None else content + bias)
+    torch.testing.assert_close(attention.attend(q, k, v, chosen, content=content), expected)
+    if encoding.has_bias or content is not None:  # the long-sequence path, in chunks that do not divide T
+        monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
+        monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
+        chunked = attention.plan(encoding, ctx, 0, 0.0)
+        assert chunked.dense is None
+        torch.testing.assert_close(attention.attend(q, k, v, chunked, content=content), expected)
 
 
 @pytest.mark.parametrize("shift", [0, 5])
@@ -101,7 +109,7 @@ def test_flex_forward_equals_the_masked_reference(name):
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         out = flex_attention(q, k, v, score_mod=encoding.score_mod(Context.arange(T)),
-                             block_mask=causal_block_mask(T, torch.device("cpu")))
+                             block_mask=static_block_mask(T, GLOBAL, torch.device("cpu")))
     torch.testing.assert_close(out, reference(q, k, v, encoding.bias(pos, pos)))
 
 
@@ -118,7 +126,7 @@ def test_compiled_flex_kernel_equals_the_masked_reference(name):
     encoding.prepare(128)
     with torch.no_grad():
         out = compiled_flex_attention()(q, k, v, score_mod=encoding.score_mod(Context.arange(128)),
-                                        block_mask=causal_block_mask(128, torch.device("cpu")))
+                                        block_mask=static_block_mask(128, GLOBAL, torch.device("cpu")))
         expected = reference(q.double(), k.double(), v.double(), encoding.bias(pos, pos).double())
     torch.testing.assert_close(out, expected.float(), atol=1e-5, rtol=1e-4)
 
@@ -128,7 +136,7 @@ def test_model_dense_and_chunked_paths_agree(name, monkeypatch):
     model = tiny_model(name).double()
     idx = torch.randint(64, (2, 40), generator=torch.Generator().manual_seed(2))
     dense, _ = model(idx)
-    monkeypatch.setattr(attention, "DENSE_BIAS_MAX_LEN", 0)
+    monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
     monkeypatch.setattr(attention, "QUERY_CHUNK", 7)
     chunked, _ = model(idx)
     torch.testing.assert_close(chunked, dense)
@@ -147,9 +155,9 @@ def test_overriding_bias_is_what_makes_an_encoding_biased():
     assert encoding.has_bias and not PositionalEncoding(32, 4).has_bias
     assert encoding.relative_bias(torch.arange(4)) is None and encoding.score_mod(Context.arange(4)) is None
     q, k, v, pos = rotated_qkv(PositionalEncoding(32, 4))
-    chosen = attention.position_bias(encoding, Context.arange(T, dtype=torch.float64), 0.0)
+    chosen = attention.plan(encoding, Context.arange(T, dtype=torch.float64), 0, 0.0)
     expected = reference(q, k, v, encoding.bias(pos, pos).double())
-    torch.testing.assert_close(attention.causal_attention(q, k, v, chosen), expected)
+    torch.testing.assert_close(attention.attend(q, k, v, chosen), expected)
 
 
 @pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "flex", "kernel", "why"), [
@@ -171,13 +179,14 @@ def test_a_fallback_warns_once_per_reason(monkeypatch):
     """A forward that falls back from FlexAttention says why, once: not again on the next forward."""
     monkeypatch.setattr(attention, "_WARNED", set())
     monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", "FlexAttention needs head_dim >= 16"))
-    encoding, ctx = tiny_model("alibi").encoding, Context.arange(T)
+    encoding = tiny_model("alibi").encoding
+    monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
     with pytest.warns(RuntimeWarning, match="encoding 'alibi'.*because FlexAttention needs head_dim >= 16"):
-        first = attention.position_bias(encoding, ctx, 0.0)
+        first = attention.plan(encoding, Context.arange(T), 0, 0.0)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second forward must not warn again
-        second = attention.position_bias(encoding, ctx, 0.0)
-    assert isinstance(first, attention.DenseBias) and isinstance(second, attention.DenseBias)
+        second = attention.plan(encoding, Context.arange(T), 0, 0.0)
+    assert isinstance(first, attention.DensePlan) and isinstance(second, attention.DensePlan)
 
 
 @pytest.mark.parametrize("style", ["interleaved", "half"])

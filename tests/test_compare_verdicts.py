@@ -16,7 +16,7 @@ from posenc.errors import UserError
 from posenc.report.compare import build_comparison
 from posenc.report.ranking import Flip
 from posenc.report.runs import find_runs
-from posenc.report.stats import NO_DIFFERENCE, NO_ERROR_BARS, aggregate, compare_to_baseline
+from posenc.report.stats import NO_DIFFERENCE, NO_ERROR_BARS
 from test_compare import make_run
 
 
@@ -99,17 +99,22 @@ def test_of_duplicates_the_finished_run_is_kept_then_the_newest(sweep: Path):
 
 
 def test_every_cell_is_the_mean_with_its_95_percent_t_interval(sweep: Path):
+    """Student's t interval over seeds, as scipy.stats computes it."""
+    stats = pytest.importorskip("scipy.stats")
     c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
-    cell, expected = c.cells[("rope", "val/loss")], aggregate(ROPE)
-    assert (cell.mean, cell.low, cell.high) == pytest.approx((expected.mean, expected.low, expected.high))
+    cell = c.cells[("rope", "val/loss")]
+    low, high = stats.t.interval(0.95, len(ROPE) - 1, loc=sum(ROPE) / len(ROPE), scale=stats.sem(ROPE))
+    assert (cell.mean, cell.low, cell.high) == pytest.approx((2.2, low, high), rel=1e-9)
     assert c.cells[("nope", "val/loss")].low is None  # one seed: no interval
 
 
 def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path, tmp_path: Path):
     c = build_comparison(find_runs([sweep]), by=None, metric="val/loss", baseline="rope")
     learned = c.versus["learned"]
-    d = compare_to_baseline([3.0, 3.1, 3.2], ROPE, higher_is_better=False)
-    assert (learned.difference.diff, learned.difference.low, learned.difference.high) == pytest.approx((d.diff, d.low, d.high))
+    stats = pytest.importorskip("scipy.stats")  # Welch's interval as scipy computes it
+    welch = stats.ttest_ind([3.0, 3.1, 3.2], ROPE, equal_var=False).confidence_interval(0.95)
+    assert (learned.difference.diff, learned.difference.low, learned.difference.high) == \
+        pytest.approx((0.9, welch.low, welch.high), rel=1e-9)
     assert learned.verdict == "worse"  # higher loss, interval above 0
     assert c.versus["alibi"].verdict == NO_DIFFERENCE  # 0.1 apart with spreads of 0.2
     assert c.versus["nope"].verdict == NO_ERROR_BARS == "1 seed: no error bars"

@@ -44,8 +44,8 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
         if reference:  # every bias through the dense float mask; no bias: the mask is causal alone
             monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         elif model.encoding.has_bias:
-            assert isinstance(attention.position_bias(model.encoding, Context.arange(256, "cuda"), 0.0),
-                              attention.FlexBias)
+            assert isinstance(attention.plan(model.encoding, Context.arange(256, "cuda"), 0, 0.0),
+                              attention.FlexPlan)
         _, loss = model(idx, idx)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
@@ -88,3 +88,50 @@ def test_a_gpu_run_reaches_the_cpu_runs_validation_loss(name, workdir):
         newest = max(run_dirs(workdir), key=lambda p: p.stat().st_mtime)
         losses[device] = json.loads((newest / "summary.json").read_text())["val/loss"]
     assert losses["cuda"] == pytest.approx(losses["cpu"], rel=0.03), losses
+
+
+@pytest.mark.parametrize("masking", ["documents", "sliding", "documents+chunk"])
+@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5_bias", "fire", "cope"])
+def test_cuda_block_masks_equal_the_explicit_mask_reference(name, masking, monkeypatch):
+    """Documents and windows on CUDA: FlexAttention with the mask's BlockMask (built once per
+    forward, shared by the layers with that mask) gives the loss and every gradient of SDPA with
+    an explicit mask, in fp32 without compile."""
+    from posenc.nn.mask import document_positions
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    layout = {"documents": [], "sliding": ["layout=sliding", "layout.window=48"],
+              "documents+chunk": ["layout=sliding", "layout.window=64", "layout.kinds.local.chunked=true"]}[masking]
+    idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    doc = None
+    if masking.startswith("documents"):  # documents of 40, 100, 116 and 256 tokens
+        doc = torch.tensor([[0] * 40 + [1] * 100 + [2] * 116, [0] * 256], device="cuda")
+    results = []
+    for reference in (False, True):
+        torch.manual_seed(0)
+        model = build_model(compose([f"encoding={name}", *SHAPE, *layout]), vocab_size=64).cuda()
+        for p in model.encoding.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        if reference:
+            monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
+        pos = None if doc is None else document_positions(doc)
+        _, loss = model(idx, idx, pos=pos, doc=doc, length=256)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_posenc_eval_on_a_gpu_computes_what_training_reported(workdir):
+    """Training and `posenc eval` set the device up alike (TF32, autocast: hardware.setup_device),
+    so the perplexity at the training length that training reported is the one a re-run gives
+    (an eval without TF32 would round its fp32 matmuls differently)."""
+    result = run_cli("train", *TINY, "device=cuda", "trainer.precision=fp32", "trainer.compile=false",
+                     "eval.at_end=true", "eval.lengths=[1]", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = run_dirs(workdir)
+    trained = json.loads((run_dir / "summary.json").read_text())["extrapolation/ppl@32"]
+    result = run_cli("eval", str(run_dir), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "eval.json").read_text())["extrapolation/ppl@32"] == pytest.approx(trained, rel=1e-6)

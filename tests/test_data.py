@@ -53,13 +53,14 @@ def test_random_windows_are_reproducible_and_resumable():
     tokens = np.arange(10_000, dtype=np.uint16)
     a = RandomWindows(tokens, seq_len=16, batch_size=4, seed=3)
     b = RandomWindows(tokens, seq_len=16, batch_size=4, seed=3)
-    x, y = a.next()
+    first = a.next()
+    x, y = first.x, first.y
     assert x.shape == (4, 16) and np.array_equal(y[:, :-1], x[:, 1:])  # targets are inputs shifted
-    assert np.array_equal(x, b.next()[0])
+    assert np.array_equal(x, b.next().x)
     state = a.state_dict()
-    expected = a.next()[0]
+    expected = a.next().x
     a.load_state_dict(state)
-    assert np.array_equal(a.next()[0], expected)
+    assert np.array_equal(a.next().x, expected)
 
 
 def test_eval_windows_are_fixed_and_non_overlapping():

@@ -40,7 +40,8 @@ def first_batch_loss(run_dir: Path, weights: dict) -> float:
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
     model.load_state_dict(weights)
-    x, y = RandomWindows(data.train, cfg.trainer.seq_len, cfg.trainer.batch_size, seed=cfg.seed).next()
+    batch = RandomWindows(data.train, cfg.trainer.seq_len, cfg.trainer.batch_size, seed=cfg.seed).next()
+    x, y = batch.x, batch.y
     with torch.no_grad():
         return float(model(x, y)[1])
 
@@ -129,6 +130,23 @@ def test_a_sweep_over_parents_trained_at_one_length_extends_from_it(parent: Path
     assert parent_overrides(overrides) == [*overrides, "encoding.original_max_len=32"]
     explicit = [f"trainer.init_from={parent}", "encoding.original_max_len=48"]
     assert parent_overrides(explicit) == explicit
+
+
+def test_naming_the_parents_encoding_still_extends_from_the_parents_length(parent: Path, tmp_path: Path) -> None:
+    """`encoding=rope` with a RoPE parent is the parent's encoding: the command the issue tried
+    (it was refused, asking for original_max_len) runs and extends from T = 32; another encoding
+    is left to the refusal that names encoding._target_."""
+    from posenc.train.init_from import parent_overrides
+
+    named = [f"trainer.init_from={parent}", "encoding=rope", "trainer.seq_len=128"]
+    assert parent_overrides(named) == [*named, "encoding.original_max_len=32"]
+    other = [f"trainer.init_from={parent}", "encoding=alibi"]
+    assert parent_overrides(other) == other
+    result = run_cli("train", *TINY, "encoding=rope", f"trainer.init_from={parent}", "trainer.seq_len=128",
+                     "trainer.max_steps=0", "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [child] = run_dirs(tmp_path)
+    assert load_run_config(child, []).encoding.original_max_len == 32
 
 
 def test_init_from_set_where_the_cli_cannot_see_it_must_name_the_training_length(parent: Path) -> None:

@@ -7,7 +7,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from posenc.data.synthetic import IGNORE_INDEX
+from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.eval.per_position import as_table_rows, bucket, corpus_batches, per_position, write_per_position
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.model import GPT
@@ -65,7 +65,7 @@ def test_buckets_without_targets_are_null_and_means_are_weighted_by_count():
     assert out["loss"] == [2.0, None] and out["count"] == [2, 0]
     x = torch.zeros(1, 4, dtype=torch.int64)
     y = torch.tensor([[1, IGNORE_INDEX, IGNORE_INDEX, 1]])
-    record = per_position(Constant(), {4: [(x, y)]}, train_length=4, buckets=4)
+    record = per_position(Constant(), {4: [Batch(x, y)]}, train_length=4, buckets=4)
     assert record["lengths"][0]["loss"][1:3] == [None, None]
 
 

@@ -76,20 +76,23 @@ def test_flip_flop_read_returns_the_last_written_bit():
 @pytest.mark.parametrize("task", TASKS)
 def test_batches_score_only_the_answer_and_resume_exactly(task):
     b = TaskBatches(task, 64, batch_size=4, seed=0)
-    x, y = b.next()
+    first = b.next()
+    x, y = first.x, first.y
     assert x.shape == y.shape == (4, 64) and x.dtype == torch.int64
     assert (y != IGNORE_INDEX).any() and (y == IGNORE_INDEX).any()
     state = b.state_dict()
     after = b.next()
     b.load_state_dict(state)
-    assert all(torch.equal(u, v) for u, v in zip(after, b.next()))
-    x_all, y_all = TaskBatches(task, 64, 4, seed=0, targets="all").next()
+    again = b.next()
+    assert torch.equal(after.x, again.x) and torch.equal(after.y, again.y)
+    every = TaskBatches(task, 64, 4, seed=0, targets="all").next()
+    x_all, y_all = every.x, every.y
     assert torch.equal(x_all, x) and torch.equal(y_all[:, :-1], x_all[:, 1:])
 
 
 def test_ranks_shard_the_global_batch():
-    whole = TaskBatches("copy", 32, 4, seed=1).next()[0]
-    shards = [TaskBatches("copy", 32, 2, seed=1, rank=r, world_size=2).next()[0] for r in (0, 1)]
+    whole = TaskBatches("copy", 32, 4, seed=1).next().x
+    shards = [TaskBatches("copy", 32, 2, seed=1, rank=r, world_size=2).next().x for r in (0, 1)]
     assert torch.equal(torch.cat(shards), whole)
 
 
@@ -112,8 +115,7 @@ def test_the_dataset_config_instantiates_to_a_task_spec():
     spec = build_data(cfg)
     assert isinstance(spec, SyntheticTask) and spec.task == "flip_flop" and spec.eval_multiples == [1, 2, 4, 8]
     assert spec.vocab_size == 256 and OmegaConf.select(cfg, "dataset.targets") == "answer"
-    x, y = spec.batches(32, 2, seed=0).next()
-    assert x.shape == (2, 32)
+    assert spec.batches(32, 2, seed=0).next().x.shape == (2, 32)
     with pytest.raises(ValueError, match="dataset.task"):
         SyntheticTask(task="sorting")
 

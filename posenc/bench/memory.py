@@ -59,11 +59,11 @@ def step_peak_bytes(state: TrainState) -> int:
         sync(device)
         return torch.cuda.max_memory_allocated(device) - base + resident_bytes(state.model, state.optimizer)
 
-    x, y = state.batches.next()
+    batch = state.batches.next().to(device)
 
     def forward() -> None:
         with state.autocast():
-            state.model(x.to(device), y.to(device))
+            state.model(batch.x, batch.y, **batch.model_inputs())
 
     return resident_bytes(state.model, state.optimizer) + saved_activation_bytes(state.model, forward)
 

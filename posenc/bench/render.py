@@ -18,7 +18,19 @@ def title(result: dict) -> str:
     accum = f" ×{result['grad_accum']} accum" if result.get("grad_accum", 1) > 1 else ""
     return (f"posenc bench — {result['device']}, {result['precision']}, "
             f"{'compiled' if result['compile'] else 'eager'}, L={shape['n_layer']} H={shape['n_head']} "
-            f"d={shape['d_model']} B={shape['batch_size']} T={shape['seq_len']}{accum}")
+            f"d={shape['d_model']} B={shape['batch_size']} T={shape['seq_len']}{accum}{masks(result)}")
+
+
+def masks(result: dict) -> str:
+    """', masks: documents + sliding 64 ×3 (hides 71%, skips 60% of blocks), …' where masks hide anything."""
+    parts = []
+    for m in result.get("masks") or []:
+        if not m["documents"] and m["window"] == "global":
+            continue
+        what = " + ".join((["documents"] if m["documents"] else []) + ([m["window"]] if m["window"] != "global" else []))
+        skipped = f", skips {m['blocks_skipped_pct']:.0f}% of blocks" if "blocks_skipped_pct" in m else ""
+        parts.append(f"{what} ×{m['layers']} (hides {100 * m['hidden_fraction']:.0f}% of the causal scores{skipped})")
+    return f", masks: {'; '.join(parts)}" if parts else ""
 
 
 def long_eval_cell(e: dict | None) -> str:

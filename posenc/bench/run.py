@@ -21,13 +21,14 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
 from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
 from posenc.bench.reference import REFERENCE
 from posenc.bench.timing import FixedBatch, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
 from posenc.errors import UserError
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision, use_compile
+from posenc.hardware import peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
 
 BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
@@ -53,15 +54,11 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     b = cfg.bench
     validate(b)
     check_encoding_overrides(overrides, names)
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.trainer.precision, device)
-    autocast = autocast_context(precision, device)
-    enable_fast_matmul(device)
+    device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as train, eval, probe
     vocab = build_tokenizer(cfg).vocab_size
     B, T = int(b.batch_size), int(b.seq_len)
     torch.manual_seed(cfg.seed)
-    window = torch.randint(vocab, (B, T + 1))
-    batch = FixedBatch(window[:, :-1], window[:, 1:])  # on the host: train_step moves it, as in training
+    batch = FixedBatch(bench_batch(vocab, B, T, b.get("document_length")))  # on the host: train_step moves it
     peak = peak_flops(device, b.peak_flops)
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -74,6 +71,8 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
                           "params + grads + optimizer state + tensors saved for backward (CPU estimate)"),
         "process_max_rss_mb": None,
         "config": OmegaConf.to_container(b, resolve=True),
+        # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
+        "masks": mask_summary(cfg, batch.batch, device),
         "results": [],
     }
     listener.started(result)

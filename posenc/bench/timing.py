@@ -20,17 +20,18 @@ from torch import Tensor
 from posenc.bench.memory import sync
 from posenc.bench.reference import REFERENCE, PlainGPT
 from posenc.build import build_model, seed_everything
+from posenc.data.batches import Batch
 from posenc.train.state import BatchSource, TrainState, micro_batches, new_train_state, train_step
 
 
 class FixedBatch:
-    """A batch source that hands out the same (x, y) every time: the bench's data."""
+    """A batch source that hands out the same batch every time: the bench's data."""
 
-    def __init__(self, x: Tensor, y: Tensor) -> None:
-        self.x, self.y = x, y
+    def __init__(self, batch: Batch) -> None:
+        self.batch = batch
 
-    def next(self) -> tuple[Tensor, Tensor]:
-        return self.x, self.y
+    def next(self) -> Batch:
+        return self.batch
 
 
 @dataclass

@@ -11,11 +11,12 @@ HELP_FLAGS = ("--help", "-h")
 
 def check_run(cfg) -> None:
     """What the schema's types cannot say, checked before Hydra creates a run directory."""
+    from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
-
     from posenc.train import init_from
 
     validate(apply_choice_schemas(cfg))
+    check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)
     init_from.check(cfg)  # a parent whose weights would not fit: refused before any directory exists
 
 

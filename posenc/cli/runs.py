@@ -1,4 +1,4 @@
-"""The commands that read run directories: `posenc eval`, `posenc probe` and `posenc compare`."""
+"""The commands that read run directories: `posenc eval`, `posenc probe`, `posenc compare` and `posenc convert`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
 
 
-def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
     """Perplexity of a trained run at eval.lengths × its training length; Hydra overrides follow.
 
     Examples: `posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64`,
@@ -20,7 +20,7 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
     run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
 
 
-def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
     """Attention probes of a trained run at 1×, 2×, 4× its training length: entropy, distance,
     RoPE frequency usage, position biases -> RUN_DIR/probes/ (probes.json and PNGs)."""
     from posenc.eval.probe_run import probe_run
@@ -53,7 +53,24 @@ def compare(
     run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within, seeds), debug)
 
 
+def convert(
+    run_dir: Path = typer.Argument(..., help="a run directory made before checkpoint format 2 (holds checkpoints/*.pt)"),
+    trust: bool = typer.Option(False, "--trust", help="unpickle the checkpoints fully: this runs any code they "
+                               "contain, so only for files whose maker you trust"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
+) -> None:
+    """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
+    resume and init_from read; without --trust only tensors and RNG state are unpickled."""
+    from posenc.convert import convert as convert_run
+
+    written = run_guarded(lambda: convert_run(run_dir, trust), debug)
+    for path in written:
+        console.print(f"wrote [bold]{path}[/]")
+    console.print("the pickled checkpoints/*.pt are kept as they were; delete them once you no longer need them")
+
+
 def register(app: typer.Typer) -> None:
     app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(eval_)
     app.command()(compare)
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(probe)
+    app.command()(convert)

@@ -15,18 +15,27 @@ from posenc.errors import UserError
 log = logging.getLogger("posenc")
 
 SPLITS = ("train", "validation")
+#: how windows are cut from the packed documents (posenc/data/windows.py)
+PACKINGS = ("concat", "bos_aligned", "documents")
 
 
 class Corpus:
-    """A source of documents. ``documents`` returns a Dataset with columns text, source."""
+    """A source of documents. ``documents`` returns a Dataset with columns text, source.
+
+    ``packing`` says how training and evaluation windows are cut from them (posenc/data/windows.py):
+    concat (anywhere in one long concatenation), bos_aligned (starting at a document start) or
+    documents (anywhere, but no token attends across a document and positions restart in each)."""
 
     name: str = "corpus"
 
-    def __init__(self, name: str, val_fraction: float = 0.05) -> None:
+    def __init__(self, name: str, val_fraction: float = 0.05, packing: str = "concat") -> None:
         if not 0.0 < val_fraction < 1.0:
             raise UserError(f"dataset.val_fraction must be in (0, 1), got {val_fraction}")
+        if packing not in PACKINGS:
+            raise UserError(f"dataset.packing must be one of {', '.join(PACKINGS)}, got '{packing}'")
         self.name = name
         self.val_fraction = float(val_fraction)
+        self.packing = packing
 
     def documents(self):  # -> datasets.Dataset | datasets.DatasetDict
         raise NotImplementedError
@@ -68,8 +77,8 @@ class PyStdlib(Corpus):
     """The running interpreter's standard library source (tests excluded) plus pydoc topics:
     ~11 MB of real text that every machine has, no network."""
 
-    def __init__(self, name: str = "pystdlib", val_fraction: float = 0.05) -> None:
-        super().__init__(name, val_fraction)
+    def __init__(self, name: str = "pystdlib", val_fraction: float = 0.05, packing: str = "concat") -> None:
+        super().__init__(name, val_fraction, packing)
         self.root = Path(sysconfig.get_paths()["stdlib"])
 
     def files(self) -> list[Path]:
@@ -108,9 +117,10 @@ class TextFiles(Corpus):
     that even a single file splits into train and validation by block."""
 
     def __init__(
-        self, files: list[str], name: str = "text", val_fraction: float = 0.05, lines_per_doc: int = 200
+        self, files: list[str], name: str = "text", val_fraction: float = 0.05, lines_per_doc: int = 200,
+        packing: str = "concat",
     ) -> None:
-        super().__init__(name, val_fraction)
+        super().__init__(name, val_fraction, packing)
         if not files:
             raise UserError("dataset=text needs files: dataset.files=[path/a.txt,path/b.txt]")
         self.paths = [Path(os.path.expanduser(str(f))) for f in files]
@@ -136,7 +146,8 @@ class TextFiles(Corpus):
         return datasets.Dataset.from_dict({"text": texts, "source": sources})
 
     def fingerprint(self) -> str:
-        stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
+        # the path as given too: the split hashes each document's source, which holds it
+        stats = [(str(p), str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in self.paths]
         return f"text:{stats}:{self.val_fraction}:{self.lines_per_doc}"
 
 

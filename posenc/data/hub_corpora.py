@@ -44,8 +44,8 @@ class HubCorpus(Corpus):
     def __init__(self, name: str, path: str, config: str | None = None, revision: str | None = None,
                  text_column: str = "text", splits: dict | None = None, streaming: bool = False,
                  max_tokens: int | None = None, max_documents: int | None = None,
-                 data_files=None, val_fraction: float = 0.05) -> None:
-        super().__init__(name, val_fraction)
+                 data_files=None, val_fraction: float = 0.05, packing: str = "concat") -> None:
+        super().__init__(name, val_fraction, packing)
         self.path, self.config, self.revision = path, config, revision
         self.text_column = text_column
         self.splits = dict(splits or {})

@@ -1,4 +1,5 @@
-"""Corpus -> tokens -> one flat token array per split on disk (memmap), cached.
+"""Corpus -> tokens -> one flat token array per split on disk (memmap), cached, with where each
+document starts (``<split>.starts.npy``), so windows can be cut by document (posenc/data/windows.py).
 
 Packed arrays are cached under ``$POSENC_CACHE`` (default ``$XDG_CACHE_HOME/posenc``, i.e.
 ``~/.cache/posenc``) in a
@@ -13,29 +14,53 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from posenc.data.batches import Batch, RandomWindows
 from posenc.data.corpora import SPLITS, Corpus
+from posenc.data.windows import Packing, Windows, fixed_span
 
 #: bump when the packing format or splitting rule changes: old caches are then ignored
-DATA_VERSION = 1
+#: (2: document starts recorded; the token arrays are the same as version 1's)
+DATA_VERSION = 2
 
 
 @dataclass
 class TokenData:
-    """The packed corpus: one flat token array per split, and what is needed for bpb."""
+    """The packed corpus: one flat token array per split, where each of its documents starts,
+    what is needed for bpb, and how windows are cut from it (``packing``)."""
 
     train: np.ndarray
     validation: np.ndarray
     meta: dict
     path: Path
+    starts: dict[str, np.ndarray]  # split -> (documents,) int64 offsets of document starts, [0] = 0
+    packing: str = "concat"
 
     @property
     def vocab_size(self) -> int:
         return int(self.meta["vocab_size"])
+
+    def batches(self, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> RandomWindows:
+        """Training batches: random windows of the training split, cut as ``packing`` says."""
+        return RandomWindows(self.train, seq_len, batch_size, seed, rank, world_size,
+                             Packing(self.packing, self.starts["train"]))
+
+    def validation_windows(self, packing: str | None = None) -> Windows:
+        """The validation split with its document starts, cut as ``packing`` says (default: as
+        training is): what every evaluator scores."""
+        return Windows(self.validation, Packing(packing or self.packing, self.starts["validation"]))
+
+    def validation_batches(self, length: int, n: int, batch_size: int) -> Iterator[tuple[Batch, int]]:
+        """Training's periodic validation: the first n windows of ``length`` of the validation
+        split, the same in every run (posenc.eval.loss.validator)."""
+        windows = self.validation_windows()
+        starts = windows.starts(fixed_span(len(self.validation), length, n), length, None)
+        return windows.batches(starts, length, batch_size)
 
     def bytes_per_token(self, split: str = "validation") -> float:
         """UTF-8 bytes of raw text per token, so bpb = loss / ln 2 / bytes_per_token."""
@@ -69,7 +94,9 @@ def load_tokens(corpus: Corpus, tokenizer, log=print) -> TokenData:
         tokenizer.load(directory)
     dtype = np.dtype(meta["dtype"])
     arrays = {s: np.memmap(directory / f"{s}.bin", dtype=dtype, mode="r") for s in SPLITS}
-    return TokenData(train=arrays["train"], validation=arrays["validation"], meta=meta, path=directory)
+    starts = {s: np.load(directory / f"{s}.starts.npy") for s in SPLITS}
+    return TokenData(train=arrays["train"], validation=arrays["validation"], meta=meta, path=directory,
+                     starts=starts, packing=getattr(corpus, "packing", "concat"))
 
 
 def _build(corpus: Corpus, tokenizer, directory: Path) -> None:
@@ -98,13 +125,16 @@ def _build(corpus: Corpus, tokenizer, directory: Path) -> None:
                                           keep_in_memory=True, desc=f"tokenizing {split}")
             n = sum(len(x) for x in tokenized["ids"]) if len(tokenized) else 0
             arr = np.memmap(tmp / f"{split}.bin", dtype=dtype, mode="w+", shape=(max(n, 1),))
-            offset = 0
+            offset, starts = 0, []
             for chunk in tokenized.with_format("numpy").iter(batch_size=1024):
                 for ids in chunk["ids"]:
+                    if len(ids):  # an empty document starts nowhere
+                        starts.append(offset)
                     arr[offset : offset + len(ids)] = ids
                     offset += len(ids)
             arr.flush()
             del arr
+            np.save(tmp / f"{split}.starts.npy", np.asarray(starts or [0], dtype=np.int64))
             meta["tokens"][split] = n
             meta["bytes"][split] = int(sum(tokenized["n_bytes"]))
             meta["documents"][split] = len(tokenized)

@@ -24,7 +24,7 @@ tuples tagged "train", so training and evaluation never share a random stream.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import datasets
@@ -32,10 +32,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from posenc.data.batches import IGNORE_INDEX, Batch
+
 TASKS = ("passkey", "copy", "mqar", "selective_copy", "flip_flop")
 #: how training targets are built: only the answer (the papers' protocol) or every next token
 TARGETS = ("answer", "all")
-IGNORE_INDEX = -100  # F.cross_entropy's default ignore_index: what GPT.forward's loss skips
 #: independent random streams: training batches, validation during training, the final evaluation
 _SPLIT_TAG = {"train": 1, "eval": 2, "validation": 3}
 VOCAB_SIZE = 256  # byte values: the tasks need no tokenizer
@@ -186,7 +187,7 @@ def targets_of(ids: Tensor, mask: Tensor, targets: str = "answer") -> tuple[Tens
 
 
 class TaskBatches:
-    """Training batches of one task at one length: (x, y) int64 (B, L) tensors on CPU.
+    """Training batches of one task at one length: Batch of (x, y) int64 (B, L) tensors on CPU.
 
     y is the answer only (IGNORE_INDEX elsewhere) by default: the papers score and train the
     answer, and the filler of passkey or the random strings of copy are noise a loss on every
@@ -206,13 +207,13 @@ class TaskBatches:
         self.targets, self.options = targets, options
         self.generator = torch.Generator().manual_seed(seed)
 
-    def next(self) -> tuple[Tensor, Tensor]:
+    def next(self) -> Batch:
         draw = int(torch.randint(0, 2**62, (1,), generator=self.generator))
         rng = np.random.default_rng([draw, _SPLIT_TAG["train"]])
         # every rank generates the global batch and keeps its own shard: same data as one process
         ids, mask = generate(self.task, self.seq_len, self.batch_size * self.world_size, rng, **self.options)
         shard = slice(self.rank * self.batch_size, (self.rank + 1) * self.batch_size)
-        return targets_of(torch.from_numpy(ids[shard]), torch.from_numpy(mask[shard]), self.targets)
+        return Batch(*targets_of(torch.from_numpy(ids[shard]), torch.from_numpy(mask[shard]), self.targets))
 
     def state_dict(self) -> dict:
         return {"generator": self.generator.get_state()}
@@ -256,3 +257,15 @@ class SyntheticTask:
 
     def batches(self, seq_len: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1) -> TaskBatches:
         return TaskBatches(self.task, seq_len, batch_size, seed, rank, world_size, self.targets, **self.options)
+
+    def validation_batches(self, length: int, n: int, batch_size: int) -> Iterator[tuple[Batch, int]]:
+        """Training's periodic validation: n held-out instances at ``length`` (the 'validation'
+        stream, never the final evaluation's), with the targets training uses (spec.targets)."""
+        ds = make_task(self.task, length, n, 0, split="validation", **self.options).with_format("torch")
+        for start in range(0, n, max(1, batch_size)):
+            rows = ds[start : start + max(1, batch_size)]
+            yield Batch(*targets_of(rows["ids"], rows["answer_mask"], self.targets)), 0
+
+    def bytes_per_token(self, split: str = "validation") -> None:
+        """Task instances are not text: no bits per byte."""
+        return None

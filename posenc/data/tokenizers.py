@@ -13,15 +13,24 @@ from pathlib import Path
 import numpy as np
 
 
+#: how the byte tokenizer's document separator (id 256) prints
+SEPARATOR_TEXT = "\n<|endoftext|>\n"
+
+
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: vocab 256, no download, no training, bpb == loss / ln 2."""
+    """UTF-8 bytes as tokens: vocab 256, no download, no training, bpb == loss / ln 2.
+
+    ``separator``: end every document with token 256 (vocab 257), as the BPE tokenizers end
+    theirs with <|endoftext|>, so that a window across documents shows the model where one ends.
+    Off by default: the packed stream, and every earlier result, stay byte for byte the same."""
 
     name = "byte"
-    vocab_size = 256
-    eos_id: int | None = None
 
-    def __init__(self, name: str = "byte") -> None:
+    def __init__(self, name: str = "byte", separator: bool = False) -> None:
         self.name = name
+        self.separator = bool(separator)
+        self.vocab_size = 257 if self.separator else 256
+        self.eos_id: int | None = 256 if self.separator else None
 
     def fit(self, texts: Iterable[str], cache_dir: Path) -> None:
         """Nothing to learn."""
@@ -30,10 +39,17 @@ class ByteTokenizer:
         return [np.frombuffer(t.encode("utf-8"), dtype=np.uint8) for t in texts]
 
     def decode(self, ids: Iterable[int]) -> str:
-        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+        parts, run = [], bytearray()
+        for i in ids:
+            if int(i) < 256:
+                run.append(int(i))
+            else:  # the document separator
+                parts += [run.decode("utf-8", errors="replace"), SEPARATOR_TEXT]
+                run = bytearray()
+        return "".join(parts) + run.decode("utf-8", errors="replace")
 
     def fingerprint(self) -> str:
-        return "byte-v1"
+        return "byte-sep-v1" if self.separator else "byte-v1"
 
 
 class _HFTokenizer:

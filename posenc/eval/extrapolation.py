@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import torch
 
+from posenc.data.windows import Windows
 from posenc.errors import UserError
 from posenc.eval.loss import score_windows
 from posenc.metrics import EXTRAPOLATION_PPL
@@ -76,7 +77,7 @@ def eval_span(n_tokens: int, lengths: list[int], budget: int) -> int:
 
 def evaluate_extrapolation(
     model: GPT,
-    tokens: np.ndarray,
+    tokens: Windows | np.ndarray,
     seq_len: int,
     multiples: list[float],
     budget: int,
@@ -119,19 +120,23 @@ def metrics(results: list[LengthResult]) -> dict[str, float]:
     return {r.metric: r.ppl for r in results if r.ppl is not None}
 
 
-def summary(results: list[LengthResult], stride: int | None) -> dict:
-    """For summary.json: every length's ppl (None if not defined) plus the full records."""
+def summary(results: list[LengthResult], stride: int | None, packing: str = "concat") -> dict:
+    """For summary.json: every length's ppl (None if not defined) plus the full records, and
+    how the windows were cut (packing, stride)."""
     return {
         **{r.metric: r.ppl for r in results},
-        "extrapolation": {"stride": stride, "lengths": [asdict(r) for r in results]},
+        "extrapolation": {"stride": stride, "packing": packing, "lengths": [asdict(r) for r in results]},
     }
 
 
-def run_from_config(model: GPT, tokens: np.ndarray, cfg, device: torch.device, autocast=nullcontext,
+def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullcontext,
                     on_result: Callable[[LengthResult], None] | None = None) -> list[LengthResult]:
-    """evaluate_extrapolation with the settings of cfg.eval and cfg.trainer.seq_len."""
+    """evaluate_extrapolation of a corpus's validation split with the settings of cfg.eval
+    (its windows cut as eval.packing says, by default as training's dataset.packing) and
+    cfg.trainer.seq_len."""
     e = cfg.eval
     return evaluate_extrapolation(
-        model, tokens, cfg.trainer.seq_len, list(e.lengths), e.get("tokens", 16384), e.get("batch_tokens", 16384),
-        device, autocast, stride=e.get("stride"), on_result=on_result,
+        model, data.validation_windows(e.get("packing")), cfg.trainer.seq_len, list(e.lengths),
+        e.get("tokens", 16384), e.get("batch_tokens", 16384), device, autocast, stride=e.get("stride"),
+        on_result=on_result,
     )

@@ -27,14 +27,6 @@ from posenc.tracking import Tracker
 log = logging.getLogger("posenc")
 
 
-def task_validator(model: nn.Module, spec: SyntheticTask, cfg, device: torch.device, autocast=nullcontext):
-    """Training's periodic val/loss, val/ppl on a task: eval_batches × batch_size held-out
-    instances at the training length, the same at every evaluation."""
-    t = cfg.trainer
-    return lambda: tasks.validation_loss(model, spec, t.seq_len, t.eval_batches * t.batch_size, seed=0,
-                                         device=device, autocast=autocast)
-
-
 def evaluate_run(model: nn.Module, data, cfg, run_dir: Path, tracker: Tracker, step: int, tokens: int,
                  device: torch.device, autocast=nullcontext) -> dict:
     """Everything evaluated at the end of training (see module doc); returns the summary part."""
@@ -44,12 +36,12 @@ def evaluate_run(model: nn.Module, data, cfg, run_dir: Path, tracker: Tracker, s
         tasks.log_to(tracker, data.task, results, step, tokens)
         out.update(tasks.summary(data.task, results))
     else:
-        lengths = extrapolation.run_from_config(model, data.validation, cfg, device, autocast, on_result=_log_length)
+        lengths = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=_log_length)
         tracker.log(extrapolation.metrics(lengths), step=step, tokens=tokens)
         rows = [[r.length, r.multiple, r.ppl] for r in lengths if r.ppl is not None]
         tracker.log_curve("extrapolation/ppl_by_length", ["length", "multiple", "ppl"], rows, "length", "ppl",
                           step, tokens, title="perplexity against evaluation length")
-        out.update(extrapolation.summary(lengths, cfg.eval.get("stride")))
+        out.update(extrapolation.summary(lengths, cfg.eval.get("stride"), eval_packing(cfg)))
     if tracker.enabled:  # rank 0 alone writes the run's files
         record, figure = per_position_files(model, data, cfg, run_dir, device, autocast)
         per_position.log_to(tracker, record, figure, step, tokens)
@@ -73,6 +65,11 @@ def per_position_files(model: nn.Module, data, cfg, out_dir: Path, device: torch
     record = per_position.from_config(model, data, cfg, device, autocast)
     _, figure = per_position.write_per_position(record, out_dir, f"{model.encoding.name}: per-position loss", stem)
     return record, figure
+
+
+def eval_packing(cfg) -> str:
+    """How the evaluation windows are cut: eval.packing, by default as training's dataset.packing."""
+    return cfg.eval.get("packing") or cfg.dataset.get("packing") or "concat"
 
 
 def _log_length(r: extrapolation.LengthResult) -> None:

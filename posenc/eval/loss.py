@@ -1,8 +1,10 @@
-"""The one evaluator: mean next-token loss over windows of fixed validation tokens.
+"""The one evaluator: mean next-token loss over fixed held-out batches (``score_batches``).
 
-Training's periodic ``val/*``, `posenc eval` and the extrapolation at every length all call
-``score_windows``: targets ``[0, span)`` of the validation split, read in windows of
-``length`` tokens, either
+Training's periodic ``val/*`` (``validator``: each data object provides its validation
+batches, a corpus its first windows and a task its held-out instances), `posenc eval` and the
+extrapolation at every length all score through it. On a corpus, ``score_windows`` reads
+targets ``[0, span)`` of the validation split in windows of ``length`` tokens, cut as the
+split's packing says (posenc/data/windows.py), either
 
 - non-overlapping (``stride=None``): windows start at 0, length, 2·length, ... and every
   target is scored (early targets of a window see little context), or
@@ -18,7 +20,7 @@ of different runs, comparable.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -27,6 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from posenc.data.batches import IGNORE_INDEX, Batch
+from posenc.data.windows import Packing, Windows, fixed_span, sliding_windows  # noqa: F401 - re-exported
 from posenc.errors import UserError
 from posenc.metrics import VAL_BPB, VAL_LOSS, VAL_PPL
 
@@ -57,47 +61,9 @@ class WindowLoss:
         return out
 
 
-def fixed_span(n_tokens: int, length: int, windows: int | None = None) -> int:
-    """Targets in the first ``windows`` non-overlapping windows of ``length`` that the split
-    holds (each window reads length+1 tokens); every window if ``windows`` is None."""
-    available = (n_tokens - 1) // length
-    if available < 1:
-        raise UserError(f"the validation split has {n_tokens} tokens, fewer than one window of {length + 1} "
-                        f"— use a shorter length or a larger dataset")
-    return (available if windows is None else min(windows, available)) * length
-
-
-def sliding_windows(span: int, length: int, stride: int | None) -> list[tuple[int, int]]:
-    """(start, first scored target offset in the window) for windows covering targets
-    [0, span) exactly once. stride None: non-overlapping windows, all targets scored."""
-    if stride is None or stride >= length:
-        return [(s, 0) for s in range(0, span - length + 1, length)]
-    windows = [(0, 0)]  # the first window scores everything
-    end = length
-    while end < span:
-        step = min(stride, span - end)
-        end += step
-        windows.append((end - length, length - step))
-    return windows
-
-
-def _batches(tokens: np.ndarray, windows: list[tuple[int, int]], length: int, batch: int) -> Iterator:
-    """Group windows by their scored offset (all equal but the first and the last) into batches."""
-    i = 0
-    while i < len(windows):
-        j = i
-        while j < len(windows) and j - i < batch and windows[j][1] == windows[i][1]:
-            j += 1
-        starts = [s for s, _ in windows[i:j]]
-        w = torch.from_numpy(np.stack([tokens[s : s + length + 1] for s in starts]).astype(np.int64))
-        yield w[:, :-1], w[:, 1:], windows[i][1]  # (b, length) inputs and targets
-        i = j
-
-
-@torch.no_grad()
 def score_windows(
     model: nn.Module,
-    tokens: np.ndarray,
+    tokens: Windows | np.ndarray,
     length: int,
     span: int,
     *,
@@ -107,24 +73,52 @@ def score_windows(
     autocast=nullcontext,
     bytes_per_token: float | None = None,
 ) -> WindowLoss:
-    """Mean next-token cross-entropy over targets [0, span) of ``tokens``, read in windows of
-    ``length`` (non-overlapping, or sliding by ``stride``), ``batch_size`` windows per forward.
-    The model is evaluated in eval mode and handed back in the mode it came in."""
+    """Mean next-token cross-entropy over targets [0, span) of a split, read in windows of
+    ``length`` (non-overlapping, or sliding by ``stride``; cut as the split's packing says),
+    ``batch_size`` windows per forward. A bare token array is read as concat."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")
-    windows = sliding_windows(span, length, stride)
+    windows = tokens if isinstance(tokens, Windows) else Windows(np.asarray(tokens), Packing.concat())
+    starts = windows.starts(span, length, stride)
+    return score_batches(model, windows.batches(starts, length, max(1, batch_size)), device, autocast,
+                         bytes_per_token, windows=len(starts))
+
+
+@torch.no_grad()
+def score_batches(model: nn.Module, batches: Iterable[tuple[Batch, int]], device: torch.device,
+                  autocast=nullcontext, bytes_per_token: float | None = None, windows: int | None = None) -> WindowLoss:
+    """Mean cross-entropy over the scored targets of (batch, first scored position) pairs: every
+    target from ``first`` on that is not IGNORE_INDEX (a task scores its answers only). The
+    model is evaluated in eval mode and handed back in the mode it came in."""
     was_training = model.training
     model.eval()
-    total, count = torch.zeros((), dtype=torch.float64, device=device), 0
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    count, n = torch.zeros((), dtype=torch.int64, device=device), 0  # summed on the device: one sync at the end
     try:
-        for x, y, first in _batches(tokens, windows, length, max(1, batch_size)):
-            x, y = x.to(device), y.to(device)
+        for batch, first in batches:
+            batch = batch.to(device)
             with autocast():
-                logits, _ = model(x)  # (b, length, vocab)
-            scored = logits[:, first:].float()
-            total += F.cross_entropy(scored.reshape(-1, scored.shape[-1]), y[:, first:].reshape(-1),
-                                     reduction="sum").double()
-            count += y[:, first:].numel()
+                logits, _ = model(batch.x, **batch.model_inputs())  # (b, length, vocab)
+            scored, y = logits[:, first:].float(), batch.y[:, first:]
+            total += F.cross_entropy(scored.reshape(-1, scored.shape[-1]), y.reshape(-1), reduction="sum",
+                                     ignore_index=IGNORE_INDEX).double()
+            count += (y != IGNORE_INDEX).sum()
+            n += y.shape[0]
     finally:
         model.train(was_training)
-    return WindowLoss(float(total) / count, count, len(windows), bytes_per_token)
+    scored_tokens = int(count)
+    return WindowLoss(float(total) / max(scored_tokens, 1), scored_tokens, n if windows is None else windows,
+                      bytes_per_token)
+
+
+def validator(model: nn.Module, data, tcfg, device: torch.device, autocast=nullcontext) -> Callable[[], dict]:
+    """Training's periodic val/*: the same held-out batches at the training length at every
+    evaluation and in every run (a corpus's first validation windows, a task's held-out
+    instances), each data object providing its own."""
+    bytes_per_token = data.bytes_per_token("validation")
+
+    def evaluate() -> dict[str, float]:
+        batches = data.validation_batches(tcfg.seq_len, tcfg.eval_batches * tcfg.batch_size, tcfg.batch_size)
+        return score_batches(model, batches, device, autocast, bytes_per_token).metrics()
+
+    return evaluate

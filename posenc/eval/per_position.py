@@ -8,15 +8,16 @@ thing against the evaluation length). For each evaluation length the loss at pos
 of positions, so the record stays small at 16× the training length.
 
 The windows are what the rest of the evaluator scores: the fixed validation span of a corpus
-(non-overlapping windows, as ``posenc.eval.loss.score_windows``), or a synthetic task's
-evaluation instances, where only the answer positions are targets (IGNORE_INDEX elsewhere,
-so a bucket without answers is null).
+(non-overlapping windows cut as the packing says, as ``posenc.eval.loss.score_windows``), or a
+synthetic task's evaluation instances, where only the answer positions are targets (IGNORE_INDEX
+elsewhere, so a bucket without answers is null). Under documents packing the loss is also
+reported against the position inside the document (``document``), the position the model sees.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -25,7 +26,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
+from posenc.data.batches import IGNORE_INDEX, Batch
+from posenc.data.synthetic import SyntheticTask, make_task, targets_of
+from posenc.data.windows import Packing, Windows
 from posenc.eval.tasks import task_lengths
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.rundir import write_json_atomic
@@ -35,26 +38,37 @@ STEM = "per_position"  # per_position.json and per_position.png in the run dir
 
 
 @torch.no_grad()
-def position_loss_sums(model: nn.Module, batches: Iterable[tuple[Tensor, Tensor]], length: int,
-                       device: torch.device | str = "cpu", autocast=nullcontext) -> tuple[np.ndarray, np.ndarray]:
-    """Summed loss and target count at each position 0..length-1 over (x, y) batches of
-    (b, length); targets equal to IGNORE_INDEX are not counted. Returns two (length,) arrays."""
+def position_loss_sums(model: nn.Module, batches: Iterable[Batch], length: int, device: torch.device | str = "cpu",
+                       autocast=nullcontext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+    """Summed loss and target count at each position 0..length-1 of the window over batches of
+    (b, length), and, for batches that carry positions inside documents, the same against those
+    positions (else None); targets equal to IGNORE_INDEX are not counted. (length,) arrays."""
     total = torch.zeros(length, dtype=torch.float64)
     count = torch.zeros(length, dtype=torch.int64)
+    doc_total, doc_count = torch.zeros_like(total), torch.zeros_like(count)
+    in_documents = False
     was_training = model.training
     model.eval()
     try:
-        for x, y in batches:
-            x, y = x.to(device), y.to(device)
+        for batch in batches:
+            batch = batch.to(device)
             with autocast():
-                logits, _ = model(x)  # (b, length, vocab)
-            loss = F.cross_entropy(logits.float().transpose(1, 2), y, reduction="none",
-                                   ignore_index=IGNORE_INDEX)  # (b, length), 0 where ignored
-            total += loss.double().sum(0).cpu()
-            count += (y != IGNORE_INDEX).sum(0).cpu()
+                logits, _ = model(batch.x, **batch.model_inputs())  # (b, length, vocab)
+            loss = F.cross_entropy(logits.float().transpose(1, 2), batch.y, reduction="none",
+                                   ignore_index=IGNORE_INDEX).double().cpu()  # (b, length), 0 where ignored
+            scored = (batch.y != IGNORE_INDEX).cpu()
+            total += loss.sum(0)
+            count += scored.sum(0)
+            if batch.pos is not None:  # positions restart in each document: the position the model sees
+                in_documents = True
+                pos = batch.pos.cpu().flatten()
+                doc_total.index_add_(0, pos, loss.flatten())
+                doc_count.index_add_(0, pos, scored.flatten().long())
     finally:
         model.train(was_training)
-    return total.numpy(), count.numpy()
+    if not in_documents:
+        return total.numpy(), count.numpy(), None, None
+    return total.numpy(), count.numpy(), doc_total.numpy(), doc_count.numpy()
 
 
 def bucket(total: np.ndarray, count: np.ndarray, buckets: int = BUCKETS) -> dict:
@@ -81,30 +95,32 @@ def per_position(model: nn.Module, batches_by_length: dict[int, Iterable[tuple[T
         try:
             if max_len is not None and length > max_len:
                 raise PositionOutOfRange(f"{model.encoding.name} has no positions beyond {max_len - 1}")
-            record.update(bucket(*position_loss_sums(model, batches, length, device, autocast), buckets))
+            total, count, doc_total, doc_count = position_loss_sums(model, batches, length, device, autocast)
+            record.update(bucket(total, count, buckets))
+            if doc_total is not None:
+                record["document"] = bucket(doc_total, doc_count, buckets)
         except PositionOutOfRange as e:
             record.update(start=None, end=None, loss=None, count=None, skipped=f"not defined: {e}")
         lengths.append(record)
     return {"train_length": train_length, "buckets": buckets, "lengths": lengths}
 
 
-def corpus_batches(tokens: np.ndarray, length: int, span: int, batch_tokens: int = 16384):
-    """Non-overlapping windows over targets [0, span) of a validation split: (x, y) batches."""
-    starts = list(range(0, span - length + 1, length))
-    per = max(1, batch_tokens // length)
-    for i in range(0, len(starts), per):
-        w = torch.from_numpy(np.stack([tokens[s : s + length + 1] for s in starts[i : i + per]]).astype(np.int64))
-        yield w[:, :-1], w[:, 1:]
+def corpus_batches(tokens: Windows | np.ndarray, length: int, span: int, batch_tokens: int = 16384) -> Iterator[Batch]:
+    """Non-overlapping windows over targets [0, span) of a validation split (cut as its packing
+    says; a bare token array as concat): batches."""
+    windows = tokens if isinstance(tokens, Windows) else Windows(np.asarray(tokens), Packing.concat())
+    for batch, _ in windows.batches(windows.starts(span, length, None), length, max(1, batch_tokens // length)):
+        yield batch
 
 
-def task_batches(spec: SyntheticTask, length: int, seed: int = 0, batch_tokens: int = 16384):
+def task_batches(spec: SyntheticTask, length: int, seed: int = 0, batch_tokens: int = 16384) -> Iterator[Batch]:
     """The task's evaluation instances at ``length`` (those task accuracy scores), with the
     targets training used (spec.targets)."""
     ds = make_task(spec.task, length, spec.eval_instances, seed, **spec.options).with_format("torch")
     per = max(1, batch_tokens // length)
     for i in range(0, spec.eval_instances, per):
         rows = ds[i : i + per]
-        yield targets_of(rows["ids"], rows["answer_mask"], spec.targets)
+        yield Batch(*targets_of(rows["ids"], rows["answer_mask"], spec.targets))
 
 
 def as_table_rows(record: dict) -> list[list]:
@@ -120,7 +136,8 @@ def as_table_rows(record: dict) -> list[list]:
 
 def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str = STEM) -> list[Path]:
     """<stem>.json and <stem>.png (loss against position, one line per length, a dashed
-    vertical line at the training length) in out_dir."""
+    vertical line at the training length; a second panel against the position inside the
+    document where the record has one) in out_dir."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -130,18 +147,23 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
     write_json_atomic(json_path, record)
-    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    for r in sorted(record["lengths"], key=lambda r: -r["length"]):  # the shortest drawn last, on top
-        if r["loss"] is None:
-            continue
-        x = [(s + e - 1) / 2 for s, e in zip(r["start"], r["end"])]
-        y = [math.nan if v is None else v for v in r["loss"]]
-        ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=f"{r['length']} ({r['multiple']:g}×)")
-    ax.axvline(record["train_length"], color="black", linestyle="--", linewidth=1, label="training length")
-    ax.set_xlabel("position in the window")
-    ax.set_ylabel("loss (nats/token)")
-    ax.set_title(title or "per-position loss")
-    ax.legend(title="evaluation length", fontsize=7)
+    panels = [("position in the window", None)]
+    if any(r.get("document") for r in record["lengths"]):
+        panels.append(("position in the document", "document"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.6), dpi=100, squeeze=False)
+    for ax, (xlabel, key) in zip(axes[0], panels):
+        for r in sorted(record["lengths"], key=lambda r: -r["length"]):  # the shortest drawn last, on top
+            curve = r if key is None else r.get(key)
+            if not curve or curve["loss"] is None:
+                continue
+            x = [(s + e - 1) / 2 for s, e in zip(curve["start"], curve["end"])]
+            y = [math.nan if v is None else v for v in curve["loss"]]
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=f"{r['length']} ({r['multiple']:g}×)")
+        ax.axvline(record["train_length"], color="black", linestyle="--", linewidth=1, label="training length")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("loss (nats/token)")
+        ax.set_title(title or "per-position loss")
+        ax.legend(title="evaluation length", fontsize=7)
     fig.tight_layout()
     tmp = png_path.with_suffix(".png.tmp")
     fig.savefig(tmp, format="png")
@@ -162,7 +184,8 @@ def from_config(model: nn.Module, data, cfg, device: torch.device | str = "cpu",
     else:
         lengths = eval_lengths(T, list(cfg.eval.lengths))
         span = eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))
-        batches = {L: corpus_batches(data.validation, L, span, batch_tokens) for L in lengths}
+        windows = data.validation_windows(cfg.eval.get("packing"))
+        batches = {L: corpus_batches(windows, L, span, batch_tokens) for L in lengths}
     return per_position(model, batches, T, BUCKETS, device, autocast)
 
 

@@ -25,8 +25,6 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from posenc.nn.attention import causal_mask_bias
-from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE
 
 
@@ -100,20 +98,23 @@ def split_heads(qkv: Tensor, n_head: int) -> tuple[Tensor, Tensor, Tensor]:
 @torch.no_grad()
 def attention_probabilities(model: nn.Module, idx: Tensor, qkv: list[Tensor] | None = None) -> list[Tensor]:
     """Per layer the attention probabilities (B, H, T, T) the model used on idx (B, T):
-    softmax(q·kᵀ/√hd + b(i, j) + content bias, causal), as posenc.nn.attention computes them.
+    softmax(q·kᵀ/√hd + b(i, j) + content bias, masked as the layer is: causal, and its window),
+    as posenc.nn.attention computes them, with each layer's own encoding.
     qkv: ``capture_qkv``'s output if already taken (else one forward here)."""
-    encoding, T = model.encoding, idx.shape[1]
-    ctx = Context.arange(T, idx.device, torch.float32)
+    ctx = model.context(idx, None, None, None)
     qkv = capture_qkv(model, idx) if qkv is None else qkv
-    bias = encoding.bias(ctx.pos, ctx.pos).float() if encoding.has_bias else 0.0  # (H, T, T)
     probs = []
     for layer, block in enumerate(model.blocks):
+        encoding = model.encoding.for_layer(layer)
         q, k, _ = split_heads(qkv[layer], block.attn.n_head)
         q, k = encoding.rotate(q, k, ctx, layer)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        if encoding.has_bias:
+            scores = scores + encoding.bias(ctx.pos, ctx.pos).float()  # (H, T, T)
         if encoding.has_content_bias:
             scores = scores + encoding.content_bias(q, k, ctx, layer).float()
-        probs.append(torch.softmax(causal_mask_bias(scores, ctx.pos, ctx.pos), dim=-1))
+        hidden = ~ctx.mask(layer).visible(device=idx.device)  # (1, 1, T, T)
+        probs.append(torch.softmax(scores.float().masked_fill(hidden, float("-inf")), dim=-1))
     return probs
 
 

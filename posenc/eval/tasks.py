@@ -122,31 +122,13 @@ def summary(task: str, results: list[dict]) -> dict:
     return {**flat, "tasks": {"task": task, "lengths": results}}
 
 
-@torch.no_grad()
-def validation_loss(model: nn.Module, spec: SyntheticTask, length: int, n: int, seed: int = 0,
-                    batch_tokens: int = 16384, device: torch.device | str = "cpu", autocast=nullcontext) -> dict[str, float]:
-    """val/loss and val/ppl during training: mean cross-entropy over the targets training uses
-    (spec.targets: the answers, or every next token) of n held-out instances at ``length``
-    (the 'validation' stream, never the final evaluation's instances)."""
-    ds = make_task(spec.task, length, n, seed, split="validation", **spec.options).with_format("torch")
-    batch = max(1, batch_tokens // length)
-    was_training = model.training
-    model.eval()
-    total, count = 0.0, 0
-    try:
-        for start in range(0, n, batch):
-            rows = ds[start : start + batch]
-            x, y = targets_of(rows["ids"], rows["answer_mask"], spec.targets)
-            x, y = x.to(device), y.to(device)
-            with autocast():
-                logits, _ = model(x)  # (b, length, vocab)
-            total += float(F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), reduction="sum",
-                                           ignore_index=IGNORE_INDEX))
-            count += int((y != IGNORE_INDEX).sum())
-    finally:
-        model.train(was_training)
-    loss = total / max(count, 1)
-    return {VAL_LOSS.name: loss, VAL_PPL.name: math.exp(min(loss, 700.0))}
+def validation_loss(model: nn.Module, spec: SyntheticTask, length: int, n: int, batch_size: int = 64,
+                    device: torch.device | str = "cpu", autocast=nullcontext) -> dict[str, float]:
+    """val/loss and val/ppl of n held-out instances at ``length``, over the targets training
+    uses (spec.targets: the answers, or every next token): the validator's number for a task."""
+    from posenc.eval.loss import score_batches
+
+    return score_batches(model, spec.validation_batches(length, n, batch_size), torch.device(device), autocast).metrics()
 
 
 def log_to(tracker, task: str, results: list[dict], step: int, tokens: int) -> None:

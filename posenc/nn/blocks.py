@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import PositionBias, causal_attention
+from posenc.nn.attention import Plan, attend
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
@@ -50,8 +50,8 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
-                layer: int) -> Tensor:
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int) -> Tensor:
+        """encoding: this layer's encoding; plan: how this layer attends in this forward."""
         B, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (B, T, C) -> (B, H, T, hd)
@@ -61,7 +61,7 @@ class CausalSelfAttention(nn.Module):
         else:
             q, k = encoding.rotate(q, k, ctx, layer)
             content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
-            y = causal_attention(q, k, v, bias, self.dropout if self.training else 0.0, content, ctx.pos)
+            y = attend(q, k, v, plan, self.dropout if self.training else 0.0, content)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -103,7 +103,6 @@ class Block(nn.Module):
         mlp = SwiGLU if flavor.mlp == "swiglu" else MLP
         self.mlp = mlp(d_model, dropout, bias=flavor.bias)
 
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, bias: PositionBias,
-                layer: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), encoding, ctx, bias, layer)  # pre-norm residual
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int) -> Tensor:
+        x = x + self.attn(self.ln_1(x), encoding, ctx, plan, layer)  # pre-norm residual
         return x + self.mlp(self.ln_2(x))

@@ -2,9 +2,11 @@
 
 nanoGPT's shape: CausalSelfAttention, MLP, Block (posenc/nn/blocks.py), GPT. The block recipe
 (norm, MLP, biases, tied head, init) is a flavour (posenc/nn/flavors.py): ``gpt2`` is nanoGPT's,
-``llama`` is RMSNorm, SwiGLU, no biases and an untied head. The model owns one encoding, computes positions once per forward, asks for the bias once
-(shared by all layers, as T5 does) and hands the encoding to every block's attention,
-which calls ``rotate`` on q and k. Nothing here knows an encoding's name.
+``llama`` is RMSNorm, SwiGLU, no biases and an untied head. The model owns one encoding (or one
+per layer kind, posenc/nn/layout.py) and a layer layout (each layer's window). Once per forward it
+builds the context (positions, per sequence under documents packing, and each layer's mask),
+asks for each layer kind's bias and mask once (shared by its layers, as T5 shares its bias) and
+hands every block its encoding, which ``rotate`` q and k. Nothing here knows an encoding's name.
 """
 
 from __future__ import annotations
@@ -15,10 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import position_bias
+from posenc.nn.attention import plans
 from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, get_flavor, init_stds
+from posenc.nn.layout import LayerLayout
+from posenc.nn.mask import AttentionMask, document_positions
 
 __all__ = ["ATTENTIONS", "GPT", "Block", "CausalSelfAttention", "MLP", "RMSNorm", "SwiGLU"]
 
@@ -42,6 +46,7 @@ class GPT(nn.Module):
         bias: bool | None = None,
         tie_embeddings: bool | None = None,
         init: str | None = None,
+        layout: LayerLayout | None = None,
     ) -> None:
         super().__init__()
         if attention not in ATTENTIONS:
@@ -51,11 +56,19 @@ class GPT(nn.Module):
                 raise ValueError(f"model.{key} must be positive, got {value}")
         if d_model % n_head != 0:
             raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
-        if attention == "linear" and (encoding.has_bias or encoding.has_content_bias):
-            raise ValueError(
-                f"model.attention=linear has no score matrix to add the bias of encoding '{encoding.name}' to "
-                f"— use a rotary, additive or no encoding (e.g. encoding=rope) or model.attention=softmax"
-            )
+        self.layout = layout or LayerLayout.uniform(n_layer)
+        if len(self.layout.kinds) != n_layer:
+            raise ValueError(f"the layer layout has {len(self.layout.kinds)} layers, the model {n_layer}")
+        if attention == "linear":
+            biased = [l for l in range(n_layer) if encoding.for_layer(l).has_bias or encoding.for_layer(l).has_content_bias]
+            if biased:
+                raise ValueError(
+                    f"model.attention=linear has no score matrix to add the bias of encoding "
+                    f"'{encoding.for_layer(biased[0]).name}' to — use a rotary, additive or no encoding "
+                    f"(e.g. encoding=rope) or model.attention=softmax")
+            if self.layout.limited:
+                raise ValueError("model.attention=linear has no mask to limit to a window — use layout=uniform "
+                                 "or model.attention=softmax")
         # each switch that is not None replaces that component of the flavour (recipe ablations)
         self.flavor = get_flavor(flavor, norm=norm, mlp=mlp, bias=bias, tie_embeddings=tie_embeddings, init=init)
         self.vocab_size = vocab_size
@@ -104,25 +117,45 @@ class GPT(nn.Module):
         return 6 * n + 12 * self.n_layer * self.d_model * seq_len
 
     def forward(
-        self, idx: Tensor, targets: Tensor | None = None, pos: Tensor | None = None
+        self, idx: Tensor, targets: Tensor | None = None, pos: Tensor | None = None, doc: Tensor | None = None,
+        length: int | None = None,
     ) -> tuple[Tensor, Tensor | None]:
-        """idx: (B, T) token ids; targets: (B, T) or None; pos: (T,) positions, default 0..T-1.
+        """idx: (B, T) token ids; targets: (B, T) or None; pos: (T,) or (B, T) positions, default
+        0..T-1; doc: (B, T) document ids within each window (documents packing: no token
+        attends across a document, positions restart at 0 in each, unless pos says otherwise);
+        length: a bound on max(pos) + 1 known on the host (saves a device sync).
 
         Returns logits (B, T, vocab) and the mean cross-entropy (nats/token) if targets.
         """
-        dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
-            else self.wte.weight.dtype
-        # the per-forward context every hook sees; explicit positions cost one sync, by request
-        ctx = Context.arange(idx.shape[1], idx.device, dtype) if pos is None else Context.at(pos, dtype)
+        ctx = self.context(idx, pos, doc, length)
         self.encoding.prepare(ctx.length)
         x = self.encoding.embed(self.wte(idx), ctx)  # (B, T, C)
         x = self.drop(x)
-        # a position bias is computed once per forward and shared by every layer (as T5 does)
-        bias = position_bias(self.encoding, ctx, self.drop.p if self.training else 0.0)
+        # each layer kind's bias and mask are built once per forward and shared by its layers
+        layer_plans = plans(self.encoding, ctx, self.n_layer, self.drop.p if self.training else 0.0)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self.encoding, ctx, bias, layer)
+            x = block(x, self.encoding.for_layer(layer), ctx, layer_plans[layer], layer)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    def context(self, idx: Tensor, pos: Tensor | None, doc: Tensor | None, length: int | None) -> Context:
+        """The per-forward context every hook sees: positions, documents and each layer's mask."""
+        dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
+            else self.wte.weight.dtype
+        T = idx.shape[1]
+        if doc is not None and self.blocks[0].attn.attention == "linear":
+            raise ValueError("model.attention=linear has no mask to keep documents apart — use "
+                             "dataset.packing=concat or bos_aligned, or model.attention=softmax")
+        if doc is not None and pos is None:
+            pos, length = document_positions(doc), length or T  # positions restart in every document
+        masks: tuple[AttentionMask, ...] = ()
+        if doc is not None or self.layout.limited:
+            shared = {w: AttentionMask(T, doc, w) for w in dict.fromkeys(self.layout.windows.values())}
+            masks = tuple(shared[self.layout.window(layer)] for layer in range(self.n_layer))
+        if pos is None:
+            return Context.arange(T, idx.device, dtype, doc, masks)
+        # explicit positions without a known bound cost one host sync, by request
+        return Context.at(pos, dtype, doc, masks, length)

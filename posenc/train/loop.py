@@ -2,7 +2,7 @@
 
 The loop around train_step (state.py): logging at log steps (the only host sync), periodic
 evaluation on fixed validation windows (posenc.eval.loss), checkpoints as trainer.checkpoint
-says (checkpoints/last.pt and/or best.pt: train/checkpoint.py), SIGTERM / Ctrl-C handling,
+says (checkpoints/last.safetensors and/or best.safetensors: train/checkpoint.py), SIGTERM / Ctrl-C handling,
 metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation and the summary.
 """
 
@@ -18,11 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from posenc import metrics as M
 from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
 from posenc.config import validate as validate_config
-from posenc.data.batches import RandomWindows
-from posenc.data.synthetic import SyntheticTask
 from posenc.eval import final
-from posenc.eval.loss import fixed_span, score_windows
-from posenc.hardware import autocast_context, enable_fast_matmul, machine_load, peak_flops, resolve_device, resolve_precision
+from posenc.eval.loss import validator
+from posenc.hardware import machine_load, peak_flops, setup_device
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed, init_from
@@ -39,10 +37,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_config(cfg)
     check_encodable(cfg)
     started = time.time()
-    device = distributed.local_device(resolve_device(cfg.device))
-    precision = resolve_precision(cfg.trainer.precision, device)
-    autocast = autocast_context(precision, device)
-    enable_fast_matmul(device)
+    device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
 
     data = build_data(cfg)
@@ -53,23 +48,12 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
-    task = data if isinstance(data, SyntheticTask) else None  # dataset=synthetic: generated task instances
-    rank, world_size = distributed.rank(), distributed.world_size()
-    if task is None:
-        batches = RandomWindows(data.train, t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
-    else:
-        batches = task.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=rank, world_size=world_size)
+    # a corpus's random windows (cut as dataset.packing says) or generated task instances
+    batches = data.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(),
+                           world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
     resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
-    if task is None:
-        bytes_per_token = data.bytes_per_token("validation")
-        val_span = fixed_span(len(data.validation), t.seq_len, t.eval_batches * t.batch_size)
-
-        def evaluate() -> dict[str, float]:  # the same validation tokens at every evaluation, in every run
-            return score_windows(model, data.validation, t.seq_len, val_span, batch_size=t.batch_size, device=device,
-                                 autocast=autocast, bytes_per_token=bytes_per_token).metrics()
-    else:
-        evaluate = final.task_validator(model, task, cfg, device, autocast)  # held-out instances at seq_len
+    evaluate = validator(model, data, t, device, autocast)  # the same held-out batches at every evaluation
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
@@ -100,6 +84,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             "seq_len": t.seq_len,
             "encoding": encoding,
+            "layout": model.layout.describe(),
+            "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
             "device": str(device),
             "precision": precision,
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},

@@ -40,8 +40,8 @@ class ALiBi(PositionalEncoding):
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_head)), persistent=False)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        rel = (k_pos[None, :] - q_pos[:, None]).to(torch.float32)  # (Tq, Tk): j - i, <= 0 in the past
-        return self.slopes[:, None, None] * rel[None]  # (H, Tq, Tk)
+        rel = (k_pos[..., None, :] - q_pos[..., :, None]).to(torch.float32)  # (..., Tq, Tk): j - i, <= 0 in the past
+        return self.slopes[:, None, None] * rel.unsqueeze(-3)  # (..., H, Tq, Tk)
 
     def relative_bias(self, distance: Tensor) -> Tensor:
         """b_h(n) = -m_h · n for distances n = i - j >= 0: (R,) -> (H, R); what FlexAttention's

@@ -11,13 +11,20 @@ has one hook for each, a no-op by default:
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
   (CoPE's contextual positions), computed in each layer.
 
+Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
+sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each
+layer's attention mask (causal ∧ same document ∧ window, posenc/nn/mask.py). Which keys a query
+sees is the mask's job, never the encoding's; a hook that sums over keys (CoPE) asks the mask.
+A layout may give each layer kind its own encoding (posenc/nn/layout.py): the model asks
+``for_layer``.
+
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
 offers is *derived* from which hooks it overrides (``has_bias``, ``has_content_bias``): there
 is no flag to remember, and attention never asks which encoding it has.
 
 Vocabulary, one name per concept:
-    bias           b_h(i, j), the (H, Tq, Tk) logit term an encoding's ``bias`` returns;
+    bias           b_h(i, j), the (..., H, Tq, Tk) logit term an encoding's ``bias`` returns;
     relative_bias  b_h(n) as a table over distances n = i - j, for a bias that depends on
                    positions only through i - j (what a fused kernel looks up);
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
@@ -32,6 +39,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from posenc.nn.mask import AttentionMask
+
 #: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -40,25 +49,36 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 class Context:
     """What every hook may know about one forward pass, built once by the model.
 
-    pos: (T,) long positions of the tokens; length: largest position + 1, a Python int (so no
-    hook ever synchronises with the device to learn it); default_positions: pos is 0..T-1,
-    which lets a fused kernel compute a relative bias from q_idx - kv_idx with no gather.
+    pos: the tokens' positions, (T,) shared by the batch (the fast common case) or (B, T) per
+    sequence (dataset.packing=documents: positions restart at 0 at every document); length:
+    largest position + 1, a Python int (so no hook ever synchronises with the device to learn
+    it); default_positions: pos is 0..T-1, which lets a fused kernel compute a relative bias
+    from q_idx - kv_idx with no gather; doc: (B, T) document ids within each window, or None
+    (one document per window); masks: each layer's attention mask (posenc/nn/mask.py), empty
+    when every layer is causal over the whole window.
     """
 
     pos: Tensor
     length: int
     default_positions: bool = True
     dtype: torch.dtype = torch.float32
+    doc: Tensor | None = None
+    masks: tuple[AttentionMask, ...] = ()
 
     @classmethod
-    def arange(cls, T: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32) -> Context:
+    def arange(cls, T: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
+               doc: Tensor | None = None, masks: tuple[AttentionMask, ...] = ()) -> Context:
         """The default context: positions 0..T-1."""
-        return cls(torch.arange(T, device=device), T, True, dtype)
+        return cls(torch.arange(T, device=device), T, True, dtype, doc, masks)
 
     @classmethod
-    def at(cls, pos: Tensor, dtype: torch.dtype = torch.float32) -> Context:
-        """A context for explicit positions (one host sync for their maximum)."""
-        return cls(pos, int(pos.max()) + 1 if pos.numel() else 0, False, dtype)
+    def at(cls, pos: Tensor, dtype: torch.dtype = torch.float32, doc: Tensor | None = None,
+           masks: tuple[AttentionMask, ...] = (), length: int | None = None) -> Context:
+        """A context for explicit positions, (T,) or (B, T). ``length`` (>= max(pos) + 1) is
+        the bound the caller knows; without it, one host sync for the maximum."""
+        if length is None:
+            length = int(pos.max()) + 1 if pos.numel() else 0
+        return cls(pos, length, False, dtype, doc, masks)
 
     @property
     def device(self) -> torch.device:
@@ -66,7 +86,22 @@ class Context:
 
     @property
     def T(self) -> int:
-        return self.pos.shape[0]
+        return self.pos.shape[-1]
+
+    @property
+    def per_sequence(self) -> bool:
+        """Positions differ between the sequences of the batch: pos is (B, T)."""
+        return self.pos.dim() == 2
+
+    def mask(self, layer: int = 0) -> AttentionMask:
+        """The attention mask of block ``layer``: causal (within documents) when the model set none."""
+        return self.masks[layer] if layer < len(self.masks) else AttentionMask(self.T, self.doc)
+
+    def at_indices(self) -> Context:
+        """The same forward with positions 0..T-1: what a bias that depends on positions only
+        through i - j sees under document masking, where i - j inside a document is the
+        difference of the window indices and pairs across documents are masked anyway."""
+        return Context.arange(self.T, self.device, self.dtype, self.doc, self.masks)
 
 
 class PositionalEncoding(nn.Module):
@@ -100,15 +135,18 @@ class PositionalEncoding(nn.Module):
         return q, k
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """q_pos: (Tq,), k_pos: (Tk,) -> (H, Tq, Tk) additive logit bias b_h(i, j).
+        """q_pos: (..., Tq), k_pos: (..., Tk) -> (..., H, Tq, Tk) additive logit bias b_h(i, j);
+        leading dims are the batch when positions are per sequence (documents packing).
 
         Only called when a subclass overrides it (``has_bias``); it takes positions, not a
-        context, so that long sequences can ask for one slice of queries at a time."""
+        context, so that long sequences can ask for one slice of queries at a time. Visibility
+        (causal, documents, windows) is the mask's job, never the bias's."""
         raise NotImplementedError
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
         """q, k: (B, H, T, head_dim) after ``rotate`` -> (B, H, T, T) additive logit term.
-        Only called when a subclass overrides it (``has_content_bias``)."""
+        Only called when a subclass overrides it (``has_content_bias``). ``ctx.mask(layer)``
+        says which keys each query sees (a term that sums over keys must respect it)."""
         raise NotImplementedError
 
     # --- what a fused kernel may use instead of ``bias`` -------------------------------
@@ -132,6 +170,21 @@ class PositionalEncoding(nn.Module):
     def has_bias(self) -> bool:
         """Whether this encoding adds a position bias: it overrides ``bias``."""
         return type(self).bias is not PositionalEncoding.bias
+
+    @property
+    def has_embed(self) -> bool:
+        """Whether this encoding adds to the token embeddings: it overrides ``embed``."""
+        return type(self).embed is not PositionalEncoding.embed
+
+    @property
+    def is_relative(self) -> bool:
+        """Whether its bias depends on positions only through i - j: it overrides
+        ``relative_bias`` (attention then computes it at window indices under document masking)."""
+        return type(self).relative_bias is not PositionalEncoding.relative_bias
+
+    def for_layer(self, layer: int) -> PositionalEncoding:
+        """The encoding block ``layer`` uses: itself, unless a layout gives layers their own."""
+        return self
 
     @property
     def has_content_bias(self) -> bool:
@@ -174,16 +227,23 @@ class PositionOutOfRange(ValueError):
 def relative_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:
     """score + table[h, i - j]: a per-head bias over relative distance, looked up per score.
 
-    table: (H, R); pos: (T,) positions, or None for the default 0..T-1, where i - j is
-    q_idx - kv_idx itself and no gather through a positions tensor is needed. The future
-    (j > i) is masked by the caller's causal BlockMask; its distance is clamped to 0 only so
-    that the lookup stays in range."""
+    table: (H, R); pos: (T,) or (B, T) positions, or None for the default 0..T-1, where i - j
+    is q_idx - kv_idx itself and no gather through a positions tensor is needed. The future
+    (j > i) is masked by the caller's BlockMask; its distance is clamped to 0 only so that
+    the lookup stays in range."""
 
-    if pos is None:
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + table[h, (q_idx - kv_idx).clamp(min=0)]
-    else:
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + table[h, (pos[q_idx] - pos[kv_idx]).clamp(min=0)]
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        qi, kj = positions_at(pos, b, q_idx, kv_idx)
+        return score + table[h, (qi - kj).clamp(min=0)]
 
     return mod
+
+
+def positions_at(pos: Tensor | None, b: Tensor, q_idx: Tensor, kv_idx: Tensor) -> tuple[Tensor, Tensor]:
+    """Inside a score_mod: the positions of query q_idx and key kv_idx of sequence b: the
+    indices themselves (pos None: 0..T-1), a lookup in (T,) or in (B, T) positions."""
+    if pos is None:
+        return q_idx, kv_idx
+    if pos.dim() == 1:
+        return pos[q_idx], pos[kv_idx]
+    return pos[b, q_idx], pos[b, kv_idx]

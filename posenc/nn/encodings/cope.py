@@ -92,37 +92,39 @@ class CoPE(PositionalEncoding):
         # e: (layer, heads sharing it or each head, head_dim, npos_max), zero as in the paper's code
         self.pos_emb = nn.Parameter(torch.zeros(n_layer, n_head if per_head else 1, self.head_dim, self.npos_max))
 
-    def gates(self, q: Tensor, k: Tensor, future: Tensor) -> Tensor:
-        """g_it = σ(q_i·k_t/√d), 0 where key t is after query i: (B, H, Tq, d), (B, H, Tk, d),
-        future (Tq, Tk) bool -> (B, H, Tq, Tk)."""
+    def gates(self, q: Tensor, k: Tensor, hidden: Tensor) -> Tensor:
+        """g_it = σ(q_i·k_t/√d), 0 where key t is hidden from query i (the future, another
+        document, outside the layer's window): (B, H, Tq, d), (B, H, Tk, d), hidden bool
+        broadcastable to (B, H, Tq, Tk) -> (B, H, Tq, Tk)."""
         logits = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
-        return torch.sigmoid(logits).masked_fill(future, 0.0)
+        return torch.sigmoid(logits).masked_fill(hidden, 0.0)
 
-    def positions(self, q: Tensor, k: Tensor, future: Tensor) -> Tensor:
+    def positions(self, q: Tensor, k: Tensor, hidden: Tensor) -> Tensor:
         """p_ij clamped to npos_max - 1: (B, H, Tq, Tk)."""
-        return contextual_positions(self.gates(q, k, future)).clamp(max=self.npos_max - 1)
+        return contextual_positions(self.gates(q, k, hidden)).clamp(max=self.npos_max - 1)
 
-    def cope_logits(self, q: Tensor, k: Tensor, e: Tensor, future: Tensor) -> Tensor:
+    def cope_logits(self, q: Tensor, k: Tensor, e: Tensor, hidden: Tensor) -> Tensor:
         """q_i·e[p_ij] for queries q (B, H, Tq, d) against keys k (B, H, Tk, d) -> (B, H, Tq, Tk)."""
         z = q @ e  # (B, H, Tq, d) @ (1|H, d, npos) -> (B, H, Tq, npos): q_i·e[n] for every integer n
-        return interpolated_logits(z, self.positions(q, k, future))
+        return interpolated_logits(z, self.positions(q, k, hidden))
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
         """q, k: (B, H, T, d) -> (B, H, T, T) in float32 (or float64 for float64 inputs), the term
         q_i·e[p_ij] added to q·k/√d."""
         B, H, T, _ = q.shape
-        future = ctx.pos[None, :] > ctx.pos[:, None]  # (T, T): the causal mask at these positions
+        mask = ctx.mask(layer)  # gates count only the keys this layer's query can see
         # at least fp32, even under autocast: the cumulative sum runs over up to T gates
         dtype = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
             q, k, e = q.to(dtype), k.to(dtype), self.pos_emb[layer].to(dtype)
             rows = max(1, CHUNK_ELEMENTS // max(1, B * H * T))
             if rows >= T:
-                return self.cope_logits(q, k, e, future)
+                return self.cope_logits(q, k, e, ~mask.visible(device=q.device))
             out = q.new_empty(B, H, T, T)
             for start in range(0, T, rows):  # long evaluation: a slice of queries at a time
                 end = min(start + rows, T)
-                out[:, :, start:end] = self.cope_logits(q[:, :, start:end], k, e, future[start:end])
+                hidden = ~mask.visible(start, end, 0, T, device=q.device)  # (B|1, 1, rows, T)
+                out[:, :, start:end] = self.cope_logits(q[:, :, start:end], k, e, hidden)
             return out
 
     def options(self) -> dict[str, object]:

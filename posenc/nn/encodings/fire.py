@@ -34,7 +34,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
+from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod, positions_at
 
 
 class FIRE(PositionalEncoding):
@@ -75,23 +75,24 @@ class FIRE(PositionalEncoding):
         return (self.L_multiplier * self.init_L).abs()
 
     def normalized_distance(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """ψ(i - j) / (ψ(max(L, i)) + eps) for queries q_pos (Tq,), keys k_pos (Tk,) -> (Tq, Tk),
-        in [0, 1] for every visible key (j <= i); the future is clamped to distance 0."""
+        """ψ(i - j) / (ψ(max(L, i)) + eps) for queries q_pos (..., Tq), keys k_pos (..., Tk) ->
+        (..., Tq, Tk), in [0, 1] for every visible key (j <= i); the future is clamped to distance 0."""
         c = self.c.abs()
-        i = q_pos.to(c.dtype)[:, None]  # (Tq, 1)
-        n = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).to(c.dtype)  # (Tq, Tk)
+        i = q_pos.to(c.dtype)[..., :, None]  # (..., Tq, 1)
+        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(c.dtype)  # (..., Tq, Tk)
         return torch.log1p(c * n) / (torch.log1p(c * torch.maximum(i, self.threshold)) + self.eps)
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        x = self.normalized_distance(q_pos, k_pos)  # (Tq, Tk)
+        x = self.normalized_distance(q_pos, k_pos)  # (..., Tq, Tk)
         first, second = self.mlp[0], self.mlp[2]
         # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u), one hidden unit at a time: the
         # same sum the score_mod computes, and no (Tq, Tk, width) tensor on long evaluations
-        out = second.bias[:, None, None].expand(self.n_head, *x.shape)  # (H, Tq, Tk)
+        bias_shape = (self.n_head,) + (1,) * x.dim()
+        out = second.bias.view(bias_shape).expand(self.n_head, *x.shape)  # (H, ..., Tq, Tk)
         for u in range(self.mlp_width):
-            hidden = torch.relu(first.weight[u, 0] * x + first.bias[u])  # (Tq, Tk)
-            out = out + second.weight[:, u, None, None] * hidden
-        return out
+            hidden = torch.relu(first.weight[u, 0] * x + first.bias[u])  # (..., Tq, Tk)
+            out = out + second.weight[:, u].view(bias_shape) * hidden
+        return out.movedim(0, -3)  # (..., H, Tq, Tk)
 
     def score_mod(self, ctx: Context) -> ScoreMod:
         """f_θ per score, written with the captured weights (a score_mod sees scalars, so the
@@ -104,7 +105,7 @@ class FIRE(PositionalEncoding):
         pos = None if ctx.default_positions else ctx.pos
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            qi, kj = (q_idx, kv_idx) if pos is None else (pos[q_idx], pos[kv_idx])
+            qi, kj = positions_at(pos, b, q_idx, kv_idx)
             n = (qi - kj).clamp(min=0).to(c.dtype)
             x = torch.log1p(c * n) / (torch.log1p(c * torch.maximum(qi.to(c.dtype), L)) + eps)
             out = b2[h]

@@ -46,7 +46,7 @@ def interleaved_nope_layers(n_layer: int, nope_every: int) -> frozenset[int]:
 
 
 def log_temperature(pos: Tensor, original_max_len: int, beta: float) -> Tensor:
-    """τ(m) = 1 + β·ln(⌊m / L⌋ + 1) at each position m: (T,) -> (T,) float32; 1 for m < L."""
+    """τ(m) = 1 + β·ln(⌊m / L⌋ + 1) at each position m: (...) -> (...) float32; 1 for m < L."""
     return 1.0 + beta * torch.log1p(torch.div(pos, original_max_len, rounding_mode="floor").to(torch.float32))
 
 
@@ -107,8 +107,10 @@ class RoPENoPE(RoPE):
         # τ = 1 at every position below L, so a sequence no longer than L skips the multiply
         if (self.temperature == "log" and ctx.length > self.original_max_len
                 and (self.temperature_layers == "all" or self.is_nope(layer))):
-            tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)  # (T,)
-            q = q * tau[:, None].to(q.dtype)  # (B, H, T, hd) · (T, 1): query m's logits × τ(m)
+            tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)[..., None]  # (T, 1) or (B, T, 1)
+            if ctx.per_sequence:
+                tau = tau[:, None]  # (B, 1, T, 1): the same τ(m) for every head
+            q = q * tau.to(q.dtype)  # (B, H, T, hd): query m's logits × τ(m)
         return q, k
 
     def options(self) -> dict[str, object]:

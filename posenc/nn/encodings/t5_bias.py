@@ -112,7 +112,11 @@ class T5Bias(PositionalEncoding):
     def bucket(self, relative_position: Tensor) -> Tensor:
         """Bucket of relative_position = key - query (any shape, long): T5's bucketing of the
         distance clamped to max_distance - 1, so distances >= max_distance read the bucket of
-        max_distance - 1 (T5's last bucket whenever its log buckets reach it there)."""
+        max_distance - 1 (T5's last bucket whenever its log buckets reach it there). Below
+        max_distance this is Hugging Face's ``T5Attention._relative_position_bucket``; beyond it,
+        it differs from Hugging Face's last bucket only where the log buckets do not reach the
+        last one at max_distance - 1 (32 buckets: max_distance <= 28, e.g. the default T/2 at
+        seq_len 34-57), where that last bucket is one no training distance reaches."""
         reach = self.max_distance - 1
         max_exact = self.num_buckets // (1 + self.bidirectional) // 2
         # T5's formula needs max_distance > max_exact; below that every reachable distance is exact
@@ -121,17 +125,18 @@ class T5Bias(PositionalEncoding):
                                         self.num_buckets, log_end)
 
     def buckets(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        """(Tq,), (Tk,) -> (Tq, Tk) bucket ids."""
-        return self.bucket(k_pos[None, :] - q_pos[:, None])
+        """(..., Tq), (..., Tk) -> (..., Tq, Tk) bucket ids."""
+        return self.bucket(k_pos[..., None, :] - q_pos[..., :, None])
 
     def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if self.bidirectional:
-            values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (Tq, Tk, H)
-            return self.scale * values.permute(2, 0, 1)  # (H, Tq, Tk)
+            values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (..., Tq, Tk, H)
+            return self.scale * values.movedim(-1, -3)  # (..., H, Tq, Tk)
         # causal: every distance >= max_distance - 1 shares one bucket, so a table over
         # n = 0..max_distance - 1 and a gather give the bias without bucketing every (i, j) pair
         table = self.relative_bias(torch.arange(self.max_distance, device=q_pos.device))  # (H, D)
-        return table[:, (q_pos[:, None] - k_pos[None, :]).clamp(0, self.max_distance - 1)]  # (H, Tq, Tk)
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(0, self.max_distance - 1)  # (..., Tq, Tk)
+        return table[:, distance].movedim(0, -3)  # (H, ..., Tq, Tk) -> (..., H, Tq, Tk)
 
     def relative_bias(self, distance: Tensor) -> Tensor:
         """b_h(n) = scale · W[bucket(-n), h] for distances n = i - j >= 0: (R,) -> (H, R)."""

@@ -1,0 +1,193 @@
+"""Which keys each query may see: causal, within its document, within a window, per layer.
+
+The mask is part of the experiment, beside the encoding. One layer's mask is the conjunction of
+
+- causal: key j is visible to query i only if j <= i (token order in the window);
+- document (``doc`` given, dataset.packing=documents): only if both tokens belong to the same
+  document of the packed window (torchtitan's ``block_causal``, Llama 3's pretraining);
+- a window of ``size`` tokens (a layer kind of the layout, posenc/nn/layout.py):
+  sliding, i - j < size (Mistral, Gemma 2/3's local layers, GPT-OSS's banded layers: the query
+  and the size - 1 keys before it), or chunked, ⌊i / size⌋ = ⌊j / size⌋ (Llama 4's chunked
+  local attention: the window restarts every ``size`` tokens).
+
+Each piece is a FlexAttention ``mask_mod(b, h, q_idx, kv_idx)`` (attention-gym's style), composed
+with ``and_masks``; on CUDA the conjunction becomes a ``BlockMask`` that lets the kernel skip
+fully masked blocks, and on CPU the same conjunction is a boolean matrix (``visible``), computed
+for a slice of queries at a time where sequences are long. Every query sees at least itself, so
+no row is ever fully masked.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: FlexAttention's mask_mod signature: (batch, head, q_idx, kv_idx) -> bool
+MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The span of a layer's attention. size None: the whole causal past (a global layer)."""
+
+    size: int | None = None
+    chunked: bool = False  # chunks of `size` tokens (Llama 4) instead of a sliding band (Mistral)
+
+    def __post_init__(self) -> None:
+        if self.size is not None and self.size < 1:
+            raise ValueError(f"an attention window must hold at least 1 token, got {self.size}")
+
+    def limits(self, T: int) -> bool:
+        """Whether it hides anything from a query in a sequence of T tokens."""
+        return self.size is not None and self.size < T
+
+    def describe(self) -> str:
+        if self.size is None:
+            return "global"
+        return f"{'chunk' if self.chunked else 'sliding'} {self.size}"
+
+
+GLOBAL = Window()
+
+
+# --- mask_mods ---------------------------------------------------------------------------
+def causal(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+    """Key j is visible to query i iff j <= i."""
+    return q_idx >= kv_idx
+
+
+def sliding(size: int) -> MaskMod:
+    """The query and the size - 1 keys before it: i - j < size."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx - kv_idx < size
+
+    return mod
+
+
+def chunk(size: int) -> MaskMod:
+    """The same chunk of `size` tokens: ⌊i / size⌋ = ⌊j / size⌋."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return q_idx // size == kv_idx // size
+
+    return mod
+
+
+def document(doc: Tensor) -> MaskMod:
+    """The same document: doc (B, T) holds each token's document id within its window."""
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return doc[b, q_idx] == doc[b, kv_idx]
+
+    return mod
+
+
+def and_masks(*mods: MaskMod) -> MaskMod:
+    """The conjunction of mask_mods (FlexAttention's own ``and_masks`` where it exists)."""
+    try:
+        from torch.nn.attention.flex_attention import and_masks as flex_and
+    except ImportError:  # torch < 2.5
+        flex_and = None
+    if flex_and is not None:
+        return flex_and(*mods)
+
+    def mod(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        out = mods[0](b, h, q_idx, kv_idx)
+        for m in mods[1:]:
+            out = out & m(b, h, q_idx, kv_idx)
+        return out
+
+    return mod
+
+
+# --- one layer's mask in one forward ----------------------------------------------------
+@dataclass(frozen=True, eq=False)
+class AttentionMask:
+    """causal ∧ same document (when ``doc`` is given) ∧ the window, for a sequence of T tokens.
+
+    doc: (B, T) long document ids within each window, or None (one document per window).
+    """
+
+    T: int
+    doc: Tensor | None = None
+    window: Window = GLOBAL
+
+    @property
+    def causal_only(self) -> bool:
+        """Nothing but causality: the fused is_causal kernels apply."""
+        return self.doc is None and not self.window.limits(self.T)
+
+    def mask_mod(self) -> MaskMod:
+        mods = [causal]
+        if self.window.limits(self.T):
+            mods.append(chunk(self.window.size) if self.window.chunked else sliding(self.window.size))
+        if self.doc is not None:
+            mods.append(document(self.doc))
+        return mods[0] if len(mods) == 1 else and_masks(*mods)
+
+    def key_range(self, start: int, end: int) -> tuple[int, int]:
+        """Keys [lo, end) that queries start..end-1 can see at all: a sliding window or a chunk
+        hides everything before lo, so a query chunk need not touch those keys."""
+        w = self.window
+        if not w.limits(self.T):
+            return 0, end
+        lo = (start // w.size) * w.size if w.chunked else max(0, start - w.size + 1)
+        return lo, end
+
+    def visible(self, start: int = 0, end: int | None = None, k_start: int = 0, k_end: int | None = None,
+                device: torch.device | None = None) -> Tensor:
+        """Boolean visibility of keys k_start..k_end-1 to queries start..end-1:
+        (B or 1, 1, end - start, k_end - k_start), True where the query may attend."""
+        end = self.T if end is None else end
+        k_end = end if k_end is None else k_end
+        device = self.doc.device if self.doc is not None else device
+        i = torch.arange(start, end, device=device)[:, None]  # (Tq, 1)
+        j = torch.arange(k_start, k_end, device=device)[None, :]  # (1, Tk)
+        out = causal(None, None, i, j)
+        if self.window.limits(self.T):
+            out = out & (chunk if self.window.chunked else sliding)(self.window.size)(None, None, i, j)
+        if self.doc is None:
+            return out[None, None]  # (1, 1, Tq, Tk)
+        same = self.doc[:, start:end, None] == self.doc[:, None, k_start:k_end]  # (B, Tq, Tk)
+        return (out[None] & same)[:, None]  # (B, 1, Tq, Tk)
+
+    def visible_keys(self) -> Tensor:
+        """How many keys each query sees: (B or 1, T) long (SSMax-style temperatures use it)."""
+        return self.visible().sum(-1)[:, 0]
+
+    def block_mask(self, device: torch.device):
+        """The FlexAttention BlockMask: cached per (T, window) without documents; per forward
+        (one per distinct mask, shared by the layers that have it) with them."""
+        if self.doc is None:
+            return static_block_mask(self.T, self.window, device)
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        return create_block_mask(self.mask_mod(), B=self.doc.shape[0], H=None, Q_LEN=self.T, KV_LEN=self.T,
+                                 device=device)
+
+
+@torch.compiler.disable  # a cache lookup, not something to trace: one graph break per forward
+@functools.lru_cache(maxsize=32)
+def static_block_mask(T: int, window: Window, device: torch.device):
+    """The BlockMask of a mask that depends on (T, window) alone, built once and reused."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    mod = AttentionMask(T, None, window).mask_mod()
+    return create_block_mask(mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
+
+
+def document_positions(doc: Tensor) -> Tensor:
+    """Each token's position inside its document segment of the window: doc (B, T) ids that
+    never decrease along T -> (B, T) long, 0 at every document's first token."""
+    T = doc.shape[-1]
+    idx = torch.arange(T, device=doc.device).expand_as(doc)
+    starts = torch.ones_like(doc, dtype=torch.bool)
+    starts[..., 1:] = doc[..., 1:] != doc[..., :-1]
+    # the index of the latest segment start at or before each token
+    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(-1).values
+    return idx - start_idx
