@@ -1,8 +1,9 @@
 """The probe figure of docs/model_recipe.md (issue 26): RoPE under several block recipes, side by side.
 
-    python scripts/recipe_probe.py SWEEP --recipes llama,gpt2 --out docs/figures/recipe_rope_probe.png
+    python scripts/recipe_probe.py SWEEP... --recipes llama,gpt2 --out docs/figures/recipe_rope_probe.png
 
-For every RoPE run of an experiment=recipe_ablation sweep whose recipe is listed, one forward of
+For every RoPE run of the experiment=recipe_ablation sweeps given whose recipe is listed (run dirs
+written before safetensors checkpoints: `posenc convert RUN` first), one forward of
 the same validation windows at 1×, 4× and 16× the training length T (posenc.eval.probes, as
 `posenc probe` computes them), then per recipe, mean over seeds (thin lines: each seed):
 
@@ -49,13 +50,13 @@ def pair_amplitude(rotary: dict) -> np.ndarray:
     return np.sqrt(q * k) / math.sqrt(2 * q.shape[-1])
 
 
-def main(sweep: Path, recipes: list[str], out: Path, windows: int, encoding: str) -> None:
+def main(sweeps: list[Path], recipes: list[str], out: Path, windows: int, encoding: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     amplitude, entropy, theta, T = defaultdict(list), defaultdict(list), None, None
-    for run in find_runs([sweep]):
+    for run in find_runs(sweeps):
         recipe = str(run.value("recipe"))
         if not run.ok or str(run.value("encoding")) != encoding or recipe not in recipes:
             continue
@@ -98,10 +99,10 @@ def main(sweep: Path, recipes: list[str], out: Path, windows: int, encoding: str
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("sweep", type=Path)
+    parser.add_argument("sweeps", type=Path, nargs="+")
     parser.add_argument("--recipes", default="llama,gpt2")
     parser.add_argument("--encoding", default="rope")
     parser.add_argument("--windows", type=int, default=4)
     parser.add_argument("--out", type=Path, default=Path("docs/figures/recipe_rope_probe.png"))
     args = parser.parse_args()
-    main(args.sweep, args.recipes.split(","), args.out, args.windows, args.encoding)
+    main(args.sweeps, args.recipes.split(","), args.out, args.windows, args.encoding)
