@@ -251,8 +251,21 @@ def encoding_catalogue() -> list[tuple[str, str, dict]]:
         header = [line.lstrip("# ").strip() for line in lines[: next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))]]
         doc = " ".join(header)
         node = OmegaConf.create(text)
-        options = {k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")}
+        options = inner_defaults(node)
+        options.update({k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")})
         out.append((name, doc, options))
+    return out
+
+
+def inner_defaults(node: DictConfig) -> dict[str, str]:
+    """The encodings a mechanism's YAML wraps by default: its defaults entries
+    ``/encoding@<key>: <name>`` -> {key: name} (chosen with ``encoding@encoding.<key>=…``)."""
+    out = {}
+    for entry in node.get("defaults") or []:
+        if isinstance(entry, DictConfig):
+            for group, choice in entry.items():
+                if str(group).startswith("/encoding@"):
+                    out[str(group).split("@", 1)[1]] = choice
     return out
 
 

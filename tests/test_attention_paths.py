@@ -166,17 +166,18 @@ def test_overriding_bias_is_what_makes_an_encoding_biased():
     torch.testing.assert_close(attention.attend(q, k, v, chosen), expected)
 
 
-@pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "flex", "kernel", "why"), [
-    ("cpu", 64, 0.0, True, True, "sdpa", None),            # CPU: FlexAttention has no backward
-    ("cuda", 64, 0.0, True, True, "flex", None),
-    ("cuda", 8, 0.0, True, True, "sdpa", "head_dim >= 16"),
-    ("cuda", 64, 0.1, True, True, "sdpa", "dropout"),
-    ("cuda", 64, 0.0, False, True, "sdpa", "no score_mod"),
-    ("cuda", 64, 0.0, True, False, "sdpa", "not available"),
+@pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "replaces", "flex", "kernel", "why"), [
+    ("cpu", 64, 0.0, True, False, True, "sdpa", None),            # CPU: FlexAttention has no backward
+    ("cuda", 64, 0.0, True, False, True, "flex", None),
+    ("cuda", 8, 0.0, True, False, True, "sdpa", "head_dim >= 16"),
+    ("cuda", 64, 0.1, True, False, True, "sdpa", "dropout"),
+    ("cuda", 64, 0.0, False, False, True, "sdpa", "no score_mod"),
+    ("cuda", 64, 0.0, True, True, True, "sdpa", "replaces softmax"),  # stick-breaking
+    ("cuda", 64, 0.0, True, False, False, "sdpa", "not available"),
 ])
 def test_the_kernel_follows_what_the_encoding_offers_and_the_device_can_do(device, head_dim, dropout, offers,
-                                                                            flex, kernel, why):
-    chosen, reason = attention.select_kernel(device, head_dim, dropout, offers, flex_available=flex)
+                                                                            replaces, flex, kernel, why):
+    chosen, reason = attention.select_kernel(device, head_dim, dropout, offers, replaces, flex_available=flex)
     assert chosen == kernel
     assert (reason is None) if why is None else (why in reason)
 

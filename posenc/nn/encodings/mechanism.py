@@ -24,6 +24,9 @@ class Mechanism(PositionalEncoding):
     """Every hook passed through to ``inner``; subclasses add their own (see the module doc)."""
 
     def __init__(self, inner: PositionalEncoding, name: str) -> None:
+        if not isinstance(inner, PositionalEncoding):
+            raise ValueError(f"encoding.inner is an encoding config of its own, not a value: choose it with "
+                             f"encoding@encoding.inner={inner} (and set its keys with encoding.inner.<key>=…)")
         super().__init__(inner.d_model, inner.n_head, name)
         if inner.for_layer(0) is not inner:
             raise ValueError(f"encoding.inner '{inner.name}' gives layers encodings of their own; "
