@@ -1,13 +1,22 @@
-"""Device, precision and peak-FLOP facts, so the trainer and the benchmark agree on them."""
+"""Device, precision and peak-FLOP facts, so training, evaluation, probes and the benchmark agree.
+
+``setup_device`` is the one device setup all four call: which device (under torchrun, this
+process's GPU), which precision and autocast, and TF32 matmuls on CUDA. A run evaluated again
+with `posenc eval` or `posenc probe` therefore computes as its in-training evaluation did.
+"""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
+from typing import NamedTuple
 
 import torch
 
 from posenc.errors import UserError
+from posenc.metrics import MACHINE_CPUS, MACHINE_LOAD
 
 #: dense bf16 peak FLOP/s by device name fragment (vendor datasheets, SXM parts)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "4090": 165e12}
@@ -72,8 +81,45 @@ def enable_fast_matmul(device: torch.device) -> None:
         torch.set_float32_matmul_precision("high")
 
 
+def process_device(device: torch.device) -> torch.device:
+    """Under torchrun (WORLD_SIZE > 1) each process takes its own GPU, LOCAL_RANK; CPU stays CPU."""
+    if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    return device
+
+
+class DeviceSetup(NamedTuple):
+    """Where and in what precision a command computes (unpacks as device, precision, autocast)."""
+
+    device: torch.device
+    precision: str                   # fp32 | bf16 | fp16, resolved from auto
+    autocast: Callable               # zero-argument factory of the precision's autocast context
+
+
+def setup_device(device: str, precision: str) -> DeviceSetup:
+    """The device setup of `posenc train`, `eval`, `probe` and `bench`: ``device`` (auto | cpu |
+    cuda | cuda:N; under torchrun this process's GPU), ``precision`` (auto | fp32 | bf16 | fp16)
+    and its autocast, and fast (TF32) fp32 matmuls on CUDA."""
+    where = process_device(resolve_device(device))
+    resolved = resolve_precision(precision, where)
+    enable_fast_matmul(where)
+    return DeviceSetup(where, resolved, autocast_context(resolved, where))
+
+
 def use_compile(setting, device: torch.device) -> bool:
     """trainer.compile: true | false | auto (on for CUDA, off for CPU)."""
     if setting == "auto":
         return device.type == "cuda"
     return bool(setting)
+
+
+def machine_load() -> dict[str, float]:
+    """The machine's 1-minute load average and the CPUs this process may use, for summary.json: a throughput timed while other processes competed for the
+    CPUs (load above the CPU count) is noise, and the report says so. Empty where the OS has none."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # Windows: no load average
+        return {}
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return {MACHINE_LOAD.name: round(load, 2), MACHINE_CPUS.name: cpus}

@@ -32,6 +32,10 @@ from dataclasses import dataclass
 from typing import Literal
 
 Better = Literal["lower", "higher"] | None
+#: how seeds of a metric are averaged and given an interval (posenc/report/stats.py): "linear" (the
+#: t-interval of the mean) or "log" for positive, multiplicative metrics (perplexity = e^loss, token
+#: counts, rates), whose interval is the loss-scale one mapped back with exp, so it is never negative
+Scale = Literal["linear", "log"]
 
 #: the x-axis of every history metric (W&B's step_metric), and a column of every row
 TOKENS = "tokens"
@@ -45,6 +49,8 @@ class Metric:
     history: bool          # logged per log step (True) or once per run in summary.json (False)
     better: Better         # which direction is an improvement; None for settings and counters
     description: str
+    scale: Scale = "linear"
+    bounds: tuple[float | None, float | None] = (None, None)  # the values it can take: an interval is clipped to them
 
     @property
     def lower_is_better(self) -> bool:
@@ -83,49 +89,62 @@ class Metric:
 
 
 # --- training (history) ------------------------------------------------------------------
-TRAIN_LOSS = Metric("train/loss", "nats/token", True, "lower", "mean next-token cross-entropy of the step's batches")
+TRAIN_LOSS = Metric("train/loss", "nats/token", True, "lower", "mean next-token cross-entropy of the step's batches",
+                    bounds=(0, None))
 TRAIN_LR = Metric("train/lr", "", True, None, "learning rate of the step (warmup, then cosine)")
 TRAIN_GRAD_NORM = Metric("train/grad_norm", "", True, None, "global gradient norm before clipping")
-TRAIN_TOKENS_PER_S = Metric("train/tokens_per_s", "tokens/s", True, "higher", "training throughput since the last log step")
-TRAIN_MFU = Metric("train/mfu", "", True, "higher", "model FLOPs utilisation: tokens/s · FLOPs/token / peak FLOP/s")
+TRAIN_TOKENS_PER_S = Metric("train/tokens_per_s", "tokens/s", True, "higher", "training throughput since the last log step",
+                            "log")
+TRAIN_MFU = Metric("train/mfu", "", True, "higher", "model FLOPs utilisation: tokens/s · FLOPs/token / peak FLOP/s", "log")
 ELAPSED = Metric("elapsed_s", "s", True, None, "seconds of training so far (a resumed run continues its clock)")
 # --- validation (history, and the last value in the summary) --------------------------------
-VAL_LOSS = Metric("val/loss", "nats/token", True, "lower", "mean next-token cross-entropy on the fixed validation windows")
-VAL_PPL = Metric("val/ppl", "", True, "lower", "perplexity e^val/loss")
-VAL_BPB = Metric("val/bpb", "bits/byte", True, "lower", "bits per byte: val/loss / ln 2 / bytes per token")
+VAL_LOSS = Metric("val/loss", "nats/token", True, "lower", "mean next-token cross-entropy on the fixed validation windows",
+                  bounds=(0, None))
+VAL_PPL = Metric("val/ppl", "", True, "lower", "perplexity e^val/loss", "log")
+VAL_BPB = Metric("val/bpb", "bits/byte", True, "lower", "bits per byte: val/loss / ln 2 / bytes per token", bounds=(0, None))
 EXTRAPOLATION_PPL = Metric("extrapolation/ppl@{length}", "", True, "lower",
-                           "perplexity at an evaluation length (tokens), the same validation tokens at every length")
+                           "perplexity at an evaluation length (tokens), the same validation tokens at every length", "log")
 # --- synthetic tasks (dataset=synthetic; summary: once, at the end of training) ------------------
 TASK_ACCURACY = Metric("tasks/{task}/accuracy@{length}", "", False, "higher",
-                       "exact-match accuracy on the task's evaluation instances at a length (tokens); null: not applicable")
+                       "exact-match accuracy on the task's evaluation instances at a length (tokens); null: not applicable",
+                       bounds=(0, 1))
 TASK_LOW = Metric("tasks/{task}/low@{length}", "", False, None, "lower bound of accuracy's 95% Wilson interval")
 TASK_HIGH = Metric("tasks/{task}/high@{length}", "", False, None, "upper bound of accuracy's 95% Wilson interval")
 TASK_TOKEN_ACCURACY = Metric("tasks/{task}/token_accuracy@{length}", "", False, "higher",
-                             "fraction of answer tokens predicted right at a length (tokens)")
+                             "fraction of answer tokens predicted right at a length (tokens)", bounds=(0, 1))
 # --- convergence (summary) -----------------------------------------------------------------
 TOKENS_TO_LOSS = Metric("convergence/tokens_to_loss@{target}", "tokens", False, "lower",
-                        "tokens until val/loss first reaches target (interpolated between evaluations); null: never")
+                        "tokens until val/loss first reaches target (interpolated between evaluations); null: never", "log")
 SECONDS_TO_LOSS = Metric("convergence/seconds_to_loss@{target}", "s", False, "lower",
-                         "seconds of training until val/loss first reaches target (interpolated); null: never")
+                         "seconds of training until val/loss first reaches target (interpolated); null: never", "log")
 TOKENS_TO_BPB = Metric("convergence/tokens_to_bpb@{target}", "tokens", False, "lower",
-                       "tokens until val/bpb first reaches target (interpolated between evaluations); null: never")
+                       "tokens until val/bpb first reaches target (interpolated between evaluations); null: never", "log")
 SECONDS_TO_BPB = Metric("convergence/seconds_to_bpb@{target}", "s", False, "lower",
-                        "seconds of training until val/bpb first reaches target (interpolated); null: never")
+                        "seconds of training until val/bpb first reaches target (interpolated); null: never", "log")
 VAL_LOSS_AUC = Metric("convergence/val_loss_auc", "nats/token", False, "lower",
-                      "area under val/loss(tokens) / token span: the token-weighted mean val/loss")
+                      "area under val/loss(tokens) / token span: the token-weighted mean val/loss", bounds=(0, None))
 # --- the run (summary) ---------------------------------------------------------------------
-TOKENS_PER_S = Metric("tokens_per_s", "tokens/s", False, "higher", "tokens / seconds of the training loop")
-WALL_TIME = Metric("wall_time_s", "s", False, None, "seconds from start to summary, setup and evaluation included")
+TOKENS_PER_S = Metric("tokens_per_s", "tokens/s", False, "higher", "tokens / seconds of the training loop", "log")
+WALL_TIME = Metric("wall_time_s", "s", False, None, "seconds from start to summary, setup and evaluation included", "log")
 PARAMS = Metric("params", "", False, None, "parameters of the model")
 STEPS = Metric("steps", "", False, None, "optimizer steps taken")
-TOKENS_SEEN = Metric("tokens", "tokens", False, None, "training tokens seen")
+# the x-axis column of every metrics.jsonl row (TOKENS) and the summary's counter are one name
+# for one quantity: training tokens seen, by that row's step or by the end of the run
+TOKENS_SEEN = Metric(TOKENS, "tokens", False, None, "training tokens seen (every row's x-axis column too)")
+# --- the machine while the run trained (summary): timings from a loaded machine are noise -----
+MACHINE_LOAD = Metric("machine/load_1m", "", False, None,
+                      "os.getloadavg()'s 1-minute load average when the summary was written (runnable threads, all processes)")
+MACHINE_CPUS = Metric("machine/cpus", "", False, None, "CPUs this process could run on")
+#: timings are flagged when MACHINE_LOAD exceeded this many times MACHINE_CPUS: a run's own threads
+#: account for at most 1×, the rest were other processes competing for the CPUs
+LOADED_PER_CPU = 1.5
 
 METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,
     VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL,
     TASK_ACCURACY, TASK_LOW, TASK_HIGH, TASK_TOKEN_ACCURACY,
     TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, VAL_LOSS_AUC,
-    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN,
+    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS,
 )
 
 

@@ -2,8 +2,9 @@
 
 A run directory (Hydra's output dir) holds ``.hydra/`` (the composed config and the
 overrides), ``train.log``, ``metrics.jsonl`` (one JSON object per log step), ``summary.json``
-(written once, at the end, atomically), ``checkpoints/`` (``last.pt`` and/or ``best.pt``, as
-``trainer.checkpoint`` says) and ``wandb/``. A sweep lands in
+(written once, at the end, atomically), ``checkpoints/`` (``last.safetensors`` and/or
+``best.safetensors``, as ``trainer.checkpoint`` says: tensors and JSON, never a pickle,
+posenc/statefile.py) and ``wandb/``. A sweep lands in
 ``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<swept values>`` (conf/config.yaml):
 ``<name>`` is the experiment's (or ``name=``), else the swept keys and values
 (``encoding-rope,alibi_seed-0,1``: sweep_name), and each job's directory carries its own
@@ -22,17 +23,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from posenc.errors import UserError
+from posenc.statefile import load_state
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 SWEEP_FILE = "sweep.json"
-CHECKPOINT_VERSION = 1
+CHECKPOINT_VERSION = 2  # 1: a torch.save pickle (checkpoints/*.pt), read only by `posenc convert`
+CHECKPOINT_SUFFIX = ".safetensors"
+LEGACY_SUFFIX = ".pt"
 REQUIRED_KEYS = ("version", "model", "optimizer", "scheduler", "sampler", "rng", "step", "tokens", "config")
 
 
@@ -41,8 +44,28 @@ CHECKPOINT_KINDS = ("last", "best", "none")
 
 
 def checkpoint_path(run_dir: Path, kind: str = "last") -> Path:
-    """checkpoints/last.pt (what resume continues from) or checkpoints/best.pt."""
-    return Path(run_dir) / "checkpoints" / f"{kind}.pt"
+    """checkpoints/last.safetensors (what resume continues from) or checkpoints/best.safetensors."""
+    return Path(run_dir) / "checkpoints" / f"{kind}{CHECKPOINT_SUFFIX}"
+
+
+def legacy_checkpoints(run_dir: Path) -> list[Path]:
+    """The pickled checkpoints (checkpoints/last.pt, best.pt) of a run dir made before
+    checkpoint format 2, where no converted file sits beside them."""
+    return [p for kind in ("last", "best")
+            if (p := Path(run_dir) / "checkpoints" / f"{kind}{LEGACY_SUFFIX}").is_file()
+            and not checkpoint_path(run_dir, kind).is_file()]
+
+
+def refuse_legacy(run_dir: Path) -> None:
+    """A run dir whose checkpoints are pickles is refused (unpickling runs whatever code the file
+    names), with the command that converts it once its owner trusts it."""
+    old = legacy_checkpoints(run_dir)
+    if old:
+        names = ", ".join(str(p.relative_to(run_dir)) for p in old)
+        raise UserError(f"'{run_dir}' holds checkpoints in the old pickle format ({names}); loading a pickle can run "
+                        f"any code in it, so posenc no longer does — convert the run once with "
+                        f"`posenc convert {run_dir}` (it reads only tensors and RNG state, or, with --trust, "
+                        f"unpickles a file you trust)")
 
 
 def run_checkpoint_kind(run_dir: Path) -> str:
@@ -53,8 +76,8 @@ def run_checkpoint_kind(run_dir: Path) -> str:
 
 
 def kept_checkpoint(run_dir: Path) -> Path:
-    """The checkpoint a finished run is evaluated from: best.pt where the run kept the best,
-    else last.pt."""
+    """The checkpoint a finished run is evaluated from: the best where the run kept it, else
+    the last."""
     best = checkpoint_path(run_dir, "best")
     return best if best.is_file() else checkpoint_path(run_dir)
 
@@ -77,22 +100,26 @@ def read_jsonl(path: Path) -> list[dict]:
 
 
 def load_checkpoint(path: Path | str) -> dict:
-    """Read a checkpoint (a file, or a run dir: its kept_checkpoint); a missing, corrupt or
-    foreign file is a UserError saying so."""
+    """Read a checkpoint (a file, or a run dir: its kept_checkpoint); a missing, corrupt, pickled
+    or foreign file is a UserError saying so. Nothing in the file can run code (statefile.py)."""
     path = Path(path)
     if path.is_dir():
         if run_checkpoint_kind(path) == "none":
             raise UserError(f"run '{path}' kept no checkpoint (it ran with trainer.checkpoint=none) — "
                             f"train it again with trainer.checkpoint=last or best to evaluate it")
+        refuse_legacy(path)
         path = kept_checkpoint(path)
+    if not path.is_file() and path.parent.name == "checkpoints":
+        refuse_legacy(path.parent.parent)
     if not path.is_file():
         raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
                         f"start a new run instead")
     try:
-        state = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001 - truncated zip, pickle garbage, wrong file type...
-        raise UserError(f"checkpoint '{path}' is corrupt or unreadable ({type(e).__name__}) — "
-                        f"delete it and resume from an earlier copy, or start a new run") from None
+        state = load_state(path)
+    except Exception as e:  # noqa: BLE001 - a pickle, truncated bytes, another safetensors file...
+        raise UserError(f"checkpoint '{path}' is not a posenc checkpoint, or is corrupt ({type(e).__name__}); "
+                        f"posenc reads only its own safetensors checkpoints — point at a run dir made by "
+                        f"`posenc train`, or resume from an earlier copy") from None
     if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
         raise UserError(f"'{path}' is not a posenc checkpoint — point at a run dir made by `posenc train`")
     if state["version"] != CHECKPOINT_VERSION:

@@ -24,7 +24,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from posenc.metrics import TASK_ACCURACY  # noqa: E402
 from posenc.report.plots_length import length_stats  # noqa: E402
-from posenc.report.runs import Group, Stat, aggregate, find_runs, group_runs  # noqa: E402
+from posenc.report.runs import Group, find_runs, group_runs  # noqa: E402
+from posenc.report.stats import Stat, aggregate  # noqa: E402
 
 METHODS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3", "longrope")
 

@@ -28,9 +28,10 @@ started=$(date +%s)
     "hydra.sweep.dir=$study/parent" "$@"
 extended=()
 for i in "${!seeds[@]}"; do
-    # every method × {0, fine-tune} steps from parent i (job dir <i>_<its swept values>), with its seed
+    # every method × {0, fine-tune} steps from parent i (job dir <i>_<its swept values>), with its seed;
+    # the path is quoted: its job dir's name holds '=' (0_seed=0), which an unquoted override cannot
     parent=$(ls -d "$study/parent/${i}_"*/)
-    "$posenc" train -m "experiment=$preset" "trainer.init_from=${parent%/}" "seed=${seeds[$i]}" \
+    "$posenc" train -m "experiment=$preset" "trainer.init_from='${parent%/}'" "seed=${seeds[$i]}" \
         logger=none "hydra.sweep.dir=$study/extended/seed${seeds[$i]}" "$@"
     extended+=("$study/extended/seed${seeds[$i]}")
 done

@@ -1,5 +1,5 @@
 """Accuracy against length of a task sweep as a Markdown table: one row per encoding, one column
-per evaluation length, mean and 95% t-interval over seeds (posenc.report.stats.mean_interval).
+per evaluation length, mean and 95% t-interval over seeds, clipped to [0, 100] (posenc.report.stats.aggregate).
 
     python scripts/tasks_table.py outputs/sweeps/<date>/<time>_tasks_length [--task flip_flop]
 
@@ -15,7 +15,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from posenc.metrics import TASK_ACCURACY
-from posenc.report.stats import mean_interval
+from posenc.report.stats import aggregate, scale_of
 
 
 def collect(sweep: Path, task: str | None) -> tuple[str, dict[str, dict[int, list]]]:
@@ -43,8 +43,8 @@ def cell(values: list) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "n/a"
-    s = mean_interval([100 * v for v in values])
-    return f"{s.mean:.0f}" if s.low is None else f"{s.mean:.0f} [{max(s.low, 0):.0f}, {min(s.high, 100):.0f}]"
+    s = aggregate(values, scale_of(TASK_ACCURACY.name))  # an accuracy: the interval stays inside [0, 1]
+    return f"{100 * s.mean:.0f}" if s.low is None else f"{100 * s.mean:.0f} [{100 * s.low:.0f}, {100 * s.high:.0f}]"
 
 
 def markdown(task: str, table: dict[str, dict[int, list]]) -> str:

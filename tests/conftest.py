@@ -58,7 +58,7 @@ def interrupt_training(args: list[str], cwd: Path, sig: int) -> tuple[int, str]:
     proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *args], cwd=cwd, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
-    while not list(cwd.glob("outputs/*/*/checkpoints/last.pt")) and time.time() < deadline:
+    while not list(cwd.glob("outputs/*/*/checkpoints/last.safetensors")) and time.time() < deadline:
         time.sleep(0.05)
     proc.send_signal(sig)
     _, stderr = proc.communicate(timeout=60)

@@ -49,3 +49,19 @@ def test_bias_is_slope_times_key_minus_query():
                 assert bias[h, i, j].item() == pytest.approx(slopes[h].item() * (j - i))
     assert enc.has_bias and enc.max_len is None
     assert list(enc.state_dict()) == []  # fixed slopes: nothing learned, nothing saved
+
+
+@pytest.mark.parametrize("n_head", [8, 12, 16, 6])
+def test_bias_equals_blooms_alibi_up_to_a_per_query_constant(n_head):
+    """BLOOM's build_alibi_tensor adds m_h·j (key position j) to every query's scores; posenc adds
+    m_h·(j − i). Softmax cannot tell them apart: they differ by m_h·i, constant along a query's row."""
+    bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
+    T = 40
+    theirs = bloom.build_alibi_tensor(torch.ones(1, T), n_head, torch.float32)[:, 0, :]  # (H, T): m_h·j
+    ours = ALiBi(d_model=8 * n_head, n_head=n_head).bias(torch.arange(T), torch.arange(T))  # (H, T, T)
+    causal = torch.ones(T, T).tril().bool()
+    expected = (theirs[:, None, :] - theirs[:, :, None])  # m_h·j − m_h·i
+    torch.testing.assert_close(ours[:, causal], expected[:, causal])
+    bloom_scores = theirs[:, None, :].expand(n_head, T, T)  # every query row gets m_h·j
+    torch.testing.assert_close(torch.softmax(ours.masked_fill(~causal, -torch.inf), -1),
+                               torch.softmax(bloom_scores.masked_fill(~causal, -torch.inf), -1))

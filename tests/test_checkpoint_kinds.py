@@ -9,7 +9,6 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
 from conftest import TINY, interrupt_training, run_cli, run_dirs
 from posenc.cli.launch import prepare
@@ -19,14 +18,14 @@ from posenc.eval.run import load_trained
 from posenc.rundir import load_checkpoint, read_jsonl
 
 
-def test_last_keeps_last_pt_and_the_summary_records_its_size(workdir: Path) -> None:
+def test_last_keeps_the_last_checkpoint_and_the_summary_records_its_size(workdir: Path) -> None:
     result = run_cli("train", *TINY, cwd=workdir)
     assert result.returncode == 0, result.stderr[-2000:]
     [run_dir] = run_dirs(workdir)
     kept = json.loads((run_dir / "summary.json").read_text())["checkpoint"]
-    size = (run_dir / "checkpoints" / "last.pt").stat().st_size
-    assert kept == {"kind": "last", "paths": ["checkpoints/last.pt"], "bytes": size, "mb": round(size / 2**20, 2)}
-    assert f"checkpoint (last): checkpoints/last.pt, {size / 2**20:.1f} MB" in result.stdout
+    size = (run_dir / "checkpoints" / "last.safetensors").stat().st_size
+    assert kept == {"kind": "last", "paths": ["checkpoints/last.safetensors"], "bytes": size, "mb": round(size / 2**20, 2)}
+    assert f"checkpoint (last): checkpoints/last.safetensors, {size / 2**20:.1f} MB" in result.stdout
 
 
 def test_none_keeps_nothing_and_eval_and_resume_say_so_in_one_line(workdir: Path) -> None:
@@ -49,22 +48,22 @@ def test_best_keeps_the_lowest_val_loss_resumes_from_last_and_drops_last_at_the_
     _, stderr = interrupt_training(run, workdir, signal.SIGTERM)
     [run_dir] = run_dirs(workdir)
     assert "stopped by SIGTERM" in stderr, stderr[-2000:]
-    # unfinished: last.pt is kept for the resume, best.pt beside it
-    assert (run_dir / "checkpoints" / "last.pt").is_file() and (run_dir / "checkpoints" / "best.pt").is_file()
+    # unfinished: the last checkpoint is kept for the resume, the best beside it
+    assert (run_dir / "checkpoints" / "last.safetensors").is_file() and (run_dir / "checkpoints" / "best.safetensors").is_file()
 
     printed = stderr.strip().splitlines()[-1].split("`")[1]
     resumed = run_cli(*shlex.split(printed)[1:], cwd=workdir)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert [r["step"] for r in read_jsonl(run_dir / "metrics.jsonl") if "train/loss" in r] == list(range(1, 31))
 
-    # completed: best.pt alone, holding the evaluation with the lowest val/loss
-    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.pt"]
+    # completed: the best alone, holding the evaluation with the lowest val/loss
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["best.safetensors"]
     evals = [r for r in read_jsonl(run_dir / "metrics.jsonl") if "val/loss" in r]
     best = min(evals, key=lambda r: r["val/loss"])
-    state = torch.load(run_dir / "checkpoints" / "best.pt", weights_only=False)
+    state = load_checkpoint(run_dir / "checkpoints" / "best.safetensors")
     assert state["step"] == best["step"] and state["val"]["val/loss"] == best["val/loss"]
-    assert json.loads((run_dir / "summary.json").read_text())["checkpoint"]["paths"] == ["checkpoints/best.pt"]
-    assert load_checkpoint(run_dir)["step"] == best["step"]  # `posenc eval` reads best.pt
+    assert json.loads((run_dir / "summary.json").read_text())["checkpoint"]["paths"] == ["checkpoints/best.safetensors"]
+    assert load_checkpoint(run_dir)["step"] == best["step"]  # `posenc eval` reads the best
 
 
 def test_an_unknown_checkpoint_kind_is_refused() -> None:

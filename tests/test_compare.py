@@ -7,6 +7,7 @@ import math
 import statistics
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
@@ -16,6 +17,25 @@ from posenc.report.plots_length import extrapolation_groups, length_stats
 from posenc.report.compare import build_comparison
 from posenc.report.runs import find_runs
 from conftest import run_cli
+
+
+def convergence(rows: list[dict], target: float) -> dict:
+    """The convergence entries of a summary, computed with numpy rather than posenc.metrics (the
+    code under test): the token-weighted mean val/loss (np.trapezoid over tokens / the span), and
+    where a decreasing curve reaches target (np.interp between the evaluations around it)."""
+    tokens = np.array([r["tokens"] for r in rows], dtype=float)
+    losses = np.array([r["val/loss"] for r in rows])
+    seconds = np.array([r["elapsed_s"] for r in rows])
+    trapezoid = getattr(np, "trapezoid", None) or np.trapz  # numpy < 2 calls it trapz
+    span = tokens[-1] - tokens[0]  # one evaluation has no span: its loss is the mean
+    out = {"convergence/val_loss_auc": float(trapezoid(losses, tokens) / span) if span else float(losses[0])}
+    reached = losses.min() <= target and bool(np.all(np.diff(losses) <= 0))
+    key = f"{target:g}"
+    out[f"convergence/tokens_to_loss@{key}"] = round(float(np.interp(target, losses[::-1], tokens[::-1]))) \
+        if reached else None
+    out[f"convergence/seconds_to_loss@{key}"] = float(np.interp(target, losses[::-1], seconds[::-1])) \
+        if reached else None
+    return out
 
 
 def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[str], val_losses: list[float] | None,
@@ -32,7 +52,7 @@ def make_run(root: Path, name: str, encoding: dict, seed: int, overrides: list[s
     (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     if status == "completed":
         summary = {"status": "completed", "val/loss": rows[-1]["val/loss"], "tokens_per_s": 1000.0,
-                   **convergence_metrics(rows, [2.5]), **(extra or {})}
+                   **convergence(rows, 2.5), **(extra or {})}
         (run / "summary.json").write_text(json.dumps(summary))
     elif status == "failed":
         (run / "summary.json").write_text(json.dumps({"status": "failed", "error": "loss is nan at step 30"}))
@@ -63,7 +83,7 @@ def test_seeds_are_aggregated_as_mean_and_sample_std(sweep: Path):
     assert rope.std == pytest.approx(0.2)
     learned = c.cells[("learned", "val/loss")]
     assert learned.n == 2 and learned.mean == pytest.approx(3.1)  # the dead runs' 0.1 is not in it
-    assert c.best["val/loss"] == pytest.approx(2.2)
+    assert c.leaders["val/loss"].best == "rope"  # 0.9 apart, far outside Welch's interval
 
 
 def test_dead_and_unfinished_runs_are_listed_not_averaged(sweep: Path, tmp_path: Path):
@@ -116,6 +136,9 @@ def test_loss_auc_is_the_token_weighted_mean_loss():
     fast = [{"tokens": t, "val/loss": v} for t, v in ((100, 3.0), (200, 2.1), (400, 2.0))]
     # same start, same end: the run that came down earlier has the smaller area
     assert loss_auc(val_curve(fast)) < loss_auc(val_curve(slow))
+    # unevenly spaced evaluations: the trapezoid rule over tokens, as numpy integrates it
+    assert loss_auc(val_curve(slow)) == pytest.approx(convergence([{**r, "elapsed_s": 0.0} for r in slow], 0.0)[
+        "convergence/val_loss_auc"], rel=1e-12)
 
 
 def test_a_resumed_run_continues_its_training_clock():
@@ -149,7 +172,9 @@ def test_extrapolation_curve_is_the_seed_mean_and_undefined_lengths_have_none(le
     assert (alibi.label, learned.label) == ("alibi", "learned")
     stats = length_stats(alibi)  # the failed seed is not in it
     assert list(stats) == [32, 64, 128] and stats[32].n == 2
-    assert stats[32].mean == pytest.approx(11.0) and stats[32].std == pytest.approx(statistics.stdev([10.0, 12.0]))
+    # perplexity: the geometric mean, e^(mean loss), with the loss's interval mapped back (report/stats.py)
+    assert stats[32].mean == pytest.approx(math.sqrt(10.0 * 12.0)) and stats[32].low > 0
+    assert stats[32].std == pytest.approx(statistics.stdev([10.0, 12.0]))
     assert length_stats(learned)[64].mean == 30.0 and length_stats(learned)[128].mean is None
 
 

@@ -14,8 +14,9 @@ from typer.testing import CliRunner
 from posenc.cli.app import app
 from posenc.errors import UserError
 from posenc.report.compare import build_comparison
+from posenc.report.ranking import Flip
 from posenc.report.runs import find_runs
-from posenc.report.stats import NO_DIFFERENCE, NO_ERROR_BARS, mean_interval, welch_interval
+from posenc.report.stats import NO_DIFFERENCE, NO_ERROR_BARS
 from test_compare import make_run
 
 
@@ -98,17 +99,22 @@ def test_of_duplicates_the_finished_run_is_kept_then_the_newest(sweep: Path):
 
 
 def test_every_cell_is_the_mean_with_its_95_percent_t_interval(sweep: Path):
+    """Student's t interval over seeds, as scipy.stats computes it."""
+    stats = pytest.importorskip("scipy.stats")
     c = build_comparison(find_runs([sweep]), by=None, metric="val/loss")
-    cell, expected = c.cells[("rope", "val/loss")], mean_interval(ROPE)
-    assert (cell.mean, cell.low, cell.high) == pytest.approx((expected.mean, expected.low, expected.high))
+    cell = c.cells[("rope", "val/loss")]
+    low, high = stats.t.interval(0.95, len(ROPE) - 1, loc=sum(ROPE) / len(ROPE), scale=stats.sem(ROPE))
+    assert (cell.mean, cell.low, cell.high) == pytest.approx((2.2, low, high), rel=1e-9)
     assert c.cells[("nope", "val/loss")].low is None  # one seed: no interval
 
 
 def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path, tmp_path: Path):
     c = build_comparison(find_runs([sweep]), by=None, metric="val/loss", baseline="rope")
     learned = c.versus["learned"]
-    diff, low, high, _ = welch_interval([3.0, 3.1, 3.2], ROPE)
-    assert (learned.difference.diff, learned.difference.low, learned.difference.high) == pytest.approx((diff, low, high))
+    stats = pytest.importorskip("scipy.stats")  # Welch's interval as scipy computes it
+    welch = stats.ttest_ind([3.0, 3.1, 3.2], ROPE, equal_var=False).confidence_interval(0.95)
+    assert (learned.difference.diff, learned.difference.low, learned.difference.high) == \
+        pytest.approx((0.9, welch.low, welch.high), rel=1e-9)
     assert learned.verdict == "worse"  # higher loss, interval above 0
     assert c.versus["alibi"].verdict == NO_DIFFERENCE  # 0.1 apart with spreads of 0.2
     assert c.versus["nope"].verdict == NO_ERROR_BARS == "1 seed: no error bars"
@@ -120,7 +126,7 @@ def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path,
     assert "| learned | 3 (0,1,2) | 3.1000 [" in report and "| worse |" in report
     assert "| nope | 1 (0) | 2.9000 | +0.7000 | 1 seed: no error bars |" in report
     assert "no detectable difference at this n" in result.stdout
-    assert "2.2000 ±0.4968" in result.stdout  # the terminal: ± the 95% interval's half-width, t(2)·0.2/√3
+    assert "2.2000 [1.7032, 2.6968]" in result.stdout  # the terminal shows the report's interval: 2.2 ± t(2)·0.2/√3
 
 
 def test_a_higher_is_better_metric_reads_the_verdict_the_other_way(sweep: Path):
@@ -184,16 +190,28 @@ def flavours(tmp_path: Path) -> Path:
 
 def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, tmp_path: Path):
     c = build_comparison(find_runs([flavours]), by=["encoding"], metric="val/loss", within="model.flavor")
+    # a table cell never pools two flavours: rope at 2.0 under llama and 2.6 under gpt2 is no "rope ± 0.3"
+    assert [g.label for g in c.groups] == ["encoding=alibi, flavor=gpt2", "encoding=alibi, flavor=llama",
+                                           "encoding=rope, flavor=gpt2", "encoding=rope, flavor=llama"]
     assert list(c.rankings) == ["gpt2", "llama"]
-    assert [(r.rank, r.group.label) for r in c.rankings["llama"]] == [(1, "rope"), (2, "alibi")]
-    assert [(r.rank, r.group.label) for r in c.rankings["gpt2"]] == [(1, "alibi"), (2, "rope")]
-    assert c.rankings["gpt2"][0].stat.mean == pytest.approx(2.405) and c.rankings["gpt2"][0].stat.low is not None
+    assert [(r.rank, r.label) for r in c.rankings["llama"].ranks] == [(1, "rope"), (2, "alibi")]
+    assert [(r.rank, r.label) for r in c.rankings["gpt2"].ranks] == [(1, "alibi"), (2, "rope")]
+    assert c.rankings["gpt2"].ranks[0].mean == pytest.approx(2.405)
+    [agreement] = c.agreements  # one pair of values: the order is reversed, and clearly so at n = 2
+    assert (agreement.u, agreement.v, agreement.tau) == ("gpt2", "llama", pytest.approx(-1.0))
+    assert agreement.flips == (Flip("alibi", "rope", confident=True),)
     result = posenc("compare", str(flavours), "--by", "encoding", "--within", "model.flavor", "--metric", "val/loss",
                     cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     assert "model.flavor = gpt2: ranking by val/loss" in result.stdout
     assert "model.flavor = llama: ranking by val/loss" in result.stdout
-    assert "the order changes" in result.stdout
+    assert "Kendall's τ" in result.stdout and "-1.00" in result.stdout
+    assert "alibi ahead of rope at gpt2" in result.stdout and "confident" in result.stdout
+    assert "verdict on val/loss at model.flavor=gpt2: alibi is best" in result.stdout
+    assert "verdict on val/loss at model.flavor=llama: rope is best" in result.stdout
+    report = (flavours / "report.md").read_text()
+    assert "| gpt2 vs llama | alibi ahead of rope at gpt2 | rope ahead of alibi at llama | confident |" in report
+    assert "![ranks_model.flavor](ranks_model.flavor.png)" in report
     # without --by, the within-key is not a group key of its own
     assert build_comparison(find_runs([flavours]), by=None, metric="val/loss", within="model.flavor").by == ["encoding"]
 

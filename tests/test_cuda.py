@@ -121,3 +121,17 @@ def test_cuda_block_masks_equal_the_explicit_mask_reference(name, masking, monke
     torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
     for n in ref_grads:
         torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_posenc_eval_on_a_gpu_computes_what_training_reported(workdir):
+    """Training and `posenc eval` set the device up alike (TF32, autocast: hardware.setup_device),
+    so the perplexity at the training length that training reported is the one a re-run gives
+    (an eval without TF32 would round its fp32 matmuls differently)."""
+    result = run_cli("train", *TINY, "device=cuda", "trainer.precision=fp32", "trainer.compile=false",
+                     "eval.at_end=true", "eval.lengths=[1]", cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    [run_dir] = run_dirs(workdir)
+    trained = json.loads((run_dir / "summary.json").read_text())["extrapolation/ppl@32"]
+    result = run_cli("eval", str(run_dir), cwd=workdir)
+    assert result.returncode == 0, result.stderr
+    assert json.loads((run_dir / "eval.json").read_text())["extrapolation/ppl@32"] == pytest.approx(trained, rel=1e-6)

@@ -15,7 +15,7 @@ def _corrupt_run(cwd: Path) -> str:
     run = cwd / "outputs" / "old_run"
     (run / "checkpoints").mkdir(parents=True)
     (run / ".hydra").mkdir()
-    (run / "checkpoints" / "last.pt").write_bytes(b"not a checkpoint, a truncated download")
+    (run / "checkpoints" / "last.safetensors").write_bytes(b"not a checkpoint, a truncated download")
     return str(run)
 
 
@@ -183,16 +183,20 @@ def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     from posenc.rundir import load_checkpoint
     from posenc.errors import UserError
 
-    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")
-    with pytest.raises(UserError, match="not a posenc checkpoint"):
-        load_checkpoint(tmp_path / "other.pt")
+    from safetensors.torch import save_file
+
+    save_file({"weights": torch.zeros(2)}, tmp_path / "other.safetensors")  # someone else's safetensors
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")  # a pickle, whatever its name
+    for path in ("other.safetensors", "other.pt"):
+        with pytest.raises(UserError, match="not a posenc checkpoint"):
+            load_checkpoint(tmp_path / path)
     with pytest.raises(UserError, match="no checkpoint"):
-        load_checkpoint(tmp_path / "missing.pt")
+        load_checkpoint(tmp_path / "missing.safetensors")
 
 
 @pytest.mark.parametrize("make_run, expected", [
     (lambda cwd: str(cwd / "outputs" / "no_such_run"), "does not exist"),
-    (_corrupt_run, "corrupt or unreadable"),
+    (_corrupt_run, "is not a posenc checkpoint, or is corrupt"),
 ])
 def test_posenc_eval_refuses_a_missing_run_or_a_corrupt_checkpoint(workdir: Path, make_run, expected: str) -> None:
     from typer.testing import CliRunner

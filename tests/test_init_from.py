@@ -132,6 +132,23 @@ def test_a_sweep_over_parents_trained_at_one_length_extends_from_it(parent: Path
     assert parent_overrides(explicit) == explicit
 
 
+def test_naming_the_parents_encoding_still_extends_from_the_parents_length(parent: Path, tmp_path: Path) -> None:
+    """`encoding=rope` with a RoPE parent is the parent's encoding: the command the issue tried
+    (it was refused, asking for original_max_len) runs and extends from T = 32; another encoding
+    is left to the refusal that names encoding._target_."""
+    from posenc.train.init_from import parent_overrides
+
+    named = [f"trainer.init_from={parent}", "encoding=rope", "trainer.seq_len=128"]
+    assert parent_overrides(named) == [*named, "encoding.original_max_len=32"]
+    other = [f"trainer.init_from={parent}", "encoding=alibi"]
+    assert parent_overrides(other) == other
+    result = run_cli("train", *TINY, "encoding=rope", f"trainer.init_from={parent}", "trainer.seq_len=128",
+                     "trainer.max_steps=0", "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-2000:]
+    [child] = run_dirs(tmp_path)
+    assert load_run_config(child, []).encoding.original_max_len == 32
+
+
 def test_init_from_set_where_the_cli_cannot_see_it_must_name_the_training_length(parent: Path) -> None:
     """A config (not the command line) that sets init_from leaves original_max_len at the new
     run's seq_len: refused, saying which length to give, rather than extending from the wrong T."""

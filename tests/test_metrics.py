@@ -11,7 +11,7 @@ import pytest
 from posenc import metrics as M
 from posenc.tracking import Tracker
 
-#: the names DESIGN.md promises in metrics.jsonl / summary.json / W&B, and which way is better
+#: the names the README promises in metrics.jsonl / summary.json / W&B, and which way is better
 EXPECTED = {
     "train/loss": "lower", "train/lr": None, "train/grad_norm": None, "train/tokens_per_s": "higher",
     "train/mfu": "higher", "val/loss": "lower", "val/ppl": "lower", "val/bpb": "lower",
@@ -35,9 +35,14 @@ def test_a_family_names_its_members_and_reads_them_back():
     assert M.EXTRAPOLATION_PPL.match("extrapolation/ppl@") is None and M.lookup("val/losses") is None
 
 
-def test_each_metric_is_declared_once():
+def test_each_name_is_declared_once_and_means_one_thing():
+    """A name in metrics.jsonl, summary.json or W&B has one declaration: the x-axis column every
+    row carries (`tokens`) is the summary's tokens-seen counter, not a second metric of that name."""
     names = [m.name for m in M.METRICS]
     assert len(names) == len(set(names))
+    assert M.lookup(M.TOKENS) is M.TOKENS_SEEN and M.TOKENS_SEEN.name == M.TOKENS
+    for axis in (M.TOKENS, M.STEP):  # the row columns that are not metrics of their own
+        assert [m for m in M.METRICS if m.match(axis) is not None] in ([], [M.TOKENS_SEEN])
 
 
 def test_wandb_keeps_the_best_and_the_last_validation_loss(tmp_path: Path, monkeypatch):

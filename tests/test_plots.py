@@ -14,10 +14,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import posenc.report.plots as plots
 import posenc.report.plots_length as plots_length
+import posenc.report.plots_rank as plots_rank
 from posenc.report.compare import compare
 from posenc.report.style import ENCODING_STYLES, styles_for
 from test_compare import make_run, ppl_at
-from test_compare_verdicts import posenc
+from test_compare_verdicts import flavours, posenc  # noqa: F401  (flavours: a fixture)
 
 SHAPE = {"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}}
 
@@ -34,6 +35,7 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> list:
 
     monkeypatch.setattr(plots, "save_figure", keep)
     monkeypatch.setattr(plots_length, "save_figure", keep)
+    monkeypatch.setattr(plots_rank, "save_figure", keep)
     return saved
 
 
@@ -127,8 +129,20 @@ def test_plot_commands_write_next_to_the_data_or_into_out_never_the_current_dire
     root = sweep_of(tmp_path / "s", {"rope": [2.0, 2.2]})
     result = posenc("plot", "extrapolation", str(root), cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
-    assert (root / "extrapolation.png").exists()
+    assert (root / "ppl_by_length.png").exists()
     result = posenc("plot", "decay", "--out", "figs", cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
     assert (tmp_path / "figs" / "rope_decay.png").read_bytes()[:4] == b"\x89PNG"
     assert list(tmp_path.glob("*.png")) == [] and not (tmp_path / "figs").is_file()
+
+
+def test_the_rank_figure_draws_each_encodings_rank_against_the_key_best_on_top(flavours: Path, figures: list):
+    compare([flavours], by=["encoding"], metric="val/loss", within="model.flavor")
+    [fig] = [f for f in figures if f.axes[0].get_title().startswith("Rank by val/loss against model.flavor")]
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] > ax.get_ylim()[1]  # rank 1 at the top
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["gpt2", "llama"]
+    ranks = {bars.get_label(): list(bars.lines[0].get_ydata()) for bars in ax.containers}  # errorbar: (line, caps, bars)
+    assert ranks == {"alibi": [1, 2], "rope": [2, 1]}  # alibi leads under gpt2, rope under llama
+    colours = {bars.get_label(): mcolors.to_hex(bars.lines[0].get_color()) for bars in ax.containers}
+    assert colours == {"alibi": ENCODING_STYLES["alibi"].color, "rope": ENCODING_STYLES["rope"].color}

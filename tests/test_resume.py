@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from conftest import TINY, interrupt_training, run_cli, run_dirs
-from posenc.rundir import read_jsonl
+from posenc.rundir import load_checkpoint, read_jsonl
 
 RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5", "trainer.eval_interval=20"]
 
@@ -56,7 +56,7 @@ def test_a_nan_loss_stops_the_run_naming_the_step_and_keeps_the_last_good_checkp
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error:") and "at step 2" in last and "Traceback" not in result.stderr
     (run_dir,) = run_dirs(workdir)
-    state = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
+    state = load_checkpoint(run_dir)
     assert state["step"] == 1  # the diverged step never replaced the good checkpoint
     assert all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
 

@@ -9,7 +9,6 @@ import torch
 
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE
-from posenc.nn.encodings.rope_scaling import yarn_ramp
 
 D_MODEL, N_HEAD = 64, 2  # head_dim 32
 
@@ -50,19 +49,30 @@ def test_ntk_keeps_the_fastest_frequency_and_interpolates_the_slowest_by_s():
     assert ntk[-1].item() == pytest.approx(plain[-1].item() / s, rel=1e-5)  # base·s^(d/(d−2)) at i = d/2−1
 
 
-def test_yarn_interpolates_long_wavelengths_keeps_short_ones_and_scales_temperature():
-    s, L = 4.0, 1024
+def test_yarn_keeps_fast_pairs_interpolates_slow_ones_ramps_linearly_in_the_pair_index_between():
+    """YaRN's NTK-by-parts as its authors' code and Hugging Face compute it: pairs turning more than
+    β_fast = 32 times over T are kept, pairs turning less than β_slow = 1 time interpolated by s,
+    and between them the kept share γ_i is linear in the pair index i (not in the turns r_i)."""
+    s, T = 4.0, 1024
     plain, yarn = rope().inv_freq, rope(scaling="yarn", scaling_factor=s)
-    turns = L * plain / (2 * math.pi)  # r_i: full turns over the training length
+    turns = T * plain / (2 * math.pi)  # r_i: full turns over the training length
     high, low = turns > 32, turns < 1
     assert high.any() and low.any()
     torch.testing.assert_close(yarn.inv_freq[high], plain[high])
     torch.testing.assert_close(yarn.inv_freq[low], plain[low] / s)
-    ramp = yarn_ramp(plain, L)
-    assert ((ramp >= 0) & (ramp <= 1)).all() and torch.all(ramp[1:] <= ramp[:-1])  # monotone in i
-    # q and k each scaled by sqrt(1/t) = 0.1 ln s + 1: a score at distance 0 grows by its square
+    gamma = (yarn.inv_freq - plain / s) / (plain - plain / s)  # the kept share of each pair
+    band = ((gamma > 1e-6) & (gamma < 1 - 1e-6)).nonzero().flatten()
+    assert len(band) >= 3 and torch.all(gamma[1:] <= gamma[:-1] + 1e-6)  # monotone in i
+    steps = gamma[band[0] - 1: band[-1] + 2].diff()
+    torch.testing.assert_close(steps, torch.full_like(steps, steps[0].item()), atol=1e-5, rtol=0)
+    assert not torch.allclose(gamma[band], ((turns[band] - 1) / 31).clamp(0, 1), atol=0.05)  # not the turns
+
+
+def test_yarn_scales_q_and_k_by_its_attention_factor():
+    """q and k each scaled by sqrt(1/t) = 0.1 ln s + 1: a score at distance 0 grows by its square."""
+    s = 4.0
     q = torch.randn(1, 1, 1, 32)
-    yq, yk = rotated(yarn, torch.tensor([3]), q, q)
+    yq, yk = rotated(rope(scaling="yarn", scaling_factor=s), torch.tensor([3]), q, q)
     pq, pk = rotated(rope(), torch.tensor([3]), q, q)
     ratio = (yq * yk).sum() / (pq * pk).sum()
     assert ratio.item() == pytest.approx((0.1 * math.log(s) + 1) ** 2, rel=1e-5)
@@ -98,8 +108,9 @@ def inv_freq_at(length: int, **kw) -> list[float]:
     # wavelength 6.28 lies between T/4 = 4 and T/1 = 16: smooth = (16/6.283 − 1)/3 = 0.5155,
     # θ' = (1 − 0.5155)·1/4 + 0.5155·1 = 0.6366; the others are longer than 16: θ/4
     ("llama3", 16, [0.6366, 0.025, 0.0025, 0.00025]),
-    # turns over T = 16·θ/2π = 2.546, 0.2546, ...: γ_0 = (2.546 − 1)/31 = 0.0499, the rest 0
-    ("yarn", 16, [0.2874, 0.025, 0.0025, 0.00025]),
+    # correction dims i = d·ln(T/(2π·r))/(2 ln base): r = 32 turns at i = −1.10 (floor −2, clamped
+    # to 0), r = 1 turn at i = 0.41 (ceil 1): θ_0 kept, the other three interpolated by s
+    ("yarn", 16, [1.0, 0.025, 0.0025, 0.00025]),
 ])
 def test_each_method_matches_a_hand_computed_inv_freq(scaling, length, expected):
     assert inv_freq_at(length, scaling=scaling, scaling_factor=4.0) == pytest.approx(expected, rel=2e-3)

@@ -24,10 +24,6 @@ def test_exact_below_half_the_buckets():
 
 
 def test_logarithmic_up_to_max_distance():
-    max_exact = NB // 2
-    for n in range(max_exact, MD):
-        expected = max_exact + int(math.log(n / max_exact) / math.log(MD / max_exact) * (NB - max_exact))
-        assert bucket(n) == min(expected, NB - 1)
     buckets = [bucket(n) for n in range(MD)]
     assert buckets == sorted(buckets)  # monotone in distance
     # logarithmic: doubling the distance adds a constant number of buckets
@@ -39,12 +35,38 @@ def test_clamped_after_max_distance():
     assert {bucket(n) for n in (MD, 2 * MD, 10_000)} == {NB - 1}
 
 
-def test_future_positions_share_bucket_zero_in_the_causal_case():
-    future = relative_position_bucket(torch.arange(1, 50), False, NB, MD)
-    assert torch.all(future == 0)
-    # bidirectional: the future gets buckets of its own
-    bi = relative_position_bucket(torch.arange(1, 50), True, NB, MD)
-    assert torch.all(bi >= NB // 2)
+@pytest.mark.parametrize("bidirectional", [False, True])
+@pytest.mark.parametrize(("num_buckets", "max_distance"), [(32, 128), (32, 16), (32, 17), (32, 24), (8, 16), (64, 512)])
+def test_buckets_equal_hugging_faces_t5(bidirectional, num_buckets, max_distance):
+    """T5's bucketing as Hugging Face's T5Attention computes it, past max_distance and both ways."""
+    hf_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    relative = torch.arange(-4 * max_distance, 4 * max_distance + 1)
+    theirs = hf_t5.T5Attention._relative_position_bucket(relative, bidirectional, num_buckets, max_distance)
+    assert torch.equal(relative_position_bucket(relative, bidirectional, num_buckets, max_distance), theirs)
+
+
+@pytest.mark.parametrize("max_distance", range(8, 65))
+def test_the_encodings_clamp_is_hugging_faces_buckets_but_past_max_distance(max_distance):
+    """A documented choice (t5_bias.py): distances >= max_distance read the bucket of
+    max_distance − 1, the last one training at that length reaches. That is Hugging Face's last
+    bucket wherever its log buckets reach it at max_distance − 1 (32 buckets: max_distance >= 29),
+    and differs only where they do not: max_distance 17..28, where Hugging Face reads bucket 31,
+    which no distance below max_distance trains, and max_distance <= 16 (= num_buckets/2, every
+    reachable distance exact), where its log formula divides by ln(max_distance/16) <= 0."""
+    hf_t5 = pytest.importorskip("transformers.models.t5.modeling_t5")
+    enc = T5Bias(d_model=32, n_head=4, num_buckets=NB, max_distance=max_distance)
+    n = torch.arange(8 * max_distance)
+    theirs = hf_t5.T5Attention._relative_position_bucket(-n, False, NB, max_distance)
+    ours = enc.bucket(-n)
+    inside = n < max_distance
+    assert torch.equal(ours[inside], theirs[inside])
+    assert torch.all(ours[~inside] == theirs[max_distance - 1])
+    if theirs[max_distance - 1] == NB - 1:
+        assert torch.equal(ours, theirs)
+    else:
+        assert max_distance <= 28
+        if max_distance > NB // 2:
+            assert torch.all(theirs[~inside] == NB - 1)
 
 
 def test_bias_is_one_learned_scalar_per_bucket_per_head():
@@ -122,13 +144,6 @@ def test_extrapolation_never_reads_a_bucket_training_cannot_reach(seq_len):
 def test_a_max_distance_beyond_the_training_length_warns_with_what_to_set():
     with pytest.warns(RuntimeWarning, match=r"buckets 27\.\.31 .*set encoding.max_distance to at most 64"):
         build_encoding(compose(["encoding=t5_bias", "trainer.seq_len=64", "encoding.max_distance=128"]))
-
-
-def test_t5s_own_buckets_are_kept_where_they_reach_the_last_bucket():
-    """max_distance = 128 (T5's): the clamp at max_distance - 1 changes no bucket of any distance."""
-    enc = T5Bias(d_model=32, n_head=4, num_buckets=NB, max_distance=MD)
-    n = torch.arange(4 * MD)
-    assert torch.equal(enc.bucket(-n), relative_position_bucket(-n, False, NB, MD))
 
 
 def test_a_checkpoint_from_before_the_scale_loads_unscaled_as_it_was_trained():

@@ -64,13 +64,24 @@ def test_an_untrained_model_scores_chance_on_passkey():
     assert res["low"] <= chance and res["accuracy"] < 0.3  # no better than guessing one digit
 
 
-def test_wilson_interval_contains_p_stays_in_0_1_and_shrinks_with_n():
+# Newcombe (1998), "Two-sided confidence intervals for the single proportion: comparison of seven
+# methods", Stat. Med. 17:857-872: worked examples (a)-(d), method 3 (Wilson's score interval
+# without continuity correction), as published to 4 decimals
+NEWCOMBE_WILSON = {(81, 263): (0.2553, 0.3662), (15, 148): (0.0624, 0.1605), (0, 20): (0.0, 0.1611),
+                   (1, 29): (0.0061, 0.1718)}
+
+
+@pytest.mark.parametrize(("correct", "n"), NEWCOMBE_WILSON)
+def test_wilson_interval_matches_newcombes_published_examples(correct, n):
+    low, high = wilson_interval(correct, n)
+    assert (low, high) == pytest.approx(NEWCOMBE_WILSON[(correct, n)], abs=5e-5)
+
+
+def test_wilson_interval_stays_in_0_1_and_shrinks_with_n():
     assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
     lo, hi = wilson_interval(30, 100)
     assert lo < 0.3 < hi
     assert wilson_interval(300, 1000)[1] - wilson_interval(300, 1000)[0] < hi - lo
-    # the textbook value: 0 successes in n gives an upper bound of z²/(n+z²)
-    assert math.isclose(wilson_interval(0, 20)[1], 1.96**2 / (20 + 1.96**2), rel_tol=1e-3)
 
 
 def test_a_length_the_encoding_cannot_encode_is_skipped_not_fatal():

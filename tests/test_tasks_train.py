@@ -29,8 +29,13 @@ def learned_run(tmp_path_factory):
 def test_task_accuracy_by_length_lands_in_summary_with_null_beyond_max_len(learned_run):
     _, run_dir = learned_run
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert 0 <= summary["tasks/flip_flop/accuracy@32"] <= 1
-    assert summary["tasks/flip_flop/low@32"] <= summary["tasks/flip_flop/accuracy@32"] <= summary["tasks/flip_flop/high@32"]
+    # exact match over the 8 evaluation instances, with its 95% Wilson interval as scipy computes it
+    correct = summary["tasks/flip_flop/accuracy@32"] * 8
+    assert correct == round(correct)
+    stats = pytest.importorskip("scipy.stats")
+    wilson = stats.binomtest(round(correct), 8).proportion_ci(0.95, method="wilson")
+    assert (summary["tasks/flip_flop/low@32"], summary["tasks/flip_flop/high@32"]) == \
+        pytest.approx((wilson.low, wilson.high), abs=1e-9)
     # learned has no position 32: not applicable, said so, and the run did not fail
     assert summary["tasks/flip_flop/accuracy@64"] is None
     assert "max_len" in summary["tasks"]["lengths"][1]["skipped"]

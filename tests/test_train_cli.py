@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+import yaml
 
 from conftest import TINY, run_cli, run_dirs
 
@@ -19,16 +20,20 @@ def trained(tmp_path_factory):
     return cwd, run_dir, result
 
 
-def test_run_directory_layout(trained):
+def test_the_run_directory_records_the_run_as_it_was_asked_for(trained):
+    """.hydra/ holds the overrides as typed and the config they composed (what a resume and
+    `posenc eval` read), the log its steps, and W&B an offline run."""
     _, run_dir, _ = trained
-    for name in (".hydra/config.yaml", ".hydra/overrides.yaml", "train.log", "metrics.jsonl", "summary.json",
-                 "checkpoints/last.pt"):
-        assert (run_dir / name).exists(), name
+    assert yaml.safe_load((run_dir / ".hydra" / "overrides.yaml").read_text()) == [*TINY, "logger=wandb"]
+    config = yaml.safe_load((run_dir / ".hydra" / "config.yaml").read_text())
+    assert config["trainer"]["max_steps"] == 4 and config["model"]["d_model"] == 32 and config["encoding"]["name"] == "rope"
+    log = (run_dir / "train.log").read_text()
+    assert "step 4/4" in log and "val ppl" in log
     assert list((run_dir / "wandb").glob("offline-run-*")), "W&B should write an offline run"
     assert run_dir.parent.parent.name == "outputs"
 
 
-def test_metrics_have_tokens_in_every_row_and_design_names(trained):
+def test_metrics_have_tokens_in_every_row_and_the_documented_names(trained):
     _, run_dir, _ = trained
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
@@ -45,17 +50,26 @@ def test_summary(trained):
     assert s["status"] == "completed"
     assert s["encoding"] == {"name": "rope", "base": 10000.0, "fraction": 1.0, "style": "interleaved"}
     assert s["tokens"] == 4 * 4 * 32 and s["steps"] == 4
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert s["tokens"] == rows[-1]["tokens"]  # one name, one quantity: tokens seen
     assert s["params"] > 0 and s["wall_time_s"] > 0 and s["tokens_per_s"] > 0
     assert abs(s["val/ppl"] - torch.tensor(s["val/loss"]).exp().item()) < 1e-3
     # byte tokenizer: one token per byte, so bits per byte = nats per token / ln 2
     assert s["val/bpb"] == pytest.approx(s["val/loss"] / torch.log(torch.tensor(2.0)).item())
 
 
-def test_checkpoint_holds_the_model(trained):
+def test_the_checkpoint_holds_the_trained_model(trained):
+    """The saved weights are the ones the summary measured: evaluated again on the same
+    validation windows they give the run's final val/ppl."""
+    from posenc.eval.run import eval_run
+    from posenc.rundir import load_checkpoint
+
     _, run_dir, _ = trained
-    ckpt = torch.load(run_dir / "checkpoints" / "last.pt", weights_only=False)
-    assert ckpt["step"] == 4 and ckpt["tokens"] == 512
-    assert "wte.weight" in ckpt["model"] and ckpt["config"]["encoding"]["name"] == "rope"
+    ckpt = load_checkpoint(run_dir)
+    assert ckpt["step"] == 4 and ckpt["tokens"] == 512 and ckpt["config"]["encoding"]["name"] == "rope"
+    s = json.loads((run_dir / "summary.json").read_text())
+    record, _ = eval_run(run_dir, ["eval.lengths=[1]", f"eval.tokens={2 * 4 * 32}"])  # TINY's validation windows
+    assert record["extrapolation/ppl@32"] == pytest.approx(s["val/ppl"], rel=1e-5)
 
 
 def test_progress_and_table_are_printed(trained):
@@ -99,10 +113,15 @@ def test_user_mistakes_print_one_error_line(tmp_path, args, message):
 
 
 def test_encodings_command_lists_every_encoding(tmp_path):
+    from posenc.config import encoding_catalogue, group_options
+
     result = run_cli("encodings", cwd=tmp_path)
     assert result.returncode == 0
-    for name in ("sinusoidal", "learned", "t5_bias", "rope", "nope", "base=10000", "num_buckets=32"):
+    for name in (*group_options("encoding"), "base=10000", "num_buckets=32", "truncate=true"):
         assert name in result.stdout
+    # rope's description (the table's middle column) says where its defaults are not Hugging Face's
+    docs = {name: doc for name, doc, _ in encoding_catalogue()}
+    assert "Defaults that differ from HF's" in docs["rope"] and "llama3" in docs["rope"]
 
 
 def test_train_help_shows_typer_and_hydra_groups(tmp_path):

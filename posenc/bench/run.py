@@ -28,7 +28,7 @@ from posenc.bench.reference import REFERENCE
 from posenc.bench.timing import FixedBatch, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
 from posenc.errors import UserError
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision, use_compile
+from posenc.hardware import peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
 
 BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
@@ -54,10 +54,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     b = cfg.bench
     validate(b)
     check_encoding_overrides(overrides, names)
-    device = resolve_device(cfg.device)
-    precision = resolve_precision(cfg.trainer.precision, device)
-    autocast = autocast_context(precision, device)
-    enable_fast_matmul(device)
+    device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as train, eval, probe
     vocab = build_tokenizer(cfg).vocab_size
     B, T = int(b.batch_size), int(b.seq_len)
     torch.manual_seed(cfg.seed)

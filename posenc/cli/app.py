@@ -21,7 +21,7 @@ app = typer.Typer(
     "and compares them on perplexity, convergence and length extrapolation.",
 )
 add_hydra_commands(app)        # train, bench
-add_runs(app)                  # eval, compare
+add_runs(app)                  # eval, probe, compare, convert
 add_catalogue(app)             # encodings
 app.add_typer(plot_app, name="plot")  # plot decay | extrapolation
 

@@ -27,7 +27,7 @@ from omegaconf import OmegaConf
 from posenc.cli.hydra_entry import parse_args
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, run_checkpoint_kind
+from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
 from posenc.train import distributed, init_from
 
 RESUME_KEY = "trainer.resume"
@@ -79,11 +79,12 @@ def resume_dir(overrides: list[ParsedOverride], multirun: bool, cwd: Path) -> Pa
         raise UserError(f"trainer.resume: run dir '{run_dir}' does not exist — pass a directory under outputs/ "
                         f"(or trainer.resume=auto for the latest matching run)")
     if not checkpoint_path(run_dir).is_file():
+        refuse_legacy(run_dir)
         kind = run_checkpoint_kind(run_dir)
         why = {"none": "it ran with trainer.checkpoint=none and kept no checkpoint",
-               "best": "it ran with trainer.checkpoint=best and completed, keeping checkpoints/best.pt alone "
+               "best": "it ran with trainer.checkpoint=best and completed, keeping checkpoints/best.safetensors alone "
                        "(trainer.checkpoint=last keeps what a resume needs)"}.get(kind, "it saved no checkpoint")
-        raise UserError(f"trainer.resume: '{run_dir}' has no checkpoints/last.pt — {why}; start a new run")
+        raise UserError(f"trainer.resume: '{run_dir}' has no {checkpoint_path(run_dir).relative_to(run_dir)} — {why}; start a new run")
     return run_dir.resolve()
 
 
@@ -111,7 +112,7 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     saved = (yaml.safe_load(saved_file.read_text()) or []) if saved_file.is_file() else []
     saved_parsed = [o for o in parse_overrides(saved) if not _is_own(o.key)]
     new_parsed = parse_overrides(argv_overrides)
-    ckpt = load_checkpoint(checkpoint_path(run_dir))  # resume continues from last.pt, never best.pt
+    ckpt = load_checkpoint(checkpoint_path(run_dir))  # resume continues from the last checkpoint, never the best
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     # the run's values: its saved overrides, else its group choices, else its last checkpoint's config
     choices = yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"] if hydra_file.is_file() else {}

@@ -13,6 +13,7 @@ import typer
 from posenc.cli.common import console, fail, run_guarded
 
 PLOTS_DIR = Path("outputs") / "plots"
+FIGURE = "ppl_by_length.png"  # not compare's extrapolation.png: a report's figures belong to its report
 
 plot_app = typer.Typer(no_args_is_help=True, help="Figures as PNG: RoPE's long-term decay, perplexity against length.")
 
@@ -51,16 +52,17 @@ def decay(
 @plot_app.command()
 def extrapolation(
     paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (as for `posenc compare`)"),
-    out: Path = typer.Option(None, help="PNG file (x.png) or a directory to write into [default: extrapolation.png in the one directory given, "
-                                        f"else {PLOTS_DIR}/]"),
+    out: Path = typer.Option(None, help=f"PNG file (x.png) or a directory to write into [default: {FIGURE} in the one "
+                                        f"directory given, else {PLOTS_DIR}/]"),
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
-    (mean ± std over seeds), training length marked."""
+    (geometric mean and 95% interval over seeds, as compare's tables), training length marked.
+    Never overwrites the extrapolation.png of compare's report."""
     from posenc.report.plots_length import extrapolation_groups, plot_extrapolation
 
     def plot() -> Path:
         groups = extrapolation_groups(paths)  # refuses missing paths before anything is written
-        target = png_path(out, default_out(paths, "extrapolation.png"))
+        target = png_path(out, default_out(paths, FIGURE))
         target.parent.mkdir(parents=True, exist_ok=True)
         return plot_extrapolation(groups, target)
 

@@ -1,4 +1,4 @@
-"""The commands that read run directories: `posenc eval`, `posenc probe` and `posenc compare`."""
+"""The commands that read run directories: `posenc eval`, `posenc probe`, `posenc compare` and `posenc convert`."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import typer
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
 
 
-def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
     """Perplexity of a trained run at eval.lengths × its training length; Hydra overrides follow.
 
     Examples: `posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64`,
@@ -20,7 +20,7 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
     run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
 
 
-def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.pt)")) -> None:
+def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
     """Attention probes of a trained run at 1×, 2×, 4× its training length: entropy, distance,
     RoPE frequency usage, position biases -> RUN_DIR/probes/ (probes.json and PNGs)."""
     from posenc.eval.probe_run import probe_run
@@ -32,8 +32,9 @@ def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
 def compare(
     paths: list[Path] = typer.Argument(..., help="run directories, sweep directories, or folders of them"),
     by: list[str] = typer.Option(None, "--by", help="group by this config key (repeatable); default: the keys the sweep varied"),
-    metric: str = typer.Option(None, "--metric", help="the headline metric: plotted against the swept value, "
-                               "compared to --baseline, ranked by --within; default: val/ppl, else val/loss"),
+    metric: str = typer.Option(None, "--metric", help="the headline metric: ranked, plotted against the swept value, "
+                               "compared to --baseline; default: a task's accuracy at the training length, else "
+                               "val/ppl, else val/loss"),
     out: Path = typer.Option(None, "--out", help="where report.md/.html and the PNGs go; default: the run or sweep "
                              "directory given (several: outputs/compare/<date>/<time>)"),
     target: list[str] = typer.Option(None, "--target", help="tokens to reach this val/loss in nats (2.5), or this "
@@ -41,16 +42,35 @@ def compare(
     baseline: str = typer.Option(None, "--baseline", help="a group (its --by value, e.g. rope): every other group's "
                                  "difference to it on --metric, with a 95% interval and a verdict"),
     within: str = typer.Option(None, "--within", help="rank the groups separately for each value of this key "
-                               "(e.g. model.flavor): does the ranking hold?"),
+                               "(e.g. model.flavor) and measure how well the rankings agree (Kendall's τ, flips)"),
+    seeds: bool = typer.Option(False, "--seeds", help="also print every seed's value (report.md/html always have them)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """Compare runs: tables (mean and 95% interval over seeds), PNG plots, report.md and report.html."""
+    """Compare runs: tables (mean and 95% interval over seeds), the groups ranked with rank intervals
+    and a verdict (best only where detectable), PNG plots, report.md and report.html."""
     from posenc.report.compare import compare as compare_runs
 
-    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within), debug)
+    run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within, seeds), debug)
+
+
+def convert(
+    run_dir: Path = typer.Argument(..., help="a run directory made before checkpoint format 2 (holds checkpoints/*.pt)"),
+    trust: bool = typer.Option(False, "--trust", help="unpickle the checkpoints fully: this runs any code they "
+                               "contain, so only for files whose maker you trust"),
+    debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
+) -> None:
+    """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
+    resume and init_from read; without --trust only tensors and RNG state are unpickled."""
+    from posenc.convert import convert as convert_run
+
+    written = run_guarded(lambda: convert_run(run_dir, trust), debug)
+    for path in written:
+        console.print(f"wrote [bold]{path}[/]")
+    console.print("the pickled checkpoints/*.pt are kept as they were; delete them once you no longer need them")
 
 
 def register(app: typer.Typer) -> None:
     app.command("eval", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(eval_)
     app.command()(compare)
     app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(probe)
+    app.command()(convert)

@@ -2,7 +2,7 @@
 run at several lengths, and its per-position loss.
 
 Loads the run's composed config (``.hydra/config.yaml``) and its checkpoint (``checkpoints/
-best.pt`` where trainer.checkpoint=best kept one, else ``last.pt``), applies
+best.safetensors`` where trainer.checkpoint=best kept one, else ``last.safetensors``), applies
 overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
 ``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
 table and writes ``eval.json`` (``eval_<key>-<value>….json`` when overrides change the setup:
@@ -48,7 +48,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
     """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
     what `posenc eval` and `posenc probe` start from."""
     from posenc.build import build_data, build_model, restore_weights
-    from posenc.hardware import autocast_context, resolve_device, resolve_precision
+    from posenc.hardware import setup_device
     from posenc.rundir import kept_checkpoint, load_checkpoint
 
     run_dir = Path(run_dir)
@@ -56,8 +56,7 @@ def load_trained(run_dir: Path, overrides: list[str]):
         raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
     state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
     cfg = load_run_config(run_dir, overrides)
-    device = resolve_device(cfg.device)
-    autocast = autocast_context(resolve_precision(cfg.trainer.precision, device), device)
+    device, _, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as training: TF32, autocast
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
     restore_weights(model, state, kept_checkpoint(run_dir))

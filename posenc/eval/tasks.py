@@ -14,6 +14,7 @@ from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
+from scipy import stats
 from torch import Tensor, nn
 
 from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
@@ -21,20 +22,15 @@ from posenc.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURA
 from posenc.nn.encodings.base import PositionOutOfRange
 
 MULTIPLES = (1, 2, 4, 8)
-Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
 
 
-def wilson_interval(correct: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for a binomial proportion (Wilson, 1927):
-    (p + z²/2n ± z·sqrt(p(1-p)/n + z²/4n²)) / (1 + z²/n), with p = correct/n."""
+def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson's score interval for a binomial proportion (Wilson, 1927), by scipy.stats; (0, 1)
+    when there is nothing to estimate from."""
     if n == 0:
         return 0.0, 1.0
-    p = correct / n
-    denom = 1 + z * z / n
-    centre = (p + z * z / (2 * n)) / denom
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    # at p = 0 or 1 the bound is exactly 0 or 1; say so rather than 0.9999999999999999
-    return (0.0 if correct == 0 else centre - half), (1.0 if correct == n else centre + half)
+    ci = stats.binomtest(correct, n).proportion_ci(confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def instance_correct(logits: Tensor, y: Tensor, mask: Tensor) -> Tensor:

@@ -7,7 +7,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from posenc.metrics import PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN, TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME
+from posenc.metrics import (LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
+                            TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
 
 console = Console()
 
@@ -39,6 +40,10 @@ def print_summary(summary: dict, run_dir: Path) -> None:
                            ("tokens/s", TOKENS_PER_S.name, "{:,.0f}"), ("wall time", WALL_TIME.name, "{:.1f} s")):
         if summary.get(key) is not None:
             table.add_row(name, fmt.format(summary[key]))
+    load, cpus = summary.get(MACHINE_LOAD.name), summary.get(MACHINE_CPUS.name) or 1
+    if load is not None:  # tokens/s is one timing, taken on whatever else the machine ran
+        busy = load > LOADED_PER_CPU * cpus
+        table.add_row("machine load (1 min)", f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded: tokens/s is noise" if busy else ""))
     console.print(table)
     if lengths:  # two perplexities at the training length: say what each scores
         console.print(f"val/*: the last in-training evaluation (trainer.eval_batches·batch_size windows of "

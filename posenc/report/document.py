@@ -34,6 +34,7 @@ class Document:
     failed: list[str]
     duplicates: list[str]
     plots: list[Path]
+    verdicts: list[str] = field(default_factory=list)   # the comparison's answer, shown above the tables
 
 
 def _md_cell(text: str) -> str:
@@ -53,9 +54,10 @@ def write_markdown(path: Path, doc: Document) -> None:
     if doc.sweep:
         parts += [f"Command: `{doc.sweep['command']}` (started {doc.sweep['started']})", ""]
     parts += [f"**Varied:** {doc.varied or 'nothing'}", "", f"**Held fixed:** {doc.fixed or 'nothing'}", ""]
+    parts += [line for verdict in doc.verdicts for line in (f"**{_md_cell(verdict)}**", "")]
     for table in doc.tables:
         parts += [markdown_table(table), ""]
-    parts += [*doc.notes, ""]
+    parts += [line for note in doc.notes for line in (note, "")]  # one paragraph each
     if doc.duplicates:
         parts += ["## Duplicate runs (counted once)", "", *[f"- {line}" for line in doc.duplicates], ""]
     if doc.failed:
@@ -80,6 +82,7 @@ def write_html(path: Path, doc: Document) -> None:
                     f"(started {html.escape(doc.sweep['started'])})</p>")
     body += [f"<p><b>Varied:</b> {html.escape(doc.varied or 'nothing')}</p>",
              f"<p class=note><b>Held fixed:</b> {html.escape(doc.fixed or 'nothing')}</p>"]
+    body += [f"<p><b>{html.escape(verdict)}</b></p>" for verdict in doc.verdicts]
     body += [html_table(t) for t in doc.tables]
     body += [f"<p class=note>{html.escape(note)}</p>" for note in doc.notes]
     for heading, lines in (("Duplicate runs (counted once)", doc.duplicates),

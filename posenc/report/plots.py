@@ -3,7 +3,8 @@
 Every figure has labelled axes with units, a legend outside the axes (it never covers a line),
 a title that states the setup (model, T, tokens, seeds), and one look per group that is the
 same in every figure (report/style.py). A group's line is the mean over its completed seeds;
-the band (or error bar) is the 95% t-interval of that mean.
+the band (or error bar) is its 95% interval, the one the tables print (report/stats.py: on the
+log scale for perplexity-like metrics, so never below zero).
 """
 
 from __future__ import annotations
@@ -19,17 +20,18 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
 from posenc.metrics import TOKENS, Target, lookup  # noqa: E402
-from posenc.report.runs import Group, aggregate, format_value  # noqa: E402
-from posenc.report.stats import t_quantile  # noqa: E402
+from posenc.report.runs import Group, format_value  # noqa: E402
+from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import styles_for  # noqa: E402
 
 DPI = 150
-BAND = "mean, 95% interval over seeds"
+BAND = "mean over seeds (perplexity, tokens, rates: geometric), 95% interval"
 
 
-def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """(tokens, mean, half-width of the 95% t-interval) of a metric over the group's completed
-    seeds, at the token counts every seed evaluated (same eval schedule = same points)."""
+def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """(tokens, mean, low, high) of a metric over the group's completed seeds, the 95% interval of
+    report/stats.py at each point, at the token counts every seed evaluated (same eval schedule =
+    same points); one seed: low = high = mean."""
     curves = []
     for run in group.completed:
         curves.append({row[TOKENS]: row[metric] for row in run.rows if row.get(metric) is not None})
@@ -39,9 +41,10 @@ def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.n
     if not tokens:
         return None
     values = np.array([[c[t] for t in tokens] for c in curves])  # (seeds, points)
-    n = len(curves)
-    half = (t_quantile(0.975, n - 1) * values.std(axis=0, ddof=1) / np.sqrt(n)) if n > 1 else np.zeros(len(tokens))
-    return np.array(tokens), values.mean(axis=0), half
+    stats = [aggregate(values[:, j], scale_of(metric)) for j in range(len(tokens))]
+    mean = np.array([s.mean for s in stats])
+    return (np.array(tokens), mean, np.array([s.mean if s.low is None else s.low for s in stats]),
+            np.array([s.mean if s.high is None else s.high for s in stats]))
 
 
 def titled(ax, title: str, setup: str) -> None:
@@ -66,12 +69,12 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
         curve = mean_curve(group)
         if curve is None:
             continue
-        tokens, mean, half = curve
+        tokens, mean, low, high = curve
         n = len(group.completed)
         style = styles[group.label]
         ax.plot(tokens, mean, markersize=3, linewidth=1.6, label=f"{group.label} (n={n})", **style.line())
         if n > 1:
-            ax.fill_between(tokens, mean - half, mean + half, color=style.color, alpha=0.2, linewidth=0)
+            ax.fill_between(tokens, low, high, color=style.color, alpha=0.2, linewidth=0)
         lowest = min(lowest, float(mean.min()))
     for target in targets:
         if not target.bpb and target.value >= lowest:  # the axis is val/loss: bpb targets are not on it
@@ -96,60 +99,65 @@ def _long(labels: Sequence[str]) -> bool:
     return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
 
 
+def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], i: int) -> None:
+    """One line per combination of the other keys over the numeric key by[i] (log-x when it spans
+    decades, e.g. RoPE's base), the interval as error bars."""
+    series: dict[tuple, list] = {}
+    for g, s in stats:
+        series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
+    rest_keys = [k for j, k in enumerate(by) if j != i]
+    series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
+    for rest, points in series.items():
+        x, y, below, above = zip(*sorted(points))
+        label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
+        style = series_styles[", ".join(format_value(v) for v in rest)]
+        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, **style.line())
+    xs = [g.key[i] for g, _ in stats]
+    log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
+    if log_x:
+        ax.set_xscale("log")
+    else:
+        ax.xaxis.set_major_formatter(EngFormatter())
+    ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
+    if len(series) > 1:
+        legend_outside(ax)
+
+
+def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
+    """A point per group, not a bar: the axis is zoomed on the differences, and a bar would imply
+    zero. Long labels go down the y-axis, horizontal, where they cannot collide."""
+    styles = styles_for([g.label for g, _ in stats])
+    labels = [g.label for g, _ in stats]
+    across = not _long(labels)
+    for j, (g, st) in enumerate(stats):
+        style = styles[g.label]
+        x, y = ([j], [st.mean]) if across else ([st.mean], [j])
+        err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
+        ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
+    if across:
+        ax.set_xticks(range(len(labels)), labels)
+        ax.set_xlim(-0.5, len(stats) - 0.5)
+        ax.set_xlabel(", ".join(by) or "runs")
+    else:
+        ax.set_yticks(range(len(labels)), labels)
+        ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
+        ax.set_ylabel(", ".join(by) or "runs")
+
+
 def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
                setup: str = "") -> Path:
-    """Final metric against the swept value: a line over a numeric key (log-x when it spans
-    decades, e.g. RoPE's base), points over categories."""
+    """Final metric against the swept value: a line over a numeric key, points over categories;
+    the metric on the axis the groups are not on."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
-    styles = styles_for([g.label for g in groups])
-    stats = [(g, aggregate(g.values(metric))) for g in groups]
-    stats = [(g, s) for g, s in stats if s.mean is not None]
+    stats = [(g, s) for g in groups if (s := g.stat(metric)).mean is not None]
     numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
-    if stats and len(numeric) >= 1:
-        i = numeric[0]
-        series: dict[tuple, list] = {}
-        for g, s in stats:
-            series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, s.half_width))
-        rest_keys = [k for j, k in enumerate(by) if j != i]
-        series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
-        for rest, points in series.items():
-            points.sort()
-            x, y, e = zip(*points)
-            label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
-            style = series_styles[", ".join(format_value(v) for v in rest)]
-            ax.errorbar(x, y, yerr=e, capsize=3, label=label or None, **style.line())
-        xs = [g.key[i] for g, _ in stats]
-        log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
-        if log_x:
-            ax.set_xscale("log")
-        else:
-            ax.xaxis.set_major_formatter(EngFormatter())
-        ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
-        if len(series) > 1:
-            legend_outside(ax)
+    horizontal = False
+    if stats and numeric:
+        _final_over_numbers(ax, stats, by, numeric[0])
     elif stats:
-        # points, not bars: the axis is zoomed on the differences, and a bar would imply zero.
-        # Long labels go down the y-axis, horizontal, where they cannot collide.
-        labels = [g.label for g, _ in stats]
-        across = not _long(labels)
-        for j, (g, st) in enumerate(stats):
-            style = styles[g.label]
-            x, y = ([j], [st.mean]) if across else ([st.mean], [j])
-            err = {"yerr" if across else "xerr": [st.half_width]} if st.low is not None else {}  # one seed: none
-            ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
-        if across:
-            ax.set_xticks(range(len(labels)), labels)
-            ax.set_xlim(-0.5, len(stats) - 0.5)
-            ax.set_xlabel(", ".join(by) or "runs")
-        else:
-            ax.set_yticks(range(len(labels)), labels)
-            ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
-            ax.set_ylabel(", ".join(by) or "runs")
-            ax.set_xlabel(f"final {metric}" + _unit(metric))
-            titled(ax, f"{title} ({BAND})", setup)
-            ax.grid(alpha=0.3)
-            return save_figure(fig, path)
-    ax.set_ylabel(f"final {metric}" + _unit(metric))
+        _final_over_categories(ax, stats, by)
+        horizontal = _long([g.label for g, _ in stats])
+    (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
     titled(ax, f"{title} ({BAND})", setup)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
@@ -161,7 +169,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     per target, one bar per group; a group some seed never got there has no bar and says so."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     styles = styles_for([g.label for g in groups])
-    table = {(g.label, t): aggregate(g.values(t.tokens_key)) for g in groups for t in targets}
+    table: dict[tuple[str, Target], Stat] = {(g.label, t): g.stat(t.tokens_key) for g in groups for t in targets}
     targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
     if not targets:
         ax.text(0.5, 0.5, "no group reached any target\n(give higher --target values)",
@@ -171,10 +179,10 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     for j, group in enumerate(groups):
         stats = [table[(group.label, t)] for t in targets]
         heights = [s.mean if s.mean is not None else 0.0 for s in stats]
-        errors = [s.half_width for s in stats]
+        errors = np.array([s.errors for s in stats]).T.reshape(2, len(stats))  # (below, above) per bar
         offsets = x - 0.4 + width * (j + 0.5)
         color = styles[group.label].color
-        ax.bar(offsets, heights, width, yerr=errors if any(errors) else None, capsize=2, label=group.label,
+        ax.bar(offsets, heights, width, yerr=errors if errors.any() else None, capsize=2, label=group.label,
                color=color)
         for xo, s in zip(offsets, stats):
             if s.mean is None:

@@ -17,8 +17,9 @@ import numpy as np
 from posenc.errors import UserError
 from posenc.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import BAND, legend_outside, save_figure, titled  # selects the Agg backend first
-from posenc.report.runs import Group, Stat, aggregate, find_runs, format_value, group_runs, varying_keys
+from posenc.report.runs import Group, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line
+from posenc.report.stats import Stat, aggregate, scale_of
 from posenc.report.style import styles_for
 
 
@@ -50,12 +51,13 @@ def evaluated_lengths(group: Group) -> list[int]:
 
 
 def length_stats(group: Group) -> dict[int, Stat]:
-    """length -> perplexity mean ± std over the completed seeds evaluated there. A length where
-    any seed has no perplexity (null: not defined, e.g. learned beyond max_len) has no mean."""
+    """length -> perplexity over the completed seeds evaluated there: the geometric mean and 95%
+    interval the tables print (report/stats.py). A length where any seed has no perplexity (null:
+    not defined, e.g. learned beyond max_len) has no mean."""
     stats = {}
     for n in evaluated_lengths(group):
         key = EXTRAPOLATION_PPL.key(length=n)
-        stats[n] = aggregate([r.metric(key) for r in group.completed if key in r.summary])
+        stats[n] = aggregate([r.metric(key) for r in group.completed if key in r.summary], scale_of(key))
     return stats
 
 
@@ -88,13 +90,12 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
             label += f"; not defined at {', '.join(map(str, undefined))}"
         x = np.array([n for n, _ in points])
         mean = np.array([s.mean for _, s in points])
-        half = np.array([s.half_width for _, s in points])
         style = styles[group.label]
         ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
         y_range += list(mean)
-        if len(group.completed) > 1 and len(x):
-            # clipped at the lowest mean: a log axis cannot draw a band that reaches below zero
-            ax.fill_between(x, np.maximum(mean - half, mean.min() / 2), mean + half,
+        if len(group.completed) > 1 and len(x):  # the interval of the tables: positive, so a log axis draws it whole
+            ax.fill_between(x, [s.mean if s.low is None else s.low for _, s in points],
+                            [s.mean if s.high is None else s.high for _, s in points],
                             color=style.color, alpha=0.2, linewidth=0)
         plotted += stats
     seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed
@@ -133,7 +134,8 @@ def accuracy_stats(group: Group, task: str) -> dict[int, Stat]:
     where a seed has none (null: not applicable, e.g. learned positions beyond max_len)."""
     keys = {int(m["length"]): k for r in group.completed for k in r.summary
             if (m := TASK_ACCURACY.match(k)) and m["task"] == task}
-    return {n: aggregate([r.metric(k) for r in group.completed if k in r.summary]) for n, k in sorted(keys.items())}
+    return {n: aggregate([r.metric(k) for r in group.completed if k in r.summary], scale_of(k))
+            for n, k in sorted(keys.items())}
 
 
 def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str = "", setup: str | None = None) -> Path:
@@ -154,11 +156,11 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
             label += f"; n/a at {', '.join(map(str, undefined))}"
         x = np.array([n for n, _ in points])
         mean = 100 * np.array([s.mean for _, s in points])
-        half = 100 * np.array([s.half_width or 0.0 for _, s in points])
         style = styles[group.label]
         ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
-        if len(group.completed) > 1:
-            ax.fill_between(x, np.clip(mean - half, 0, 100), np.clip(mean + half, 0, 100),
+        if len(group.completed) > 1:  # the tables' interval, inside [0, 100%]
+            ax.fill_between(x, [100 * (s.mean if s.low is None else s.low) for _, s in points],
+                            [100 * (s.mean if s.high is None else s.high) for _, s in points],
                             color=style.color, alpha=0.2, linewidth=0)
         lengths.update(stats)
     seq_lens = sorted({int(r.config["trainer.seq_len"]) for g in groups for r in g.completed

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import difflib
 import json
-import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
-from posenc.report.stats import mean_interval
+from posenc.report.format import format_value
+from posenc.report.stats import Stat, aggregate, scale_of
 from posenc.rundir import read_jsonl
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
@@ -88,49 +88,24 @@ class Group:
 
     @property
     def completed(self) -> list[Run]:
-        return [r for r in self.runs if r.ok]
+        """The finished runs, in seed order."""
+        return sorted((r for r in self.runs if r.ok), key=lambda r: sort_key(r.seed))
 
     @property
     def failed(self) -> list[Run]:
         return [r for r in self.runs if not r.ok]
 
     def values(self, key: str) -> list:
-        """A summary key over the completed seeds (None where a seed lacks it)."""
+        """A summary key over the completed seeds in seed order (None where a seed lacks it)."""
         return [r.metric(key) for r in self.completed]
+
+    def stat(self, key: str) -> Stat:
+        """The key over the completed seeds, averaged on its metric's scale (report/stats.py)."""
+        return aggregate(self.values(key), scale_of(key))
 
     @property
     def seeds(self) -> list:
-        return sorted((r.seed for r in self.completed), key=_sort_key)
-
-
-@dataclass(frozen=True)
-class Stat:
-    """Over a group's completed seeds: mean, sample std (n-1) and the 95% t-interval (low, high;
-    None for a single seed); `reached` counts non-null values."""
-    mean: float | None
-    std: float | None
-    reached: int
-    n: int
-    low: float | None = None
-    high: float | None = None
-
-    @property
-    def half_width(self) -> float:
-        """Half the 95% interval, for an error bar; 0 where there is none (one seed)."""
-        return 0.0 if self.low is None or self.mean is None else self.mean - self.low
-
-
-def aggregate(values: Sequence[float | None]) -> Stat:
-    """Mean, sample standard deviation and 95% t-interval over the seeds. A metric that some
-    seeds never reached (null, e.g. tokens to a loss) has no mean: averaging only the lucky
-    seeds would flatter the group."""
-    present = [float(v) for v in values if v is not None and not (isinstance(v, float) and math.isnan(v))]
-    n = len(values)
-    if not present or len(present) < n:
-        return Stat(None, None, len(present), n)
-    std = statistics.stdev(present) if len(present) > 1 else 0.0
-    interval = mean_interval(present)
-    return Stat(statistics.fmean(present), std, len(present), n, interval.low, interval.high)
+        return [r.seed for r in self.completed]
 
 
 def find_runs(paths: Sequence[Path]) -> list[Run]:
@@ -189,17 +164,35 @@ def group_keys(runs: Sequence[Run]) -> list[str]:
     return sorted(k for k in keys if not k.endswith("._target_"))  # a class path: its group's name says it
 
 
-def check_choice(what: str, given: str, valid: Sequence[str]) -> None:
-    """Refuse a value that is not one of valid, naming them, the closest matches first."""
+def check_choice(what: str, given: str, valid: Sequence[str], prefer: Sequence[str] = (),
+                 shown: int | None = None) -> None:
+    """Refuse a value that is not one of valid, naming the closest matches first, then the
+    preferred ones (e.g. the keys the sweep varied), at most `shown` of them and how many more."""
     if given in valid:
         return
     close = difflib.get_close_matches(given, valid, n=3, cutoff=0.5)
-    ordered = close + [v for v in valid if v not in close]
-    raise UserError(f"{what} {given!r} is not in these runs — use one of: {', '.join(ordered)}")
+    ordered = list(dict.fromkeys([*close, *(p for p in prefer if p in valid), *valid]))
+    shown = shown or len(ordered)
+    more = f" (and {len(ordered) - shown} more)" if len(ordered) > shown else ""
+    raise UserError(f"{what} {given!r} is not in these runs — use one of: {', '.join(ordered[:shown])}{more}")
+
+
+def load_config(path: Path) -> dict[str, Any]:
+    """A run's composed config flattened to dotted keys, its interpolations resolved
+    (`encoding.max_len=${trainer.seq_len}` reads 32) where they can be outside Hydra (a
+    `${hydra:...}` resolver cannot: kept as written)."""
+    conf = OmegaConf.load(path)
+    flat = flatten(OmegaConf.to_container(conf, resolve=False))
+    for key, value in flat.items():
+        if isinstance(value, str) and "${" in value:
+            try:
+                flat[key] = OmegaConf.select(conf, key)
+            except OmegaConfBaseException:
+                pass
+    return flat
 
 
 def load_run(path: Path) -> Run:
-    config = OmegaConf.to_container(OmegaConf.load(path / ".hydra" / "config.yaml"), resolve=False)
     overrides_file = path / ".hydra" / "overrides.yaml"
     overrides = {}
     saved = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
@@ -209,7 +202,7 @@ def load_run(path: Path) -> Run:
     summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
     metrics = path / "metrics.jsonl"
     rows = read_jsonl(metrics) if metrics.exists() else []
-    return Run(path, flatten(config), overrides, summary, rows)
+    return Run(path, load_config(path / ".hydra" / "config.yaml"), overrides, summary, rows)
 
 
 def flatten(node: dict, prefix: str = "") -> dict[str, Any]:
@@ -236,7 +229,7 @@ def group_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Group]:
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
         groups.setdefault(tuple(run.value(k) for k in by), []).append(run)
-    ordered = sorted(groups.items(), key=lambda item: tuple(_sort_key(v) for v in item[0]))
+    ordered = sorted(groups.items(), key=lambda item: tuple(sort_key(v) for v in item[0]))
     return [Group(key, group_label(by, key), members) for key, members in ordered]
 
 
@@ -248,14 +241,6 @@ def group_label(by: Sequence[str], values: tuple) -> str:
     return ", ".join(f"{k.split('.')[-1]}={format_value(v)}" for k, v in zip(by, values))
 
 
-def format_value(value: Any) -> str:
-    """100.0 -> '100', 10000.0 -> '10000' (as a base is typed and printed everywhere else),
-    0.25 -> '0.25', 'rope' -> 'rope'."""
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)
-
-
 def _parse_scalar(text: str) -> Any:
     """An override's value as YAML reads it: '100' -> 100.0, '1e6' -> 1000000.0, 'rope' -> 'rope'."""
     try:
@@ -264,7 +249,7 @@ def _parse_scalar(text: str) -> Any:
         return {"true": True, "false": False, "null": None}.get(text.lower(), text)
 
 
-def _sort_key(value: Any) -> tuple:
+def sort_key(value: Any) -> tuple:
     if isinstance(value, (int, float)):
         return (0, float(value), "")
     return (1, 0.0, str(value))

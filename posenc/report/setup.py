@@ -1,8 +1,8 @@
 """What a comparison held fixed and what it varied, in words for a report and a figure title.
 
 A reader of a table of encodings needs to know that everything else was the same; the
-config of every run says so, key by key (report/stats.py fixed_and_varied). Keys that say
-where or how a run was made (paths, logger, device) are left out: they are not the setup.
+config of every run says so, key by key. Keys that say where or how a run was made (paths,
+logger, device) are left out: they are not the setup.
 """
 
 from __future__ import annotations
@@ -12,7 +12,31 @@ from typing import Any
 
 from posenc.metrics import TOKENS_SEEN
 from posenc.report.runs import Run, format_value, is_run_specific
-from posenc.report.stats import fixed_and_varied
+from posenc.report.format import format_number
+
+ABSENT = "<absent>"
+
+
+def fixed_and_varied(configs: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """What a set of runs held fixed and what varied, from their flattened configs: ({key: the
+    shared value}, {key: sorted distinct values as strings, ABSENT for runs without the key})."""
+    keys = sorted(set().union(*configs)) if configs else []
+    fixed, varied = {}, {}
+    for key in keys:
+        values = [c.get(key, ABSENT) for c in configs]
+        if all(v == values[0] for v in values):
+            fixed[key] = values[0]
+        else:
+            varied[key] = sorted({str(v) for v in values}, key=_numbers_first)
+    return fixed, varied
+
+
+def _numbers_first(text: str) -> tuple:
+    """'100' < '1000' < '5e5' < 'alibi': numbers by value, then the rest alphabetically."""
+    try:
+        return (0, float(text), "")
+    except ValueError:
+        return (1, 0.0, text)
 
 
 def setup_split(runs: Sequence[Run]) -> tuple[dict[str, Any], dict[str, list[str]]]:
@@ -29,14 +53,16 @@ def describe(items: dict[str, Any]) -> str:
 
 
 def describe_varied(varied: dict[str, list[str]]) -> str:
-    """'encoding.name ∈ {alibi, rope}; seed ∈ {0, 1}', then the options only some runs have
-    (RoPE's base when RoPE is compared with ALiBi) by name: they follow from the choice above."""
-    absent = "<absent>"
-    text = "; ".join(f"{k} ∈ {{{', '.join(map(_pretty, v))}}}" for k, v in varied.items() if absent not in v)
-    options = [k for k, v in varied.items() if absent in v]
-    if options:
-        text += f" (and the options only some of them have: {', '.join(options)})"
-    return text
+    """'encoding.name ∈ {alibi, rope}; seed ∈ {0, 1}'. An option only some runs have (RoPE's base
+    when RoPE is compared with ALiBi) is listed only where it took more than one value among them:
+    otherwise it follows from the choice above and says nothing."""
+    parts = []
+    for key, values in varied.items():
+        present = [v for v in values if v != ABSENT]
+        if len(present) > 1:
+            only = " (where set)" if ABSENT in values else ""
+            parts.append(f"{key} ∈ {{{', '.join(map(_pretty, present))}}}{only}")
+    return "; ".join(parts)
 
 
 def _pretty(text: str) -> str:
@@ -72,15 +98,8 @@ def setup_line(runs: Sequence[Run]) -> str:
         parts.append(f"T={format_value(cfg('trainer.seq_len'))}" if cfg("trainer.seq_len") else "T varies")
     tokens = _shared([r.metric(TOKENS_SEEN.name) for r in done])
     if tokens is not None:
-        parts.append(f"{_si(float(tokens))} tokens")
+        parts.append(f"{format_number(float(tokens), 'tokens')} tokens")
     seeds = sorted({r.seed for r in done if r.seed is not None}, key=lambda s: (str(type(s)), s))
     if seeds:
         parts.append(("seed " if len(seeds) == 1 else "seeds ") + ",".join(format_value(s) for s in seeds))
     return " · ".join(parts)
-
-
-def _si(value: float) -> str:
-    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(value) >= scale:
-            return f"{value / scale:.3g}{unit}"
-    return f"{value:.0f}"

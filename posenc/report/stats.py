@@ -1,104 +1,117 @@
-"""Statistics a reviewer accepts: a mean with its 95% t-interval over seeds, a group's difference
-to a baseline with a Welch interval and a verdict, and what a set of runs held fixed.
+"""Statistics a reviewer accepts, computed by scipy.stats: a group's mean over seeds with its 95%
+t-interval, and a group's difference to another with Welch's interval and a verdict.
 
-No scipy: Student's t quantile is computed from its CDF, F(t) = 1 - I_x(ν/2, 1/2)/2 with
-x = ν/(ν+t²) (I the regularised incomplete beta, by Lentz's continued fraction, Numerical
-Recipes §6.4), inverted by bisection; Welch's ν is fractional, so a table would not do.
+Each metric is averaged on its own scale (its declaration in posenc.metrics). Perplexity,
+token counts and rates are positive and multiplicative (perplexity = e^loss): their interval is
+the t-interval of the mean *log* (for perplexity: of the loss), mapped back with exp, so it is
+never negative and is the same interval whether a table shows the loss or the perplexity; the
+centre is then the geometric mean e^(mean log x) (the perplexity of the mean loss). Other
+metrics get the t-interval of the plain mean, clipped to the values the metric can take (a loss
+is never below 0, an accuracy stays in [0, 1]). Two groups are compared on the same scale (a
+difference of log perplexities is a ratio of perplexities).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+import numpy as np
+from scipy import stats
+
+from posenc.metrics import lookup
+
+CONFIDENCE = 0.95
 NO_ERROR_BARS = "1 seed: no error bars"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference at this n"
 
 
-def _betacf(a: float, b: float, x: float) -> float:
-    """Continued fraction of the incomplete beta (modified Lentz)."""
-    tiny, c, d = 1e-300, 1.0, 1.0 - (a + b) * x / (a + 1)
-    d = 1 / (d if abs(d) > tiny else tiny)
-    h = d
-    for m in range(1, 300):
-        for num in (m * (b - m) * x / ((a + 2 * m - 1) * (a + 2 * m)),
-                    -(a + m) * (a + b + m) * x / ((a + 2 * m) * (a + 2 * m + 1))):
-            d = 1 + num * d
-            d = 1 / (d if abs(d) > tiny else tiny)
-            c = 1 + num / c
-            c = c if abs(c) > tiny else tiny
-            h *= d * c
-        if abs(d * c - 1) < 1e-15:
-            break
-    return h
+@dataclass(frozen=True)
+class Scale:
+    """How a metric's seeds are averaged: on the log (positive, multiplicative metrics) or as they
+    are, and the range an interval is clipped to."""
+    log: bool = False
+    low: float | None = None
+    high: float | None = None
 
 
-def incomplete_beta(a: float, b: float, x: float) -> float:
-    """Regularised incomplete beta I_x(a, b), x in [0, 1]."""
-    if x <= 0 or x >= 1:
-        return 0.0 if x <= 0 else 1.0
-    front = math.exp(math.lgamma(a + b) - math.lgamma(a) - math.lgamma(b) + a * math.log(x) + b * math.log1p(-x))
-    if x < (a + 1) / (a + b + 2):
-        return front * _betacf(a, b, x) / a
-    return 1 - front * _betacf(b, a, 1 - x) / b
-
-
-def t_cdf(t: float, df: float) -> float:
-    """P(T <= t) for Student's t with df degrees of freedom (df > 0, may be fractional)."""
-    tail = 0.5 * incomplete_beta(df / 2, 0.5, df / (df + t * t))
-    return 1 - tail if t >= 0 else tail
-
-
-def t_quantile(p: float, df: float) -> float:
-    """The p-quantile of Student's t (0.5 < p < 1), by bisection on ``t_cdf``."""
-    lo, hi = 0.0, 1.0
-    while t_cdf(hi, df) < p:
-        hi *= 2
-    for _ in range(200):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if t_cdf(mid, df) < p else (lo, mid)
-    return (lo + hi) / 2
+def scale_of(key: str) -> Scale:
+    """A summary key's scale from its declaration; an undeclared key is linear and unbounded."""
+    metric = lookup(key)
+    if metric is None:
+        return Scale()
+    return Scale(metric.scale == "log", *metric.bounds)
 
 
 @dataclass(frozen=True)
-class Summary:
-    """A group's mean over n seeds with its t-interval (low, high); None bounds when n = 1."""
+class Stat:
+    """A metric over a group's completed seeds: the values (seed order, None where a seed has
+    none), their mean (geometric on a log scale) and 95% interval; no mean when some seed lacks a
+    value (averaging only the lucky seeds would flatter the group), no interval for one seed."""
+    values: tuple[float | None, ...]
+    mean: float | None
+    std: float | None          # sample standard deviation (n - 1) of the values as they are
+    low: float | None = None
+    high: float | None = None
+    log: bool = False
 
-    n: int
-    mean: float
-    std: float | None
-    low: float | None
-    high: float | None
-    note: str = ""
+    @property
+    def n(self) -> int:
+        return len(self.values)
 
-    def as_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def reached(self) -> int:
+        """How many seeds have a value."""
+        return sum(v is not None for v in self.values)
+
+    @property
+    def errors(self) -> tuple[float, float]:
+        """(mean - low, high - mean) for an error bar (asymmetric on a log scale); 0 without one."""
+        if self.mean is None or self.low is None or self.high is None:
+            return 0.0, 0.0
+        return self.mean - self.low, self.high - self.mean
 
 
-def _mean_var(values: Sequence[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = math.fsum(values) / n
-    return mean, (math.fsum((v - mean) ** 2 for v in values) / (n - 1) if n > 1 else 0.0)
+def _clean(values: Sequence[float | None]) -> tuple[float | None, ...]:
+    return tuple(None if v is None or (isinstance(v, float) and math.isnan(v)) else float(v) for v in values)
 
 
-def mean_interval(values: Iterable[float], confidence: float = 0.95) -> Summary:
-    """mean ± t_{(1+c)/2, n-1} · s/√n over seeds; a single seed has no interval (flagged)."""
-    values = [float(v) for v in values]
-    if not values:
-        raise ValueError("mean_interval needs at least one value")
-    n = len(values)
-    mean, var = _mean_var(values)
-    if n == 1:
-        return Summary(1, mean, None, None, None, NO_ERROR_BARS)
-    half = t_quantile((1 + confidence) / 2, n - 1) * math.sqrt(var / n)
-    return Summary(n, mean, math.sqrt(var), mean - half, mean + half)
+def on_scale(values: Sequence[float], scale: Scale) -> tuple[np.ndarray, bool]:
+    """The values where means and differences are taken: their log on a log scale (falling back
+    to the values themselves if one is not positive), and whether that was the log."""
+    x = np.asarray(values, dtype=float)
+    log = scale.log and bool(np.all(x > 0))
+    return (np.log(x) if log else x), log
+
+
+def aggregate(values: Sequence[float | None], scale: Scale = Scale(), confidence: float = CONFIDENCE) -> Stat:
+    """The group's Stat: mean ± t_{(1+c)/2, n-1}·s/√n on the metric's scale, mapped back and clipped
+    to its range (every table and figure of a report takes its intervals from here)."""
+    cleaned = _clean(values)
+    present = [v for v in cleaned if v is not None]
+    if not present or len(present) < len(cleaned):
+        return Stat(cleaned, None, None, log=scale.log)
+    x, log = on_scale(present, scale)
+    if len(present) == 1:
+        return Stat(cleaned, present[0], 0.0, log=log)
+    back = np.exp if log else (lambda v: v)
+    centre, std = float(back(x.mean())), float(np.std(present, ddof=1))
+    sem = stats.sem(x)
+    low, high = (x.mean(), x.mean()) if sem == 0 else stats.t.interval(confidence, len(x) - 1, loc=x.mean(), scale=sem)
+    low, high = float(back(low)), float(back(high))
+    if scale.low is not None:
+        low = max(low, scale.low)
+    if scale.high is not None:
+        high = min(high, scale.high)
+    return Stat(cleaned, centre, std, low, high, log)
 
 
 @dataclass(frozen=True)
 class Difference:
-    """mean(group) - mean(baseline) with Welch's interval and what it means for the metric."""
-
+    """A group against a baseline with Welch's interval: on a linear scale mean(group) -
+    mean(baseline); on a log scale the ratio of their geometric means (ratio=True)."""
     diff: float
     low: float | None
     high: float | None
@@ -106,82 +119,38 @@ class Difference:
     verdict: str
     n: int
     n_baseline: int
-
-    def as_dict(self) -> dict:
-        return asdict(self)
+    ratio: bool = False
 
 
-def welch_interval(group: Sequence[float], baseline: Sequence[float], confidence: float = 0.95
-                   ) -> tuple[float, float, float, float]:
-    """(diff, low, high, ν): Welch's interval for the difference of means (unequal variances),
-    se² = s₁²/n₁ + s₂²/n₂, ν = se⁴ / Σ (sᵢ²/nᵢ)²/(nᵢ-1) (Welch-Satterthwaite)."""
-    (m1, v1), (m2, v2) = _mean_var(group), _mean_var(baseline)
-    n1, n2 = len(group), len(baseline)
-    a, b = v1 / n1, v2 / n2
-    se = math.sqrt(a + b)
-    diff = m1 - m2
-    if se == 0:  # every seed gave the same value in both groups: the difference is exact
-        return diff, diff, diff, float(n1 + n2 - 2)
-    df = (a + b) ** 2 / (a * a / (n1 - 1) + b * b / (n2 - 1))
-    half = t_quantile((1 + confidence) / 2, df) * se
-    return diff, diff - half, diff + half, df
-
-
-def compare_to_baseline(group: Iterable[float], baseline: Iterable[float], higher_is_better: bool,
-                        confidence: float = 0.95) -> Difference:
-    """The group's difference to the baseline and a verdict: 'better' / 'worse' when the whole
-    interval lies on one side of 0 (read through the metric's direction), else 'no detectable
+def compare_to_baseline(group: Sequence[float], baseline: Sequence[float], higher_is_better: bool,
+                        scale: Scale = Scale(), confidence: float = CONFIDENCE) -> Difference:
+    """Welch's t-interval (scipy.stats.ttest_ind, unequal variances) for the difference of the
+    means on the metric's scale, and a verdict: 'better' / 'worse' when the whole interval lies on
+    one side of no difference (read through the metric's direction), else 'no detectable
     difference at this n'; NO_ERROR_BARS when either side has a single seed."""
     group, baseline = [float(v) for v in group], [float(v) for v in baseline]
     if not group or not baseline:
         raise ValueError("compare_to_baseline needs at least one value on each side")
-    if len(group) < 2 or len(baseline) < 2:
-        diff = _mean_var(group)[0] - _mean_var(baseline)[0]
-        return Difference(diff, None, None, None, NO_ERROR_BARS, len(group), len(baseline))
-    diff, low, high, df = welch_interval(group, baseline, confidence)
-    if low > 0 or high < 0:
-        larger = low > 0
-        verdict = BETTER if larger == higher_is_better else WORSE
+    log = scale.log and min(group + baseline) > 0  # both sides on the same scale: the log only if both allow it
+    a, b = (np.log(group), np.log(baseline)) if log else (np.asarray(group), np.asarray(baseline))
+    back = math.exp if log else (lambda v: v)
+    diff = float(a.mean() - b.mean())
+    if len(a) < 2 or len(b) < 2:
+        return Difference(back(diff), None, None, None, NO_ERROR_BARS, len(a), len(b), log)
+    if a.var() == 0 and b.var() == 0:  # every seed gave the same value on both sides: the difference is exact
+        low, high, df = diff, diff, float(len(a) + len(b) - 2)
     else:
-        verdict = NO_DIFFERENCE
-    return Difference(diff, low, high, df, verdict, len(group), len(baseline))
+        with warnings.catch_warnings():  # nearly equal values: scipy warns of precision loss, the interval stands
+            warnings.simplefilter("ignore", RuntimeWarning)
+            result = stats.ttest_ind(a, b, equal_var=False)
+            low, high = result.confidence_interval(confidence)
+        df = float(result.df)
+    verdict = NO_DIFFERENCE
+    if low > 0 or high < 0:
+        verdict = BETTER if (low > 0) == higher_is_better else WORSE
+    return Difference(back(diff), float(back(low)), float(back(high)), df, verdict, len(a), len(b), log)
 
 
-def format_summary(s: Summary, spec: str = ".4g") -> str:
-    """'2.31 [2.25, 2.37]' for a table cell, or '2.31 (n=1)' without error bars."""
-    if s.low is None:
-        return f"{s.mean:{spec}} (n=1)"
-    return f"{s.mean:{spec}} [{s.low:{spec}}, {s.high:{spec}}]"
-
-
-def fixed_and_varied(configs: Sequence[dict]) -> tuple[dict, dict]:
-    """What a set of runs held fixed and what varied, from their (nested) configs flattened to
-    dotted keys: ({key: the shared value}, {key: sorted distinct values as strings})."""
-    flat = [_flatten(c) for c in configs]
-    keys = sorted(set().union(*flat)) if flat else []
-    fixed, varied = {}, {}
-    for key in keys:
-        values = [f.get(key, "<absent>") for f in flat]
-        if all(v == values[0] for v in values):
-            fixed[key] = values[0]
-        else:
-            varied[key] = sorted({str(v) for v in values}, key=_numbers_first)
-    return fixed, varied
-
-
-def _numbers_first(text: str) -> tuple:
-    """'100' < '1000' < '5e5' < 'alibi': numbers by value, then the rest alphabetically."""
-    try:
-        return (0, float(text), "")
-    except ValueError:
-        return (1, 0.0, text)
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
+def detectable(group: Sequence[float], other: Sequence[float], scale: Scale = Scale()) -> bool:
+    """Whether Welch's 95% interval of the difference excludes none (either direction)."""
+    return compare_to_baseline(group, other, True, scale).verdict in (BETTER, WORSE)

@@ -1,8 +1,8 @@
 """One look per encoding in every figure: a fixed colour, line style and marker.
 
-The line style says the family (DESIGN.md's three hooks): solid for rotary (`rotate`), dashed
-for additive (`embed`), dash-dot for a bias on the scores (`bias`), dotted for none or a
-content-dependent one. A label that is not an encoding (grouping by `encoding.base`,
+The line style says the family (the encoding's hooks, docs/architecture.md): solid for rotary
+(`rotate`), dashed for additive (`embed`), dash-dot for a bias on the scores (`bias`), dotted
+for none or a content-dependent one. A label that is not an encoding (grouping by `encoding.base`,
 `model.flavor`, ...) gets a colour from its name's hash, probing for a free one, so the same
 label keeps its colour in every figure of a report and, mostly, across reports.
 """
@@ -47,10 +47,6 @@ ENCODING_STYLES: dict[str, Style] = {
 }
 
 _FREE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
-
-
-def encoding_style(name: str) -> Style | None:
-    return ENCODING_STYLES.get(name)
 
 
 def styles_for(labels: Sequence[str]) -> dict[str, Style]:

@@ -1,67 +1,53 @@
 """The comparison as tables of text: cells (mean and 95% interval over seeds), the seeds of each
-group, the best value per column, the baseline differences and the rankings; rendered alike to
-the terminal (rich), report.md and report.html (report/document.py)."""
+group, who leads each column (only where detectable), the per-seed values, the cost with the
+machine's load, and the baseline differences; rendered alike to the terminal (rich), report.md
+and report.html (report/document.py). The ranking tables are in report/rank_tables.py."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.metrics import EXTRAPOLATION_PPL, TOKENS_PER_S, target_of
+from posenc.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
+from posenc.report.comparison import Column, Comparison
 from posenc.report.document import TextTable
-from posenc.report.runs import Group, Stat, aggregate, format_value
+from posenc.report.format import format_number, format_value
+from posenc.report.ranking import Leader
+from posenc.report.runs import Group, Run
+from posenc.report.stats import Stat
 from posenc.report.verdicts import Versus, higher_is_better
 
-if TYPE_CHECKING:
-    from posenc.report.compare import Column, Comparison
+INTERVAL = "mean [95% interval over seeds]"
+EARLY = "≤ first eval"
 
 
-def format_number(value: float, fmt: str) -> str:
-    if fmt == "tokens":
-        for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
-            if abs(value) >= scale:
-                return f"{value / scale:.3g}{unit}"
-        return f"{value:.0f}"
-    if fmt == "rate":
-        return f"{value:,.0f}"
-    if fmt == "ppl":
-        return f"{value:.3f}"
-    if fmt == "accuracy":
-        return f"{100 * value:.1f}%"
-    return f"{value:.4f}"
-
-
-def format_stat(stat: Stat, fmt: str, compact: bool = False) -> str:
-    """'2.2000 [1.7032, 2.6968]': the mean over seeds and its 95% t-interval; one seed: the value.
-    compact (a terminal's width): '2.2000 ±0.4968', the interval's half-width (it is symmetric)."""
+def format_stat(stat: Stat, fmt: str) -> str:
+    """'2.2000 [1.7032, 2.6968]': the mean over seeds and its 95% interval (report/stats.py); one
+    seed: the value alone; '—' where no seed got there, 'k/n seeds' where only some did."""
     if stat.mean is None:
         return "—" if stat.reached == 0 else f"{stat.reached}/{stat.n} seeds"
     text = format_number(stat.mean, fmt)
     if stat.low is None:
         return text
-    if compact:
-        return f"{text} ±{format_number(stat.half_width, fmt)}"
-    low, high = (max(stat.low, 0.0), min(stat.high, 1.0)) if fmt == "accuracy" else (stat.low, stat.high)
-    return f"{text} [{format_number(low, fmt)}, {format_number(high, fmt)}]"
+    return f"{text} [{format_number(stat.low, fmt)}, {format_number(stat.high, fmt)}]"
 
 
-#: how the tables say what a cell holds
-INTERVAL = "mean [95% interval over seeds]"
-HALF_WIDTH = "mean ± half-width of the 95% interval over seeds (not the std)"
-
-
-def spread(compact: bool) -> str:
-    """A column header's note on what follows the mean."""
-    return "± 95% half-width" if compact else "[95% interval]"
+def format_seeds(stat: Stat, fmt: str) -> str:
+    """'9.790, 12.090': every seed's value, in seed order ('—' where a seed has none)."""
+    return ", ".join("—" if v is None else format_number(v, fmt) for v in stat.values)
 
 
 def format_difference(v: Versus, fmt: str) -> str:
-    """'+0.0123 [-0.0100, +0.0346]': group minus baseline with Welch's 95% interval."""
+    """'+0.0123 [-0.0100, +0.0346]': group minus baseline with Welch's 95% interval; on a log scale
+    the ratio of the geometric means, '×0.951 [×0.902, ×1.003]'."""
     d = v.difference
     if d is None:
         return "—"
+    if d.ratio:
+        ratio = lambda x: f"×{x:.3g}"  # noqa: E731
+        return ratio(d.diff) + (f" [{ratio(d.low)}, {ratio(d.high)}]" if d.low is not None else "")
     sign = lambda x: ("+" if x >= 0 else "−") + format_number(abs(x), fmt)  # noqa: E731
     return sign(d.diff) + (f" [{sign(d.low)}, {sign(d.high)}]" if d.low is not None else "")
 
@@ -76,62 +62,105 @@ def runs_cell(group: Group) -> str:
     return f"{len(group.completed)}" + (f" ({inside})" if inside else "")
 
 
-def is_best(c: Comparison, g: Group, col: Column) -> bool:
+def leader_text(lead: Leader | None, compact: bool) -> str:
+    """'rope' where one group is detectably best; 'tied: rope, alibi' where not; why there is no verdict."""
+    if lead is None:
+        return "—"
+    if lead.best is None and lead.reason:
+        return "—" if compact else lead.reason
+    if lead.best is not None:
+        return lead.best
+    return "tied" if compact else f"tied: {', '.join(lead.tied)}"
+
+
+def cell_text(c: Comparison, g: Group, col: Column, seeds: bool) -> str:
+    """A cell: mean [interval], or per-seed values; convergence seeds already at the target at the
+    first evaluation say so (their token count would only be the first evaluation's)."""
     stat = c.cells[(g.label, col.key)]
-    return stat.mean is not None and stat.mean == c.best.get(col.key) and len(c.groups) > 1
+    early = c.early.get((g.label, col.key), 0)
+    if early:
+        return EARLY if early == stat.n else f"{early}/{stat.n} {EARLY}"
+    return format_seeds(stat, col.fmt) if seeds else format_stat(stat, col.fmt)
 
 
-#: the terminal shows one table per family of columns, so each fits a terminal's width
-FAMILIES = (
-    ("quality", lambda key: not (target_of(key) or EXTRAPOLATION_PPL.match(key)) and key != TOKENS_PER_S.name),
+def load_cell(runs: list[Run], seeds: bool = False) -> str:
+    """The machine's 1-minute load average on its CPUs when the runs ended: the highest (seeds: each
+    run's), '⚠ loaded' above LOADED_PER_CPU × CPUs."""
+    loads = [(r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in runs]
+    if all(load is None for load, _ in loads):
+        return "not recorded"
+    text = lambda load, cpus: "—" if load is None else f"{load:.1f}" + (" ⚠" if load > LOADED_PER_CPU * cpus else "")  # noqa: E731
+    cpus = max(c for _, c in loads)
+    if seeds:
+        return ", ".join(text(load, c) for load, c in loads) + f" on {cpus} CPUs"
+    load, cpus = max(((lo, c) for lo, c in loads if lo is not None), key=lambda lc: lc[0] / lc[1])
+    return f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded" if load > LOADED_PER_CPU * cpus else "")
+
+
+#: one table per family of columns, so each fits a terminal's width
+FAMILIES: tuple[tuple[str, Callable[[str], bool]], ...] = (
+    ("task accuracy (exact match) by evaluation length", lambda key: TASK_ACCURACY.match(key) is not None),
+    ("quality", lambda key: not (target_of(key) or EXTRAPOLATION_PPL.match(key) or TASK_ACCURACY.match(key))),
     ("tokens to reach val/loss (or val/bpb: →xbpb), interpolated", lambda key: target_of(key) is not None),
     ("perplexity at evaluation length (tokens)", lambda key: EXTRAPOLATION_PPL.match(key) is not None),
-    ("cost", lambda key: key == TOKENS_PER_S.name),
 )
+COST = ("cost — each run timed once while it trained, not a benchmark (`posenc bench` times encodings side "
+        "by side); machine load: 1-min load average when the run ended")
 
 
-def text_tables(c: Comparison, compact: bool = False) -> list[TextTable]:
-    """The comparison as tables of text, rendered alike to the terminal, markdown and html: one per
-    column family (quality, convergence, extrapolation, cost), then the baseline differences and
-    the rankings within another key when asked for. compact: intervals as ±half-width."""
+def family_table(c: Comparison, title: str, columns: list[Column], seeds: bool, compact: bool) -> TextTable:
+    """Rows of groups; the best cell of a column bold only where detectable, and a last row naming
+    the leader or the tied groups."""
+    header = [c.group_header, "n (seeds)", *[col.header for col in columns]]
+    rows, best = [], set()
+    for i, g in enumerate(c.groups):
+        rows.append([g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns]])
+        best |= {(i, 2 + j) for j, col in enumerate(columns) if (lead := c.leaders.get(col.key)) and lead.best == g.label}
+    if not seeds and len(c.groups) > 1 and c.leaders:  # with --within the rankings name a best per value
+        rows.append(["best (Welch 95%)", "", *[leader_text(c.leaders.get(col.key), compact) for col in columns]])
+    return TextTable(f"{title} — {'per seed, in seed order' if seeds else INTERVAL}", header, rows, set() if seeds else best)
+
+
+def cost_table(c: Comparison, columns: list[Column], seeds: bool) -> TextTable:
+    header = [c.group_header, "n (seeds)", *[col.header for col in columns], "machine load"]
+    rows = [[g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns], load_cell(g.completed, seeds)]
+            for g in c.groups]
+    return TextTable(f"{COST} — {'per seed, in seed order' if seeds else INTERVAL}", header, rows)
+
+
+def text_tables(c: Comparison, seeds: bool = False, compact: bool = False) -> list[TextTable]:
+    """One table per column family (task accuracy, quality, convergence, extrapolation, cost),
+    each followed by its per-seed values when seeds is true, then the baseline differences.
+    compact (a terminal): the leader row says 'tied' without the names."""
     tables = []
-    cell = lambda stat, fmt: format_stat(stat, fmt, compact)  # noqa: E731
     for family, belongs in FAMILIES:
-        columns = [col for col in c.columns if belongs(col.key)]
-        if not columns:
-            continue
-        header = [", ".join(c.by) or "group", "n (seeds)", *[col.header for col in columns]]
-        rows, best = [], set()
-        for i, g in enumerate(c.groups):
-            rows.append([g.label, runs_cell(g), *[cell(c.cells[(g.label, col.key)], col.fmt) for col in columns]])
-            best |= {(i, 2 + j) for j, col in enumerate(columns) if is_best(c, g, col)}
-        tables.append(TextTable(f"{family} — {HALF_WIDTH if compact else INTERVAL}", header, rows, best))
+        columns = [col for col in c.columns if belongs(col.key) and not col.cost]
+        if columns:
+            tables += [family_table(c, family, columns, False, compact)]
+            tables += [family_table(c, family, columns, True, compact)] if seeds else []
+    cost = [col for col in c.columns if col.cost]
+    if cost:
+        tables += [cost_table(c, cost, False)] + ([cost_table(c, cost, True)] if seeds else [])
     if c.baseline is not None:
-        tables.append(baseline_text_table(c, compact))
-    for value, ranked in c.rankings.items():
-        rows = [[str(r.rank) if r.rank is not None else "—", r.group.label, runs_cell(r.group),
-                 cell(r.stat, c.metric_fmt)] for r in ranked]
-        tables.append(TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                                ["rank", ", ".join(c.by) or "group", "n (seeds)", f"{c.metric} {spread(compact)}"], rows,
-                                label_column=1))
+        tables.append(baseline_text_table(c))
     return tables
 
 
-def baseline_text_table(c: Comparison, compact: bool = False) -> TextTable:
+def baseline_text_table(c: Comparison) -> TextTable:
     """Each group against the baseline on the headline metric: mean, difference, verdict."""
     assert c.baseline is not None
-    stat = lambda g: format_stat(c.cells.get((g.label, c.metric)) or aggregate(g.values(c.metric)),  # noqa: E731
-                                 c.metric_fmt, compact)
+    stat = lambda g: format_stat(g.stat(c.metric), c.metric_fmt)  # noqa: E731
     rows = [[c.baseline.label + " (baseline)", runs_cell(c.baseline), stat(c.baseline), "", ""]]
     for g in c.groups:
-        if g is c.baseline:
-            continue
-        v = c.versus[g.label]
-        rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.verdict])
+        if g is not c.baseline:
+            v = c.versus[g.label]
+            rows.append([g.label, runs_cell(g), stat(g), format_difference(v, c.metric_fmt), v.verdict])
     direction = "higher" if higher_is_better(c.metric) else "lower"
+    ratio = any(v.difference is not None and v.difference.ratio for v in c.versus.values())
+    what = "ratio to" if ratio else "difference to"
     return TextTable(f"{c.metric} against {c.baseline.label} ({direction} is better; Welch 95% interval)",
-                     [", ".join(c.by) or "group", "n (seeds)", f"{c.metric} {spread(compact)}",
-                      f"difference to {c.baseline.label}", "verdict"], rows)
+                     [c.group_header, "n (seeds)", f"{c.metric} [95% interval]", f"{what} {c.baseline.label}",
+                      "verdict"], rows)
 
 
 def rich_table(t: TextTable) -> Table:

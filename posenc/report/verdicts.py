@@ -1,9 +1,11 @@
-"""Is a group better than the baseline, and does a ranking hold across another key?
+"""Is a group better than the baseline, which group leads, and does a ranking hold across another key?
 
 `--baseline rope`: each group's difference to the baseline group on the headline metric, with
-Welch's 95% interval and a verdict read through the metric's direction (report/stats.py).
-`--within model.flavor`: the groups ranked separately for each value of another key (issue 18:
-"does the encoding ranking hold across model flavours?").
+Welch's 95% interval on the metric's scale and a verdict read through its direction
+(report/stats.py). Without options: the groups ranked with bootstrap rank intervals and the
+leader (report/ranking.py). `--within model.flavor`: the groups ranked separately for each value
+of another key, and Kendall's τ between those rankings ("does the encoding ranking hold across
+model flavours?").
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from posenc.metrics import lookup
-from posenc.report.runs import Group, Run, Stat, aggregate, check_choice, format_value, group_runs
-from posenc.report.stats import NO_ERROR_BARS, Difference, compare_to_baseline
+from posenc.report.ranking import Agreement, Ranking, rank_agreement, rank_groups
+from posenc.report.runs import Group, Run, check_choice, format_value, group_runs, sort_key
+from posenc.report.stats import NO_ERROR_BARS, Difference, compare_to_baseline, scale_of
 
 
 def higher_is_better(metric: str) -> bool:
@@ -49,7 +52,7 @@ def versus_baseline(group: Group, baseline: Group, metric: str) -> Versus:
             return Versus(None, f"{side.label}: no completed run")
         if len(reached) < len(values):
             return Versus(None, f"{side.label}: {len(reached)}/{len(values)} seeds have {metric}, no mean")
-    d = compare_to_baseline(mine, base, higher_is_better(metric))
+    d = compare_to_baseline(mine, base, higher_is_better(metric), scale_of(metric))
     if len(mine) < 2:
         return Versus(d, NO_ERROR_BARS)
     if len(base) < 2:
@@ -62,37 +65,26 @@ def baseline_table(groups: Sequence[Group], baseline: Group, metric: str) -> dic
     return {g.label: versus_baseline(g, baseline, metric) for g in groups if g is not baseline}
 
 
-@dataclass(frozen=True)
-class Ranked:
-    rank: int | None      # 1 = best; None: no mean (a seed lacks the metric, or none finished)
-    group: Group
-    stat: Stat
+def values_by_group(groups: Sequence[Group], metric: str) -> dict[str, list]:
+    """{label: the metric over the group's completed seeds} for the groups with a completed run."""
+    return {g.label: g.values(metric) for g in groups if g.completed}
 
 
-def rank_groups(groups: Sequence[Group], metric: str) -> list[Ranked]:
-    """Groups best first by their mean of metric; ties share a rank; groups without a mean last."""
-    stats = [(g, aggregate(g.values(metric)) if g.completed else Stat(None, None, 0, 0)) for g in groups]
-    sign = -1 if higher_is_better(metric) else 1
-    with_mean = sorted((x for x in stats if x[1].mean is not None), key=lambda x: sign * x[1].mean)
-    ranked, previous, rank = [], None, 0
-    for i, (g, s) in enumerate(with_mean, start=1):
-        rank = rank if s.mean == previous else i
-        previous = s.mean
-        ranked.append(Ranked(rank, g, s))
-    return ranked + [Ranked(None, g, s) for g, s in stats if s.mean is None]
+def ranking_of(groups: Sequence[Group], metric: str, values: dict[str, list] | None = None) -> Ranking:
+    """The groups ranked on metric (its own scale and direction), with bootstrap rank intervals;
+    values: {label: per-seed values} where the caller already has them."""
+    values = values if values is not None else values_by_group(groups, metric)
+    return rank_groups(values, higher_is_better(metric), scale_of(metric).log)
 
 
-def rank_within(runs: Sequence[Run], by: Sequence[str], within: str, metric: str) -> dict[str, list[Ranked]]:
-    """For each value of `within` (e.g. each model.flavor): the by-groups of its runs, ranked."""
-    values: dict[str, list[Run]] = {}
-    for run in runs:
-        values.setdefault(format_value(run.value(within)), []).append(run)
-    return {value: rank_groups(group_runs(members, by), metric) for value, members in sorted(values.items())}
-
-
-def same_order(rankings: dict[str, list[Ranked]]) -> bool:
-    """Whether every value of the within-key ranks the groups it shares in the same order."""
-    orders = [[r.group.label for r in ranked if r.rank is not None] for ranked in rankings.values()]
-    shared = set.intersection(*(set(o) for o in orders)) if orders else set()
-    return len({tuple(label for label in o if label in shared) for o in orders}) <= 1
-
+def rank_within(runs: Sequence[Run], by: Sequence[str], within: str, metric: str
+                ) -> tuple[dict[str, Ranking], list[Agreement]]:
+    """For each value of `within` (e.g. each model.flavor): the by-groups of its runs ranked; and
+    Kendall's τ with its flips between every pair of values."""
+    members: dict[str, list[Run]] = {}
+    for run in sorted(runs, key=lambda r: sort_key(r.value(within))):  # numbers by value, then names
+        members.setdefault(format_value(run.value(within)), []).append(run)
+    groups = {value: group_runs(rs, by) for value, rs in members.items()}
+    values = {value: values_by_group(gs, metric) for value, gs in groups.items()}
+    rankings = {value: ranking_of(gs, metric) for value, gs in groups.items()}
+    return rankings, rank_agreement(values, higher_is_better(metric), scale_of(metric).log)

@@ -1,27 +1,27 @@
 """Checkpoints and exact resume.
 
-``checkpoints/last.pt`` holds everything the training loop needs to continue as if it had
-never stopped: model, optimizer, scheduler, the RNG states (torch, CUDA, numpy, python), the
+``checkpoints/last.safetensors`` holds everything the training loop needs to continue as if it
+had never stopped: model, optimizer, scheduler, the RNG states (torch, CUDA, numpy, python), the
 data sampler's generator, step and tokens, the last validation metrics, the byte length of
 metrics.jsonl at that step (rows written after it are dropped on resume, so no step is
-logged twice), the W&B run id and the resolved config. It is written to a temp file and
-renamed, so a crash mid-write leaves the previous good checkpoint in place.
+logged twice), the W&B run id and the resolved config. Tensors are stored as safetensors and
+the rest as JSON (posenc/statefile.py): opening a shared run directory cannot run code. It is
+written to a temp file and renamed, so a crash mid-write leaves the previous good checkpoint.
 
 ``trainer.checkpoint`` says what a run keeps (Checkpoints):
 
-- ``last`` (default): ``checkpoints/last.pt`` every ``trainer.checkpoint_interval`` steps, at the
+- ``last`` (default): ``checkpoints/last.safetensors`` every ``trainer.checkpoint_interval`` steps, at the
   end and on SIGTERM / Ctrl-C. `posenc eval` reads it; resume continues from it.
-- ``best``: ``checkpoints/best.pt``, saved at each evaluation that lowers val/loss (the same
-  format, so `posenc eval` reads it). While the run is unfinished ``last.pt`` is kept too, so
-  an interrupted run resumes exactly; it is deleted when the run completes, leaving best.pt
-  alone (a completed ``best`` run cannot be extended).
+- ``best``: ``checkpoints/best.safetensors``, saved at each evaluation that lowers val/loss (the
+  same format, so `posenc eval` reads it). While the run is unfinished ``last.safetensors`` is kept
+  too, so an interrupted run resumes exactly; it is deleted when the run completes, leaving the
+  best alone (a completed ``best`` run cannot be extended).
 - ``none``: nothing is saved; the run cannot be resumed or evaluated later.
 """
 
 from __future__ import annotations
 
 import math
-import os
 import random
 import shlex
 import signal
@@ -36,6 +36,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.build import restore_weights
 from posenc.errors import UserError
 from posenc.rundir import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
+from posenc.statefile import save_state
 from posenc.train.state import TrainState
 
 #: config sections that must equal the checkpoint's for the weights and batches to make sense
@@ -70,7 +71,7 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
                     val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf) -> Path:
-    """checkpoints/<kind>.pt, written to a temp file and renamed: the last good one survives."""
+    """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives."""
     path = checkpoint_path(run_dir, kind)
     path.parent.mkdir(exist_ok=True)
     metrics = Path(run_dir) / METRICS_FILE
@@ -87,11 +88,9 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "metrics_bytes": metrics.stat().st_size if metrics.exists() else 0,
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
-        "best_val_loss": best_val_loss,  # trainer.checkpoint=best: the val/loss best.pt holds, for resume
+        "best_val_loss": best_val_loss,  # trainer.checkpoint=best: the val/loss best checkpoint holds, for resume
     }
-    tmp = path.with_suffix(".pt.tmp")
-    torch.save(saved, tmp)
-    os.replace(tmp, path)
+    save_state(saved, path)
     return path
 
 
@@ -153,19 +152,19 @@ class Checkpoints:
         self.run_dir, self.kind, self.best_val_loss = Path(run_dir), kind, best_val_loss
 
     def evaluated(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
-        """After an evaluation: best.pt when val/loss is the lowest yet (kind best)."""
+        """After an evaluation: checkpoints/best.safetensors when val/loss is the lowest yet (kind best)."""
         loss = val.get("val/loss")
         if self.kind == "best" and loss is not None and loss < self.best_val_loss:
             self.best_val_loss = loss
             save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss)
 
     def save(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
-        """At a checkpoint step or a stop: last.pt, what resume continues from (kinds last, best)."""
+        """At a checkpoint step or a stop: checkpoints/last.safetensors, what resume continues from (kinds last, best)."""
         if self.kind != "none":
             save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss)
 
     def finish(self) -> dict:
-        """At the end of a completed run: drop last.pt if only the best is kept; return what is
+        """At the end of a completed run: drop the last checkpoint if only the best is kept; return what is
         kept, for summary.json: kind, paths (relative to the run dir), bytes, MB."""
         if self.kind == "best":
             checkpoint_path(self.run_dir).unlink(missing_ok=True)

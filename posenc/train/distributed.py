@@ -5,11 +5,14 @@ RANK / WORLD_SIZE / LOCAL_RANK from the environment, joins one process group (gl
 NCCL for CUDA tensors) and trains a DDP-wrapped model on its shard of every global batch.
 Rank 0 alone writes the run dir's files (metrics, checkpoints, W&B); the global batch is
 world_size × trainer.batch_size, so N processes train like one process with N× the batch.
+With gradient accumulation the gradients are all-reduced once per optimizer step, on the last
+micro-batch (``no_sync`` before it), not once per micro-batch.
 """
 
 from __future__ import annotations
 
 import os
+from contextlib import AbstractContextManager, nullcontext
 from datetime import timedelta
 
 import torch
@@ -45,14 +48,6 @@ def is_main() -> bool:
     return rank() == 0
 
 
-def local_device(device: torch.device) -> torch.device:
-    """Each rank takes its own GPU (LOCAL_RANK); CPU stays CPU."""
-    if device.type == "cuda" and active():
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    return device
-
-
 def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     """DDP averages gradients over ranks in backward, so every rank takes the same step."""
     if not active():
@@ -60,6 +55,16 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+
+
+def no_sync(step_model: torch.nn.Module, skip: bool) -> AbstractContextManager:
+    """While skip, DDP's ``no_sync()``: backward accumulates gradients locally, without the
+    all-reduce (a micro-batch that is not the step's last). Otherwise, or without DDP, nothing.
+    step_model may be the DDP module or torch.compile's wrapper around it."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = getattr(step_model, "_orig_mod", step_model)  # torch.compile keeps the module it wraps here
+    return ddp.no_sync() if skip and isinstance(ddp, DistributedDataParallel) else nullcontext()
 
 
 def mean(value: torch.Tensor) -> torch.Tensor:

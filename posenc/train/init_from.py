@@ -16,7 +16,8 @@ A mismatch is refused with one ``error:`` line naming the keys, before Hydra cre
 dir (cli/hydra_commands.check_run) and again in each job (a sweep over a model key). When the
 scaling's training length ``encoding.original_max_len`` is not given on the command line, the
 child takes the parent's ``trainer.seq_len``: the T the parent was trained at, not the child's
-new, longer seq_len (parent_overrides). The child's dir holds ``parent.json`` (the parent's
+new, longer seq_len (parent_overrides), whether the command line names the parent's encoding
+(``encoding=rope``) or leaves it to the default. The child's dir holds ``parent.json`` (the parent's
 path, step and config) and its summary a ``parent`` entry.
 """
 
@@ -31,7 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import load_run_config, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, write_json_atomic
+from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
 
 log = logging.getLogger("posenc")
 
@@ -42,7 +43,7 @@ UNSET = (None, False, "", "none", "null", "false")
 FREE_MODEL_KEYS = ("dropout",)
 #: encoding keys that change how positions are scaled, never a parameter's shape
 SCALING_KEYS = ("scaling", "scaling_factor", "original_max_len", "low_freq_factor", "high_freq_factor",
-                "short_factor", "long_factor")
+                "short_factor", "long_factor", "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim")
 #: tokenizers whose vocabulary is learned from the corpus: the dataset is part of the vocabulary
 TRAINED_TOKENIZERS = ("posenc.data.tokenizers.BPETokenizer",)
 
@@ -56,9 +57,10 @@ def parent_dir(value: Any) -> Path:
     run_dir = Path(str(value)).expanduser()
     if not run_dir.is_dir():
         raise UserError(f"{KEY}: run dir '{run_dir}' does not exist — pass the directory of a finished "
-                        f"`posenc train` run (it holds checkpoints/last.pt)")
+                        f"`posenc train` run (it holds checkpoints/last.safetensors)")
     if not checkpoint_path(run_dir).is_file():
-        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.pt — start from a run that saved one")
+        refuse_legacy(run_dir)
+        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.safetensors — start from a run that saved one")
     return run_dir.resolve()
 
 
@@ -126,17 +128,34 @@ def check(cfg: DictConfig) -> Path | None:
     return run_dir
 
 
+def parent_encoding(run_dir: Path) -> str | None:
+    """The encoding a parent was trained with, as its command line chose it: the group choice
+    Hydra recorded (.hydra/hydra.yaml), else its config's encoding.name."""
+    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    if hydra_file.is_file():
+        choice = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.choices.encoding", default=None)
+        if choice:
+            return str(choice)
+    return OmegaConf.select(parent_config(run_dir), "encoding.name", default=None)
+
+
 def parent_overrides(overrides: list[str]) -> list[str]:
     """overrides, plus ``encoding.original_max_len=<the parent's trainer.seq_len>`` when
     trainer.init_from names a parent (or a sweep of parents trained at one length) whose
-    encoding has that key, and the command line does not set it: scaling extends from the
-    length the parent was trained at."""
+    encoding has that key, the command line keeps the parent's encoding (naming it or not) and
+    does not set the key: scaling extends from the length the parent was trained at."""
     parsed = {o.key: o for o in parse_overrides(overrides)}
     init = parsed.get(KEY)
-    if init is None or "encoding.original_max_len" in parsed or "encoding" in parsed:
-        return overrides  # no parent, or set by the user (another encoding: refused by check)
+    if init is None or "encoding.original_max_len" in parsed:
+        return overrides  # no parent, or set by the user
     values = init.value if init.override.is_sweep_override() else [init.value]
-    parents = [parent_config(parent_dir(v)) for v in values if requested(v)]
+    run_dirs = [parent_dir(v) for v in values if requested(v)]
+    if "encoding" in parsed:
+        choice = parsed["encoding"]
+        chosen = set(choice.value) if choice.override.is_sweep_override() else {choice.value}
+        if any(chosen != {parent_encoding(d)} for d in run_dirs):
+            return overrides  # another encoding than the parent's: refused by check()
+    parents = [parent_config(d) for d in run_dirs]
     lengths = {int(p.trainer.seq_len) for p in parents if "original_max_len" in p.encoding}
     if len(lengths) != 1:  # none, or a sweep over parents trained at different lengths: check() asks
         return overrides

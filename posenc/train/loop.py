@@ -2,7 +2,7 @@
 
 The loop around train_step (state.py): logging at log steps (the only host sync), periodic
 evaluation on fixed validation windows (posenc.eval.loss), checkpoints as trainer.checkpoint
-says (checkpoints/last.pt and/or best.pt: train/checkpoint.py), SIGTERM / Ctrl-C handling,
+says (checkpoints/last.safetensors and/or best.safetensors: train/checkpoint.py), SIGTERM / Ctrl-C handling,
 metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation and the summary.
 """
 
@@ -20,7 +20,7 @@ from posenc.build import build_data, build_model, check_encodable, encoding_summ
 from posenc.config import validate as validate_config
 from posenc.eval import final
 from posenc.eval.loss import validator
-from posenc.hardware import autocast_context, enable_fast_matmul, peak_flops, resolve_device, resolve_precision
+from posenc.hardware import machine_load, peak_flops, setup_device
 from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
 from posenc.tracking import Tracker
 from posenc.train import distributed, init_from
@@ -37,10 +37,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     validate_config(cfg)
     check_encodable(cfg)
     started = time.time()
-    device = distributed.local_device(resolve_device(cfg.device))
-    precision = resolve_precision(cfg.trainer.precision, device)
-    autocast = autocast_context(precision, device)
-    enable_fast_matmul(device)
+    device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
 
     data = build_data(cfg)
@@ -84,6 +81,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             M.PARAMS.name: model.num_params(),
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
+            **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             "seq_len": t.seq_len,
             "encoding": encoding,
             "layout": model.layout.describe(),

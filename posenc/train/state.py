@@ -105,17 +105,20 @@ def micro_batches(state: TrainState) -> Iterator[Batch]:
 
 def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
     """Exactly one optimizer step over ``state.grad_accum`` micro-batches: forward under
-    autocast, backward of loss / grad_accum (the gradient of the mean), clip, AdamW, LR
-    schedule, zero the gradients. No host synchronisation inside."""
+    autocast, backward of loss / grad_accum (the gradient of the mean; under DDP all-reduced on
+    the last micro-batch only), clip, AdamW, LR schedule, zero the gradients. No host
+    synchronisation inside."""
     loss_sum = torch.zeros((), device=state.device)
     seen = 0
     for batch in batches:
         batch = batch.to(state.device)
-        with state.autocast():
-            _, loss = state.step_model(batch.x, batch.y, **batch.model_inputs())
-        (loss / state.grad_accum).backward()
-        loss_sum += loss.detach()
         seen += 1
+        # under DDP the gradients are all-reduced once, in the last micro-batch's backward
+        with distributed.no_sync(state.step_model, skip=seen < state.grad_accum):
+            with state.autocast():
+                _, loss = state.step_model(batch.x, batch.y, **batch.model_inputs())
+            (loss / state.grad_accum).backward()
+        loss_sum += loss.detach()
         state.tokens += batch.tokens * distributed.world_size()  # shapes only: no sync
         if seen == state.grad_accum:
             break

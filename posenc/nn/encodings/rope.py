@@ -14,7 +14,9 @@ GPT-NeoX/GPT-J) and leaves the rest untouched; its frequencies are spread over t
 (θ_i = base^(-2i/rot_dim)), unlike p-RoPE, which keeps the full spectrum and drops the lowest.
 ``scaling`` (none | linear | ntk | dynamic | yarn | llama3 | longrope) with ``scaling_factor``
 changes the frequencies to run past the training length ``original_max_len`` (rope_scaling.py),
-in training (a fine-tune at the longer length) and evaluation alike.
+in training (a fine-tune at the longer length) and evaluation alike; every method but ``ntk``
+gives Hugging Face transformers' inv_freq and attention factor for the same settings, and
+``style="half"`` rotates as its ``apply_rotary_pos_emb`` does (tests/test_rope_parity.py).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.encodings.rope_scaling import LENGTH_DEPENDENT, attention_scale, check_scaling, scaled_inv_freq
+from posenc.nn.encodings.rope_scaling import (LENGTH_DEPENDENT, ScalingOptions, attention_scale, check_scaling,
+                                               scaled_inv_freq)
 
 STYLES = ("interleaved", "half")
 
@@ -86,6 +89,11 @@ class RoPE(PositionalEncoding):
         high_freq_factor: float = 4.0,
         short_factor: list[float] | None = None,
         long_factor: list[float] | None = None,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        truncate: bool = True,
+        mscale: float | None = None,
+        mscale_all_dim: float | None = None,
     ) -> None:
         super().__init__(d_model, n_head, name)
         if style not in STYLES:
@@ -105,7 +113,11 @@ class RoPE(PositionalEncoding):
                 f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
                 f"dimensions; use a larger fraction"
             )
-        check_scaling(scaling, float(scaling_factor), original_max_len, low_freq_factor, high_freq_factor)
+        options = ScalingOptions(float(low_freq_factor), float(high_freq_factor),
+                                 tuple(short_factor) if short_factor else None,
+                                 tuple(long_factor) if long_factor else None,
+                                 float(beta_fast), float(beta_slow), bool(truncate), mscale, mscale_all_dim)
+        check_scaling(scaling, float(scaling_factor), original_max_len, options)
         self.base = float(base)
         self.fraction = float(fraction)
         self.style = style
@@ -113,11 +125,9 @@ class RoPE(PositionalEncoding):
         self.scaling = scaling
         self.scaling_factor = float(scaling_factor)
         self.original_max_len = original_max_len
-        self.scaling_options = {"low_freq_factor": float(low_freq_factor), "high_freq_factor": float(high_freq_factor),
-                                "short_factor": list(short_factor) if short_factor else None,
-                                "long_factor": list(long_factor) if long_factor else None}
+        self.scaling_options = options
         #: YaRN's / LongRoPE's attention factor, folded into cos/sin so q and k are both scaled by it
-        self.attention_scale = attention_scale(scaling, self.scaling_factor, original_max_len)
+        self.attention_scale = attention_scale(scaling, self.scaling_factor, original_max_len, options)
         self.register_buffer("inv_freq", self.frequencies(original_max_len or 0), persistent=False)
         #: the running length the cache was built for (dynamic / longrope depend on it)
         self.cached_for = 0
@@ -131,7 +141,7 @@ class RoPE(PositionalEncoding):
     def frequencies(self, length: int) -> Tensor:
         """θ'_i of the configured scaling when running ``length`` positions: (rot_dim/2,)."""
         return scaled_inv_freq(self.scaling, self.base, self.rot_dim, self.scaling_factor, self.original_max_len,
-                               length, **self.scaling_options)
+                               length, self.scaling_options)
 
     def prepare(self, length: int) -> None:
         super().prepare(length)
@@ -168,6 +178,9 @@ class RoPE(PositionalEncoding):
         opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
         if self.scaling != "none":
             opts.update(scaling=self.scaling, scaling_factor=self.scaling_factor)
+            o = self.scaling_options
             if self.scaling == "llama3":
-                opts.update({k: self.scaling_options[k] for k in ("low_freq_factor", "high_freq_factor")})
+                opts.update(low_freq_factor=o.low_freq_factor, high_freq_factor=o.high_freq_factor)
+            if self.scaling == "yarn" and (o.beta_fast, o.beta_slow, o.truncate) != (32.0, 1.0, True):
+                opts.update(beta_fast=o.beta_fast, beta_slow=o.beta_slow, truncate=o.truncate)
         return opts

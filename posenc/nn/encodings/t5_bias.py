@@ -112,7 +112,11 @@ class T5Bias(PositionalEncoding):
     def bucket(self, relative_position: Tensor) -> Tensor:
         """Bucket of relative_position = key - query (any shape, long): T5's bucketing of the
         distance clamped to max_distance - 1, so distances >= max_distance read the bucket of
-        max_distance - 1 (T5's last bucket whenever its log buckets reach it there)."""
+        max_distance - 1 (T5's last bucket whenever its log buckets reach it there). Below
+        max_distance this is Hugging Face's ``T5Attention._relative_position_bucket``; beyond it,
+        it differs from Hugging Face's last bucket only where the log buckets do not reach the
+        last one at max_distance - 1 (32 buckets: max_distance <= 28, e.g. the default T/2 at
+        seq_len 34-57), where that last bucket is one no training distance reaches."""
         reach = self.max_distance - 1
         max_exact = self.num_buckets // (1 + self.bidirectional) // 2
         # T5's formula needs max_distance > max_exact; below that every reachable distance is exact

@@ -1,0 +1,75 @@
+"""`posenc convert RUN_DIR`: rewrite a run dir's pickled checkpoints (format 1, ``checkpoints/*.pt``)
+as safetensors + JSON (format 2), once, when its owner asks.
+
+By default the pickle is read with ``torch.load(weights_only=True)`` and an allow-list of exactly
+what posenc's format 1 held besides tensors and plain Python values: numpy's RNG state (an array
+of uint32). PyTorch's restricted unpickler refuses any other global, so a file that names
+``os.system`` or ``exec`` is refused and nothing in it runs. ``--trust`` unpickles the file fully
+(``weights_only=False``), which runs whatever code it contains: only for a file whose maker you
+trust (e.g. one written by a posenc older than the allow-list knows about).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from posenc.errors import UserError
+from posenc.rundir import CHECKPOINT_VERSION, LEGACY_SUFFIX, REQUIRED_KEYS, checkpoint_path
+from posenc.statefile import save_state
+
+#: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as; numpy 1.x
+#: wrote the reconstructor under numpy.core
+NUMPY_RNG_STATE = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType,
+                   (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+
+
+def read_pickled(path: Path, trust: bool) -> dict:
+    """A format-1 checkpoint: restricted unpickling (tensors, Python values, numpy's RNG state),
+    or, with trust, a full one."""
+    if trust:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    try:
+        with torch.serialization.safe_globals(NUMPY_RNG_STATE):
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - pickle.UnpicklingError naming the refused global, or garbage
+        unsafe = _unsafe_globals(path)
+        what = f"it names {', '.join(unsafe)}" if unsafe else f"it is not a checkpoint torch can read ({type(e).__name__})"
+        raise UserError(f"'{path}' holds more than tensors and RNG state ({what}), so it was not loaded and "
+                        f"nothing in it ran — if you trust whoever made it, run `posenc convert "
+                        f"{path.parent.parent} --trust`, which unpickles it and runs any code it contains") from None
+
+
+def _unsafe_globals(path: Path) -> list[str]:
+    """The globals a pickle names beyond the allow-list (read from its opcodes, never executed)."""
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except Exception:  # noqa: BLE001 - not a torch zip file at all
+        return []
+    allowed = {f"{g.__module__}.{g.__qualname__}" if not isinstance(g, tuple) else g[1] for g in NUMPY_RNG_STATE}
+    allowed.add("numpy._core.multiarray._reconstruct")
+    return [n for n in names if n not in allowed]
+
+
+def convert(run_dir: Path, trust: bool = False) -> list[Path]:
+    """Write checkpoints/<kind>.safetensors beside each checkpoints/<kind>.pt of run_dir (the
+    pickles are left as they are); returns the files written. Refused with a UserError, writing
+    nothing, when the run dir has no pickled checkpoint or one is not a posenc checkpoint."""
+    run_dir = Path(run_dir)
+    pickled = sorted((run_dir / "checkpoints").glob(f"*{LEGACY_SUFFIX}")) if run_dir.is_dir() else []
+    if not pickled:
+        raise UserError(f"'{run_dir}' has no pickled checkpoint (checkpoints/*{LEGACY_SUFFIX}) to convert — "
+                        f"pass the directory of a run made by posenc before checkpoint format {CHECKPOINT_VERSION}")
+    states = {}
+    for path in pickled:  # read every file before writing any: a refusal leaves the run dir as it was
+        state = read_pickled(path, trust)
+        if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS) or state["version"] != 1:
+            raise UserError(f"'{path}' is not a posenc checkpoint of format 1 — nothing was converted")
+        states[path.stem] = {**state, "version": CHECKPOINT_VERSION}
+    written = []
+    for kind, state in states.items():
+        save_state(state, checkpoint_path(run_dir, kind))
+        written.append(checkpoint_path(run_dir, kind))
+    return written

@@ -1,0 +1,178 @@
+"""How sure is a ranking? The leader (best only where detectable), each group's rank with a
+bootstrap interval, and whether a ranking holds across another key (Kendall's τ and the flips).
+
+Plain functions over plain data — {group label: per-seed values} — returning dataclasses, so a
+script can build a README table from them without the report:
+
+    ranking = rank_groups({"rope": [9.8, 12.1], "alibi": [8.0, 8.3]}, higher_is_better=False, log=True)
+    ranking.ranks[0].label, ranking.ranks[0].low, ranking.ranks[0].high, ranking.leader.best
+
+Resampling (Efron's bootstrap): each group's seeds are drawn with replacement, the groups' means
+recomputed (on the metric's scale, report/stats.py) and ranked; the 2.5th and 97.5th percentiles
+of a group's resampled ranks are its rank interval. A numpy Generator seeded with `seed` makes it
+deterministic. A group with one seed never moves in a resample: its interval reflects only the
+others' noise (the tables say "1 seed").
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import stats
+
+from posenc.report.stats import detectable
+
+RESAMPLES = 1000
+
+
+@dataclass(frozen=True)
+class Leader:
+    """The best group where the data can tell: `best` is ahead of every other group by a
+    detectable margin (Welch 95% on the metric's scale); otherwise best is None and `tied` holds
+    the leading group and every group not detectably behind it."""
+    best: str | None
+    tied: tuple[str, ...]
+    reason: str = ""        # why there is no verdict at all (one seed, a single group)
+
+
+@dataclass(frozen=True)
+class Rank:
+    label: str
+    rank: float             # of the group's mean among the groups, 1 = best (ties share the average rank)
+    low: float              # 95% bootstrap interval of the rank
+    high: float
+    n: int                  # seeds
+    mean: float             # on the metric's own scale (the geometric mean on a log scale)
+
+
+@dataclass(frozen=True)
+class Ranking:
+    ranks: list[Rank]       # best first
+    leader: Leader
+    unranked: list[str]     # groups without a mean (a seed lacks the value, or none finished)
+    resamples: int
+
+
+@dataclass(frozen=True)
+class Flip:
+    """Two groups in the opposite order at two values of the key: `first` ahead at u, `second` at v."""
+    first: str
+    second: str
+    confident: bool         # both orders are detectable differences; else within noise
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """Kendall's τ between the rankings at two values u, v of a key, over the groups both rank."""
+    u: str
+    v: str
+    tau: float | None       # None: fewer than two shared groups, or a ranking all ties
+    low: float | None       # 95% bootstrap interval of τ
+    high: float | None
+    groups: tuple[str, ...]
+    flips: tuple[Flip, ...]
+
+
+Values = Mapping[str, Sequence[float | None]]
+
+
+def complete(values: Values) -> tuple[dict[str, np.ndarray], list[str]]:
+    """({label: the seeds' values}, [labels some seed of which has no value]): only complete groups rank."""
+    full = {k: np.asarray(v, dtype=float) for k, v in values.items() if v and all(x is not None for x in v)}
+    return full, [k for k in values if k not in full]
+
+
+def scaled(values: Values, log: bool) -> tuple[dict[str, np.ndarray], bool]:
+    """The complete groups' values where means are taken (their log on a log scale, unless one is
+    not positive), and whether that was the log."""
+    full, _ = complete(values)
+    log = log and all(np.all(x > 0) for x in full.values())
+    return {k: np.log(x) if log else x for k, x in full.items()}, log
+
+
+def leader(values: Values, higher_is_better: bool, log: bool = False) -> Leader:
+    """Who is best on this metric, and only where Welch's 95% interval says so."""
+    x, _ = scaled(values, log)
+    if len(x) < 2:
+        return Leader(None, tuple(x), "a single group: nothing to rank against")
+    sign = -1 if higher_is_better else 1
+    order = sorted(x, key=lambda k: sign * x[k].mean())
+    top = order[0]
+    if all(len(v) < 2 for v in x.values()):
+        return Leader(None, tuple(order), "1 seed per group: no intervals, no verdict")
+    tied = [top] + [k for k in order[1:] if len(x[k]) < 2 or len(x[top]) < 2 or not detectable(x[k], x[top])]
+    return Leader(top if len(tied) == 1 else None, tuple(tied))
+
+
+def _bootstrap_means(scaled: Mapping[str, np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """(resamples, groups): each group's mean over its seeds drawn with replacement."""
+    columns = [x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1) for x in scaled.values()]
+    return np.stack(columns, axis=1)
+
+
+def rank_groups(values: Values, higher_is_better: bool, log: bool = False, resamples: int = RESAMPLES,
+                seed: int = 0) -> Ranking:
+    """The groups ranked by their mean, each with its 95% bootstrap rank interval, and the leader."""
+    x, logged = scaled(values, log)
+    unranked = complete(values)[1]
+    if not x:
+        return Ranking([], leader(values, higher_is_better, log), unranked, resamples)
+    sign = -1.0 if higher_is_better else 1.0
+    labels = list(x)
+    point = stats.rankdata([sign * x[k].mean() for k in labels])
+    boot = stats.rankdata(sign * _bootstrap_means(x, resamples, np.random.default_rng(seed)), axis=1)
+    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
+    back = np.exp if logged else float
+    ranks = [Rank(k, float(point[i]), float(low[i]), float(high[i]), len(x[k]), float(back(x[k].mean())))
+             for i, k in enumerate(labels)]
+    ranks.sort(key=lambda r: (r.rank, r.label))
+    return Ranking(ranks, leader(values, higher_is_better, log), unranked, resamples)
+
+
+def _tau(x: np.ndarray, y: np.ndarray) -> float | None:
+    with warnings.catch_warnings():  # a ranking of all ties: τ is undefined (nan), said as None
+        warnings.simplefilter("ignore")
+        tau = stats.kendalltau(x, y).statistic
+    return None if np.isnan(tau) else float(tau)
+
+
+def flips(u: Values, v: Values, shared: Sequence[str], higher_is_better: bool, log: bool = False) -> list[Flip]:
+    """The pairs of groups ranked one way at u and the other at v; confident where the difference
+    is detectable (Welch 95%) at both."""
+    sign = -1 if higher_is_better else 1
+    (fu, _), (fv, _) = scaled(u, log), scaled(v, log)
+    out = []
+    for a, b in itertools.combinations(shared, 2):
+        at_u, at_v = sign * (fu[a].mean() - fu[b].mean()), sign * (fv[a].mean() - fv[b].mean())
+        if at_u * at_v < 0:
+            first, second = (a, b) if at_u < 0 else (b, a)
+            confident = all(len(f[a]) > 1 and len(f[b]) > 1 and detectable(f[a], f[b]) for f in (fu, fv))
+            out.append(Flip(first, second, confident))
+    return out
+
+
+def rank_agreement(by_value: Mapping[str, Values], higher_is_better: bool, log: bool = False,
+                   resamples: int = RESAMPLES, seed: int = 0) -> list[Agreement]:
+    """For each pair of values (u, v) of a key: Kendall's τ (scipy.stats.kendalltau) between the
+    groups' means at u and at v, its 95% bootstrap interval (seeds resampled in every cell), and
+    the pairs whose order flips."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for u, v in itertools.combinations(by_value, 2):
+        (fu, _), (fv, _) = scaled(by_value[u], log), scaled(by_value[v], log)
+        shared = tuple(k for k in fu if k in fv)
+        if len(shared) < 2:
+            out.append(Agreement(u, v, None, None, None, shared, ()))
+            continue
+        tau = _tau(np.array([fu[k].mean() for k in shared]), np.array([fv[k].mean() for k in shared]))
+        bu = _bootstrap_means({k: fu[k] for k in shared}, resamples, rng)
+        bv = _bootstrap_means({k: fv[k] for k in shared}, resamples, rng)
+        taus = [t for i in range(resamples) if (t := _tau(bu[i], bv[i])) is not None]
+        low, high = (float(np.percentile(taus, 2.5)), float(np.percentile(taus, 97.5))) if taus else (None, None)
+        found = flips(by_value[u], by_value[v], shared, higher_is_better, log)
+        out.append(Agreement(u, v, tau, low, high, shared, tuple(found)))
+    return out

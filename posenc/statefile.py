@@ -1,0 +1,112 @@
+"""Nested state (a checkpoint: weights, optimiser, RNGs, config) <-> one safetensors file, no pickle.
+
+Run directories are shared between researchers, and unpickling a file runs whatever code it names
+(``torch.load(weights_only=False)``), so a checkpoint holds only what cannot run code: the tensors
+in the safetensors format (a JSON header and raw bytes) and everything else as JSON in that
+header's metadata. Reading one can produce tensors, numbers, strings, lists, dicts, tuples and
+numpy arrays, nothing else. The file is written to a temp file and renamed: a crash mid-write
+leaves the previous file whole.
+
+JSON has no tensors, tuples, non-string dict keys or arrays; they are written as one-key objects:
+``{"$tensor": name}`` (the tensor stored under that name), ``{"$tuple": [...]}`` (Python's RNG
+state must come back a tuple), ``{"$items": [[key, value], ...]}`` (the optimiser's integer
+parameter ids) and ``{"$ndarray": {...}}`` (numpy's RNG state). Tensors that are the same view of
+one storage (tied weights) are stored once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+FORMAT = "posenc-state"
+TENSOR, TUPLE, ITEMS, NDARRAY = "$tensor", "$tuple", "$items", "$ndarray"
+MARKERS = (TENSOR, TUPLE, ITEMS, NDARRAY)
+
+
+class Encoder:
+    """Walks a nested state, moving tensors into ``tensors`` and returning the JSON-ready rest."""
+
+    def __init__(self) -> None:
+        self.tensors: dict[str, torch.Tensor] = {}
+        self._seen: dict[tuple, str] = {}  # a view of a storage -> the name it is stored under
+
+    def tensor(self, t: torch.Tensor, path: str) -> dict:
+        t = t.detach()
+        view = (t.device, t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(), t.dtype)
+        if view not in self._seen:  # a tied weight is the same view twice: store it once
+            self._seen[view] = path
+            self.tensors[path] = t.cpu().contiguous()
+        return {TENSOR: self._seen[view]}
+
+    def encode(self, obj: Any, path: str = "") -> Any:
+        if isinstance(obj, torch.Tensor):
+            return self.tensor(obj, path or "tensor")
+        if isinstance(obj, np.ndarray):
+            return {NDARRAY: {"dtype": obj.dtype.str, "shape": list(obj.shape), "data": obj.ravel().tolist()}}
+        if isinstance(obj, np.generic):
+            return obj.item()
+        if obj is None or isinstance(obj, (bool, int, float, str)):
+            return obj
+        if isinstance(obj, tuple):
+            return {TUPLE: [self.encode(v, f"{path}.{i}") for i, v in enumerate(obj)]}
+        if isinstance(obj, list):
+            return [self.encode(v, f"{path}.{i}") for i, v in enumerate(obj)]
+        if isinstance(obj, dict):
+            if all(isinstance(k, str) and k not in MARKERS for k in obj):
+                return {k: self.encode(v, f"{path}.{k}" if path else k) for k, v in obj.items()}
+            return {ITEMS: [[self.encode(k), self.encode(v, f"{path}.{k}")] for k, v in obj.items()]}
+        raise TypeError(f"{path or 'state'}: a {type(obj).__name__} cannot be stored without pickle — "
+                        f"store tensors, numbers, strings, lists, tuples or dicts")
+
+
+def decode(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
+    """The nested state ``Encoder.encode`` wrote, with its tensors taken from ``tensors``."""
+    if isinstance(obj, list):
+        return [decode(v, tensors) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    if len(obj) == 1:
+        (key, value), = obj.items()
+        if key == TENSOR:
+            return tensors[value]
+        if key == TUPLE:
+            return tuple(decode(v, tensors) for v in value)
+        if key == ITEMS:
+            return {_hashable(decode(k, tensors)): decode(v, tensors) for k, v in value}
+        if key == NDARRAY:
+            dtype = np.dtype(value["dtype"])
+            if dtype.kind not in "biuf":  # numbers only: an object array would hold whatever the file says
+                raise ValueError(f"an array of dtype {dtype} is not a state posenc writes")
+            return np.asarray(value["data"], dtype=dtype).reshape(value["shape"])
+    return {k: decode(v, tensors) for k, v in obj.items()}
+
+
+def _hashable(key: Any) -> Any:
+    return tuple(key) if isinstance(key, list) else key
+
+
+def save_state(state: dict, path: Path) -> None:
+    """Write state to path (safetensors: tensors + JSON metadata) via a temp file and a rename."""
+    encoder = Encoder()
+    tree = encoder.encode(state)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(encoder.tensors, str(tmp), metadata={"format": FORMAT, "state": json.dumps(tree)})
+    os.replace(tmp, path)
+
+
+def load_state(path: Path) -> dict:
+    """The state save_state wrote (tensors on the CPU). A file that is not one, including any
+    pickle, raises ValueError (safetensors reads a JSON header and raw bytes, never code)."""
+    with safe_open(str(path), framework="pt") as f:
+        metadata = f.metadata() or {}
+    if metadata.get("format") != FORMAT or "state" not in metadata:
+        raise ValueError(f"{path} is a safetensors file but not a posenc state")
+    return decode(json.loads(metadata["state"]), load_file(str(path)))
