@@ -246,27 +246,32 @@ def encoding_catalogue() -> list[tuple[str, str, dict]]:
     """(name, one-line description, options with defaults) for every encoding config."""
     out = []
     for name in group_options("encoding"):
-        text = files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
-        lines = text.splitlines()
+        lines = encoding_yaml(name).splitlines()
         header = [line.lstrip("# ").strip() for line in lines[: next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))]]
-        doc = " ".join(header)
-        node = OmegaConf.create(text)
-        options = inner_defaults(node)
-        options.update({k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")})
-        out.append((name, doc, options))
+        out.append((name, " ".join(header), encoding_options(name)))
     return out
 
 
-def inner_defaults(node: DictConfig) -> dict[str, str]:
-    """The encodings a mechanism's YAML wraps by default: its defaults entries
-    ``/encoding@<key>: <name>`` -> {key: name} (chosen with ``encoding@encoding.<key>=…``)."""
-    out = {}
+def encoding_yaml(name: str) -> str:
+    return files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
+
+
+def encoding_options(name: str) -> dict[str, object]:
+    """An encoding YAML's keys with their defaults: those of the encoding it extends (a plain
+    ``- fox`` entry in its defaults), the encodings it wraps (``/encoding@<key>: <name>``, chosen
+    with ``encoding@encoding.<key>=…``; ``override`` changes the one it extends), then its own."""
+    node = OmegaConf.create(encoding_yaml(name))
+    options: dict[str, object] = {}
     for entry in node.get("defaults") or []:
-        if isinstance(entry, DictConfig):
+        if isinstance(entry, str) and entry != "_self_":
+            options.update(encoding_options(entry))
+        elif isinstance(entry, DictConfig):
             for group, choice in entry.items():
-                if str(group).startswith("/encoding@"):
-                    out[str(group).split("@", 1)[1]] = choice
-    return out
+                group = str(group).removeprefix("override ")
+                if group.startswith("/encoding@"):
+                    options[group.split("@", 1)[1]] = choice
+    options.update({k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")})
+    return options
 
 
 # --- reading a config outside a Hydra run ---------------------------------------------------
