@@ -18,7 +18,7 @@ import torch
 
 from attention_reference import causal, reference
 from posenc.build import build_encoding, build_model
-from posenc.config import compose
+from posenc.config import compose, encoding_catalogue
 from posenc.errors import UserError
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context
@@ -69,6 +69,14 @@ def test_a_mechanism_wraps_the_encoding_its_config_names():
     assert nested.has_sink and nested.has_logit_scale and nested.inner.inner.name == "rope"
     with pytest.raises(UserError, match="choose it with encoding@encoding.inner=rope"):
         build_encoding(config("encoding=fox", "encoding.inner=rope"))  # a name where a config belongs
+
+
+def test_the_encodings_list_shows_what_a_mechanism_wraps_and_extends():
+    """`posenc encodings`: fox_rope is fox's options with RoPE inside, and builds so."""
+    options = {name: opts for name, _, opts in encoding_catalogue()}
+    assert options["fox"]["inner"] == "nope" and options["fox_rope"] == {**options["fox"], "inner": "rope"}
+    fox_rope = build_encoding(config("encoding=fox_rope"))
+    assert fox_rope.inner.name == "rope" and fox_rope.has_decay
 
 
 def test_a_sink_cannot_join_a_normaliser_that_is_not_softmax():
