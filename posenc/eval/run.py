@@ -14,13 +14,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from rich.console import Console
-
 from posenc.config import load_run_config
 from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
+from posenc.terminal import make_console
 
-console = Console()  # the `posenc eval` command's output, for people
+console = make_console()  # the `posenc eval` command's output, for people
 
 
 def output_name(overrides: list[str]) -> str:
