@@ -16,18 +16,15 @@ from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
 
 
-class RMSNorm(nn.Module):
-    """x / √(mean(x²) + ε) · g (Zhang & Sennrich, 2019): LayerNorm without centring or bias."""
+class RMSNorm(nn.RMSNorm):
+    """torch.nn.RMSNorm (Zhang & Sennrich, 2019: LayerNorm without centring or bias), normalised in
+    fp32 whatever the input's dtype (bf16's mean of squares loses digits), then back to it."""
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
+        super().__init__(d_model, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        # normalise in fp32 (bf16's mean of squares loses digits), then back to x's dtype
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return F.rms_norm(x.float(), self.normalized_shape, None, self.eps).type_as(x) * self.weight
 
 
 def make_norm(d_model: int, flavor: Flavor) -> nn.Module:
