@@ -77,6 +77,17 @@ def build_layout(cfg: DictConfig) -> LayerLayout:
         raise UserError(f"layout: {e}") from None
 
 
+def instantiate_encoding(node: DictConfig, group: str, sizes: dict) -> PositionalEncoding:
+    """One encoding node. A key that holds an encoding node of its own (a mechanism's ``inner``,
+    posenc/nn/encodings/mechanism.py) is built first, with the same sizes, and passed in: so
+    ``encoding=fox encoding@encoding.inner=rope`` is FoX around RoPE, nested as deep as wanted."""
+    inner = {key: instantiate_encoding(node[key], f"{group}.{key}", sizes) for key in node
+             if isinstance(node[key], DictConfig) and "_target_" in node[key]}
+    if inner:
+        node = OmegaConf.create({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in inner})
+    return instantiate_group(node, group, **sizes, **inner)
+
+
 def build_encoding(cfg: DictConfig) -> PositionalEncoding:
     """The encoding, or, when the layout gives a layer kind an encoding of its own, one per kind:
     a kind's ``encoding`` overrides the keys of ``encoding`` (Gemma 3: {base: 1000000}) or, with a
@@ -85,7 +96,7 @@ def build_encoding(cfg: DictConfig) -> PositionalEncoding:
     layout = cfg.get("layout")
     used = dict.fromkeys(layer_kinds(list(layout.pattern), cfg.model.n_layer)) if layout is not None else {}
     if not any(layout.kinds[k].encoding for k in used if k in layout.kinds):
-        return instantiate_group(cfg.encoding, "encoding", **sizes)
+        return instantiate_encoding(cfg.encoding, "encoding", sizes)
     base = OmegaConf.to_container(cfg.encoding, resolve=True)
     by_node: dict[str, PositionalEncoding] = {}
     encodings = {}
@@ -99,7 +110,7 @@ def build_encoding(cfg: DictConfig) -> PositionalEncoding:
         node = own if "_target_" in own else {**base, **own}
         key = repr(sorted(node.items()))
         if key not in by_node:
-            by_node[key] = instantiate_group(OmegaConf.create(node), f"layout.kinds.{kind}.encoding", **sizes)
+            by_node[key] = instantiate_encoding(OmegaConf.create(node), f"layout.kinds.{kind}.encoding", sizes)
         encodings[kind] = by_node[key]
     try:
         return LayeredEncoding(encodings, layer_kinds(list(layout.pattern), cfg.model.n_layer), cfg.encoding.name)

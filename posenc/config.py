@@ -15,6 +15,7 @@ dataset, tokenizer) are typed by the ``__init__`` of the class ``_target_`` name
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import math
 import typing
@@ -210,21 +211,31 @@ def apply_choice_schemas(cfg: DictConfig) -> DictConfig:
     """Check and type the encoding, dataset and tokenizer nodes of cfg in place against the
     schema of their ``_target_``: a wrong type or an unknown key raises OmegaConf's
     ValidationError / ConfigKeyError naming ``<group>.<key>``. Interpolations are checked
-    through their value and kept as they are."""
+    through their value and kept as they are. A node nested in one (a mechanism's
+    ``encoding.inner``) is checked against its own ``_target_`` the same way."""
     for group in CHOICE_GROUPS:
         node = cfg.get(group)
-        if not isinstance(node, DictConfig) or "_target_" not in node:
-            continue
-        schema = choice_schema(node._target_)
-        if schema is None:
-            continue
-        # merged under the group's name, so OmegaConf's error names the full key
-        typed = OmegaConf.merge({group: OmegaConf.structured(schema)},
-                                {group: OmegaConf.to_container(node, resolve=True)})[group]
-        for key in node:
-            if not OmegaConf.is_interpolation(node, key):
-                node[key] = typed[key]
+        if isinstance(node, DictConfig) and "_target_" in node:
+            _apply_schema(node, group)
     return cfg
+
+
+def _apply_schema(node: DictConfig, name: str) -> None:
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig) and "_target_" in child:
+            _apply_schema(child, f"{name}.{key}")
+    schema = choice_schema(node._target_)
+    if schema is None:
+        return
+    # merged under the node's full name, so OmegaConf's error names the full key
+    *path, last = name.split(".")
+    wrap = lambda value: functools.reduce(lambda inner, part: {part: inner}, reversed(path), {last: value})  # noqa: E731
+    typed = OmegaConf.merge(wrap(OmegaConf.structured(schema)), wrap(OmegaConf.to_container(node, resolve=True)))
+    typed = OmegaConf.select(typed, name)
+    for key in node:
+        if not OmegaConf.is_interpolation(node, key) and not isinstance(node._get_node(key), DictConfig):
+            node[key] = typed[key]
 
 
 # --- one override parser -------------------------------------------------------------------
@@ -259,14 +270,32 @@ def encoding_catalogue() -> list[tuple[str, str, dict]]:
     """(name, one-line description, options with defaults) for every encoding config."""
     out = []
     for name in group_options("encoding"):
-        text = files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
-        lines = text.splitlines()
+        lines = encoding_yaml(name).splitlines()
         header = [line.lstrip("# ").strip() for line in lines[: next((i for i, l in enumerate(lines) if not l.startswith("#")), len(lines))]]
-        doc = " ".join(header)
-        node = OmegaConf.create(text)
-        options = {k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")}
-        out.append((name, doc, options))
+        out.append((name, " ".join(header), encoding_options(name)))
     return out
+
+
+def encoding_yaml(name: str) -> str:
+    return files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
+
+
+def encoding_options(name: str) -> dict[str, object]:
+    """An encoding YAML's keys with their defaults: those of the encoding it extends (a plain
+    ``- fox`` entry in its defaults), the encodings it wraps (``/encoding@<key>: <name>``, chosen
+    with ``encoding@encoding.<key>=…``; ``override`` changes the one it extends), then its own."""
+    node = OmegaConf.create(encoding_yaml(name))
+    options: dict[str, object] = {}
+    for entry in node.get("defaults") or []:
+        if isinstance(entry, str) and entry != "_self_":
+            options.update(encoding_options(entry))
+        elif isinstance(entry, DictConfig):
+            for group, choice in entry.items():
+                group = str(group).removeprefix("override ")
+                if group.startswith("/encoding@"):
+                    options[group.split("@", 1)[1]] = choice
+    options.update({k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")})
+    return options
 
 
 # --- reading a config outside a Hydra run ---------------------------------------------------

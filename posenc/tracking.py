@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import netrc
 import os
 from pathlib import Path
 from typing import Any
@@ -140,6 +141,11 @@ def _summarised_by_wandb(key: str, value: Any) -> bool:
     return value is not None and metric is not None and metric.wandb_summary is not None
 
 
-def _has_netrc_key() -> bool:
-    netrc = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
-    return netrc.exists() and "api.wandb.ai" in netrc.read_text(errors="ignore")
+def _has_netrc_key(host: str = "api.wandb.ai") -> bool:
+    """Whether ~/.netrc (or $NETRC) holds a password for W&B's API host, as `wandb login` writes it."""
+    path = Path(os.environ.get("NETRC", Path.home() / ".netrc"))
+    try:
+        entry = netrc.netrc(path).authenticators(host)
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+    return entry is not None and bool(entry[2])

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
 from posenc.build import build_model
+from posenc.data.batches import Batch
 from posenc.config import compose
 from posenc.hardware import autocast_context
 from posenc.train import distributed
@@ -36,11 +37,11 @@ class RankRows:
         self.global_batch, self.drawn = global_batch, 0
         self.rows = global_batch // distributed.world_size()
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def next(self) -> Batch:
         window = torch.randint(VOCAB, (self.global_batch, T + 1), generator=self.generator)
         self.drawn += 1
         mine = window[distributed.rank() * self.rows: (distributed.rank() + 1) * self.rows]
-        return mine[:, :-1], mine[:, 1:]
+        return Batch(mine[:, :-1], mine[:, 1:])
 
 
 def main(out: Path, steps: int, grad_accum: int, global_batch: int) -> None:

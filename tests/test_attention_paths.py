@@ -16,6 +16,8 @@ import warnings
 import pytest
 import torch
 
+from attention_reference import causal
+from attention_reference import reference as masked_reference
 from posenc.nn import attention
 from posenc.config import compose, group_options
 from posenc.nn.encodings.base import Context, PositionalEncoding
@@ -63,23 +65,27 @@ def rotated_qkv(encoding: PositionalEncoding):
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_every_cpu_path_equals_the_masked_reference(name, monkeypatch):
+    """What the encoding gives (rotated and scaled q, k, its bias, content bias, decays, sink,
+    normaliser), attended on every CPU path, equals the float64 reference written out."""
     encoding = tiny_model(name).encoding.double()
-    q, k, v, pos = rotated_qkv(encoding)
-    bias = encoding.bias(pos, pos) if encoding.has_bias else None  # (H, T, T)
-    expected = reference(q, k, v, bias)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
+    x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64)  # the block's input (FoX's gates)
+    pos = torch.arange(T)
+    encoding.prepare(T)
     ctx = Context.arange(T, dtype=torch.float64)
+    q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
+    bias = encoding.bias(pos, pos) if encoding.has_bias else None  # (H, T, T)
+    expected = masked_reference(q, k, v, causal(T), bias, terms)
     chosen = attention.plan(encoding, ctx, 0, 0.0)
-    assert (chosen is None) == (not encoding.has_bias and not encoding.has_content_bias)
-    content = encoding.content_bias(q, k, ctx) if encoding.has_content_bias else None
-    if content is not None:  # CoPE: its own term joins the scores
-        expected = reference(q, k, v, content if bias is None else content + bias)
-    torch.testing.assert_close(attention.attend(q, k, v, chosen, content=content), expected)
-    if encoding.has_bias or content is not None:  # the long-sequence path, in chunks that do not divide T
+    assert (chosen is None) == (not encoding.has_bias and terms.empty)
+    torch.testing.assert_close(attention.attend(q, k, v, chosen, terms=terms), expected)
+    if chosen is not None:  # the long-sequence path, in chunks that do not divide T
         monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
         monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
         chunked = attention.plan(encoding, ctx, 0, 0.0)
         assert chunked.dense is None
-        torch.testing.assert_close(attention.attend(q, k, v, chunked, content=content), expected)
+        torch.testing.assert_close(attention.attend(q, k, v, chunked, terms=terms), expected)
 
 
 @pytest.mark.parametrize("shift", [0, 5])
@@ -160,17 +166,18 @@ def test_overriding_bias_is_what_makes_an_encoding_biased():
     torch.testing.assert_close(attention.attend(q, k, v, chosen), expected)
 
 
-@pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "flex", "kernel", "why"), [
-    ("cpu", 64, 0.0, True, True, "sdpa", None),            # CPU: FlexAttention has no backward
-    ("cuda", 64, 0.0, True, True, "flex", None),
-    ("cuda", 8, 0.0, True, True, "sdpa", "head_dim >= 16"),
-    ("cuda", 64, 0.1, True, True, "sdpa", "dropout"),
-    ("cuda", 64, 0.0, False, True, "sdpa", "no score_mod"),
-    ("cuda", 64, 0.0, True, False, "sdpa", "not available"),
+@pytest.mark.parametrize(("device", "head_dim", "dropout", "offers", "replaces", "flex", "kernel", "why"), [
+    ("cpu", 64, 0.0, True, False, True, "sdpa", None),            # CPU: FlexAttention has no backward
+    ("cuda", 64, 0.0, True, False, True, "flex", None),
+    ("cuda", 8, 0.0, True, False, True, "sdpa", "head_dim >= 16"),
+    ("cuda", 64, 0.1, True, False, True, "sdpa", "dropout"),
+    ("cuda", 64, 0.0, False, False, True, "sdpa", "no score_mod"),
+    ("cuda", 64, 0.0, True, True, True, "sdpa", "replaces softmax"),  # stick-breaking
+    ("cuda", 64, 0.0, True, False, False, "sdpa", "not available"),
 ])
 def test_the_kernel_follows_what_the_encoding_offers_and_the_device_can_do(device, head_dim, dropout, offers,
-                                                                            flex, kernel, why):
-    chosen, reason = attention.select_kernel(device, head_dim, dropout, offers, flex_available=flex)
+                                                                            replaces, flex, kernel, why):
+    chosen, reason = attention.select_kernel(device, head_dim, dropout, offers, replaces, flex_available=flex)
     assert chosen == kernel
     assert (reason is None) if why is None else (why in reason)
 

@@ -77,3 +77,25 @@ def test_the_suite_keeps_out_of_the_users_cache(tmp_path: Path, monkeypatch):
     assert result.returncode == 0, result.stderr[-2000:]
     assert run_dirs(tmp_path)
     assert not (home / ".cache").exists(), sorted(str(p) for p in (home / ".cache").rglob("*"))[:10]
+
+
+def test_piped_output_keeps_long_paths_and_headers_whole(tmp_path: Path):
+    """Without a terminal (a log file, SLURM) and without COLUMNS, rich would wrap at 80 columns
+    and a copied report path would break; posenc's consoles are wide there."""
+    from test_compare import make_run
+
+    sweep = tmp_path / ("a_sweep_directory_with_a_long_name_" * 3) / "sweep"
+    for seed in (0, 1):
+        for name in ("rope", "alibi"):
+            ppl = {f"extrapolation/ppl@{32 * m}": 12.0 + m + seed for m in (1, 2, 4, 8, 16)}
+            make_run(sweep, f"{name}_{seed}", {"name": name, "base": 10000}, seed,
+                     [f"encoding={name}", f"seed={seed}"], [3.0, 2.5 + 0.1 * seed], extra=ppl)
+    env = cli_env()
+    env.pop("COLUMNS")
+    result = run_cli("compare", str(sweep), cwd=tmp_path, env=env)
+    assert result.returncode == 0, result.stderr
+    assert f"report: {sweep / 'report.html'}" in result.stdout  # on one line, whole
+    lines = result.stdout.splitlines()
+    # the perplexity table's header on one line, each interval whole on its group's line
+    assert any("n (seeds)" in line and "512" in line for line in lines), result.stdout
+    assert any(line.count("[") == line.count("]") == 5 for line in lines if "rope" in line), result.stdout

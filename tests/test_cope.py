@@ -125,7 +125,7 @@ def test_attention_matches_the_papers_equations(per_head):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(B, H, T, d, generator=g, dtype=torch.float64) for _ in range(3))
     content = enc.content_bias(q, k, Context.arange(T, dtype=torch.float64)).double()
-    out = attention.attend(q, k, v, None, content=content)
+    out = attention.attend(q, k, v, None, terms=attention.LayerTerms(content=content))
     e = enc.pos_emb.detach()[0].expand(H, d, 5)
     torch.testing.assert_close(out, paper_attention(q, k, v, e, 5))
 

@@ -91,7 +91,8 @@ def test_a_gpu_run_reaches_the_cpu_runs_validation_loss(name, workdir):
 
 
 @pytest.mark.parametrize("masking", ["documents", "sliding", "documents+chunk"])
-@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5_bias", "fire", "cope"])
+@pytest.mark.parametrize("name", ["nope", "rope", "alibi", "t5_bias", "fire", "cope",
+                                  "fox", "stick_breaking", "ssmax", "sink", "pope"])
 def test_cuda_block_masks_equal_the_explicit_mask_reference(name, masking, monkeypatch):
     """Documents and windows on CUDA: FlexAttention with the mask's BlockMask (built once per
     forward, shared by the layers with that mask) gives the loss and every gradient of SDPA with
@@ -135,3 +136,50 @@ def test_posenc_eval_on_a_gpu_computes_what_training_reported(workdir):
     result = run_cli("eval", str(run_dir), cwd=workdir)
     assert result.returncode == 0, result.stderr
     assert json.loads((run_dir / "eval.json").read_text())["extrapolation/ppl@32"] == pytest.approx(trained, rel=1e-6)
+
+
+@pytest.mark.parametrize("documents", [False, True])
+@pytest.mark.parametrize("overrides", [["encoding=fox"], ["encoding=fox_rope"], ["encoding=fox", "encoding@encoding.inner=alibi"],
+                                       ["encoding=sink"], ["encoding=sink", "encoding@encoding.inner=alibi"]],
+                         ids=["fox", "fox_rope", "fox_alibi", "sink", "sink_alibi"])
+def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gradients(overrides, documents,
+                                                                                     monkeypatch):
+    """FoX's c_i - c_j as a score_mod over the captured (B, H, T) decays and the sink through
+    FlexAttention's log-sum-exp: CUDA picks FlexAttention for them (no fallback), and the loss and
+    every gradient (the gates' and the sink's included) equal SDPA's explicit-mask path, in fp32."""
+    from posenc.nn.mask import document_positions
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    doc = torch.tensor([[0] * 40 + [1] * 100 + [2] * 116, [0] * 256], device="cuda") if documents else None
+    pos = None if doc is None else document_positions(doc)
+    results = []
+    for reference in (False, True):
+        torch.manual_seed(0)
+        model = build_model(compose([*overrides, *SHAPE, "layout=sliding", "layout.window=48"]), vocab_size=64).cuda()
+        for p in model.encoding.parameters():
+            torch.nn.init.normal_(p, std=0.5)
+        if reference:
+            monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
+        else:
+            ctx = model.context(idx, pos, doc, 256)
+            assert isinstance(attention.plan(model.encoding, ctx, 0, 0.0), attention.FlexPlan)
+        _, loss = model(idx, idx, pos=pos, doc=doc, length=256)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
+    assert grads.keys() == ref_grads.keys() and any(n.startswith("encoding.") for n in grads)
+    for n in ref_grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
+def test_stick_breaking_on_cuda_falls_back_to_the_explicit_path_and_trains():
+    """FlexAttention computes a softmax, which stick-breaking replaces: the explicit path, one warning."""
+    attention._WARNED.clear()
+    model = cuda_model("stick_breaking")
+    idx = torch.randint(64, (2, 256), device="cuda")
+    with pytest.warns(RuntimeWarning, match="replaces softmax"):
+        _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss)

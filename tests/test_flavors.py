@@ -101,3 +101,14 @@ def test_unknown_flavor_is_a_user_error_naming_the_choices():
 
     with pytest.raises(UserError, match="model.flavor must be one of gpt2, llama"):
         tiny_model("rope", "mistral")
+
+
+def test_rmsnorm_is_torchs():
+    from posenc.nn.blocks import RMSNorm
+
+    torch.manual_seed(0)
+    ours, theirs = RMSNorm(64), torch.nn.RMSNorm(64, eps=1e-6)
+    torch.nn.init.normal_(ours.weight)
+    theirs.load_state_dict(ours.state_dict())
+    x = torch.randn(3, 5, 64) * 100
+    torch.testing.assert_close(ours(x), theirs(x), rtol=0, atol=0)

@@ -14,6 +14,7 @@ from posenc.config import compose
 from posenc.errors import UserError
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.rope import RoPE
+from posenc.nn.attention import encode
 from posenc.nn.encodings.rope_nope import RoPENoPE, interleaved_nope_layers, log_temperature
 
 D_MODEL, N_HEAD, HEAD_DIM = 32, 4, 8
@@ -97,7 +98,7 @@ def test_the_temperature_is_one_within_the_training_length_and_llama4s_log_beyon
 @pytest.mark.parametrize("layers", ["nope", "all"])
 def test_the_temperature_scales_each_querys_logits_on_its_layers(layers):
     """Beyond L, query m's q (hence its logits q·k/√d) is multiplied by τ(m) on the NoPE layers
-    (Llama 4) or on every layer; keys are left alone."""
+    (Llama 4) or on every layer, through the contract's logit scale; keys are left alone."""
     L, T = 4, 12
     kw = dict(n_layer=2, nope_every=2, temperature_beta=0.5, original_max_len=L)
     plain = RoPENoPE(D_MODEL, N_HEAD, **kw)
@@ -108,7 +109,7 @@ def test_the_temperature_scales_each_querys_logits_on_its_layers(layers):
     tempered.prepare(T)
     tau = torch.tensor([1.0] * 4 + [1 + 0.5 * math.log(2)] * 4 + [1 + 0.5 * math.log(3)] * 4)  # (T,)
     for layer in (0, 1):
-        (pq, pk), (tq, tk) = plain.rotate(q, k, ctx, layer), tempered.rotate(q, k, ctx, layer)
+        (pq, pk, _), (tq, tk, _) = encode(plain, q, k, ctx, layer), encode(tempered, q, k, ctx, layer)
         scaled = layer == 1 or layers == "all"
         torch.testing.assert_close(tq, pq * tau[:, None] if scaled else pq)
         assert torch.equal(tk, pk)

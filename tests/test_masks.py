@@ -10,12 +10,12 @@ built here from the definitions.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 
 import pytest
 import torch
 
+from attention_reference import reference
 from posenc.build import build_model
 from posenc.config import compose, group_options
 from posenc.nn import attention
@@ -172,11 +172,6 @@ def visible_reference(doc: torch.Tensor | None, window: Window, B: int) -> torch
     return out
 
 
-def reference(q, k, v, scores_extra, visible):
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]) + scores_extra
-    return scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v
-
-
 MASKS = [(True, Window()), (False, Window(5)), (True, Window(5)), (True, Window(4, chunked=True))]
 
 
@@ -186,7 +181,8 @@ MASKS = [(True, Window()), (False, Window(5)), (True, Window(5)), (True, Window(
 def test_every_cpu_path_with_documents_and_windows_equals_the_float64_reference(name, documents, window,
                                                                                  monkeypatch):
     """The reference computes the bias at each token's position inside its document (B, H, T, T);
-    attention may compute it otherwise (at window indices for a bias of i - j alone)."""
+    attention may compute it otherwise (at window indices for a bias of i - j alone). Every other
+    term (content, decays, logit scale, sink, normaliser) is the encoding's own, under this mask."""
     encoding = model_of(name).encoding
     B, H, HD = 2, 4, 8
     doc = DOC if documents else None
@@ -196,21 +192,17 @@ def test_every_cpu_path_with_documents_and_windows_equals_the_float64_reference(
         Context.arange(T, dtype=torch.float64, masks=(mask,))
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
+    x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64)  # the block's input (FoX's gates)
     encoding.prepare(T)
-    q, k = encoding.rotate(q, k, ctx, 0)
-    extra = torch.zeros(B, H, T, T, dtype=torch.float64)
-    if encoding.has_bias:
-        extra = extra + encoding.bias(pos, pos).double()
-    content = encoding.content_bias(q, k, ctx, 0).double() if encoding.has_content_bias else None
-    if content is not None:
-        extra = extra + content
-    expected = reference(q, k, v, extra, visible_reference(doc, window, B))
-    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), content=content),
+    q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
+    extra = encoding.bias(pos, pos).double() if encoding.has_bias else None
+    expected = reference(q, k, v, visible_reference(doc, window, B), extra, terms)
+    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms),
                                expected)
     monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)  # the long-sequence path: query chunks of 5
     monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
     chunked = attention.plan(encoding, ctx, 0, 0.0)
-    torch.testing.assert_close(attention.attend(q, k, v, chunked, content=content), expected)
+    torch.testing.assert_close(attention.attend(q, k, v, chunked, terms=terms), expected)
 
 
 @pytest.mark.parametrize(("documents", "window"), MASKS[:3], ids=["documents", "sliding", "documents+sliding"])
@@ -234,5 +226,5 @@ def test_flex_block_mask_with_documents_and_windows_equals_the_reference(name, d
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         out = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask.block_mask(torch.device("cpu")))
-    extra = encoding.bias(pos, pos).double() if encoding.has_bias else torch.zeros(1, dtype=torch.float64)
-    torch.testing.assert_close(out, reference(q, k, v, extra, visible_reference(doc, window, B)))
+    extra = encoding.bias(pos, pos).double() if encoding.has_bias else None
+    torch.testing.assert_close(out, reference(q, k, v, visible_reference(doc, window, B), extra))

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
-from torch import Tensor
 
 from posenc.bench.memory import sync
 from posenc.bench.reference import REFERENCE, PlainGPT

@@ -11,11 +11,12 @@ from collections.abc import Callable
 from typing import TypeVar
 
 import typer
-from rich.console import Console
 from rich.markup import escape
 
-console = Console()
-err_console = Console(stderr=True)
+from posenc.terminal import make_console
+
+console = make_console()
+err_console = make_console(stderr=True)
 
 #: a command whose arguments Typer passes through untouched, to Hydra's own parser
 HYDRA_ARGS = {"context_settings": {"allow_extra_args": True, "ignore_unknown_options": True,

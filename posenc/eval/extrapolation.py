@@ -140,3 +140,25 @@ def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullco
         e.get("tokens", 16384), e.get("batch_tokens", 16384), device, autocast, stride=e.get("stride"),
         on_result=on_result,
     )
+
+
+def show(record: dict, results: list[LengthResult]) -> None:
+    """The terminal table of `posenc eval` on a corpus: perplexity per length."""
+    from rich import get_console
+    from rich.table import Table
+
+    enc = record["encoding"]
+    opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")
+    stride = record["extrapolation"]["stride"]
+    title = (f"{enc['name']}" + (f" ({opts})" if opts else "") + f" — trained at {record['seq_len']} tokens, "
+             + ("non-overlapping windows" if stride is None else f"sliding windows, stride {stride}"))
+    table = Table(title=title, title_justify="left")
+    for name in ("length", "× train", "ppl", "loss", "windows", "scored tokens", "time"):
+        table.add_column(name, justify="right")
+    table.add_column("note")
+    for r in results:
+        defined = r.ppl is not None
+        table.add_row(f"{r.length:,}", f"{r.multiple:g}", f"{r.ppl:.3f}" if defined else "—",
+                      f"{r.loss:.4f}" if defined else "—", f"{r.windows:,}", f"{r.scored_tokens:,}",
+                      f"{r.seconds:.1f} s", r.reason or "")
+    get_console().print(table)

@@ -29,7 +29,6 @@ from torch import Tensor, nn
 from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
-from posenc.eval.tasks import task_lengths
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.rundir import write_json_atomic
 
@@ -170,23 +169,6 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     plt.close(fig)
     tmp.replace(png_path)
     return [json_path, png_path]
-
-
-def from_config(model: nn.Module, data, cfg, device: torch.device | str = "cpu", autocast=nullcontext) -> dict:
-    """The per-position record of a run as its config says: a corpus at eval.lengths ×
-    trainer.seq_len over the extrapolation's validation span, or a synthetic task at
-    dataset.eval_multiples × trainer.seq_len on its evaluation instances."""
-    from posenc.eval.extrapolation import eval_lengths, eval_span
-
-    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
-    if isinstance(data, SyntheticTask):
-        batches = {L: task_batches(data, L, 0, batch_tokens) for L in task_lengths(T, data.eval_multiples)}
-    else:
-        lengths = eval_lengths(T, list(cfg.eval.lengths))
-        span = eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))
-        windows = data.validation_windows(cfg.eval.get("packing"))
-        batches = {L: corpus_batches(windows, L, span, batch_tokens) for L in lengths}
-    return per_position(model, batches, T, BUCKETS, device, autocast)
 
 
 def log_to(tracker, record: dict, figure: Path, step: int, tokens: int) -> None:

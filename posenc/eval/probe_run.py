@@ -11,11 +11,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from posenc.data.synthetic import SyntheticTask, make_task
-from posenc.errors import UserError
+from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
 from posenc.tracking import Tracker
@@ -37,25 +35,12 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
         length = m * T
         if model.encoding.max_len is not None and length > model.encoding.max_len:
             continue  # a learned table has no positions there: nothing to probe
-        idx[length] = _windows(data, length, windows).to(device)
+        idx[length] = probe_windows(data, length, windows).to(device)
     with torch.no_grad():
         probes = probe_lengths(model, idx)
     paths = write_probes(probes, run_dir / "probes", T)
     _log_to_wandb(run_dir, cfg, state, [p for p in paths if p.suffix == ".png"])
     return paths
-
-
-def _windows(data, length: int, windows: int) -> torch.Tensor:
-    """(windows, length) token ids: the first validation windows, or the task's first
-    evaluation instances (the same for every run)."""
-    if isinstance(data, SyntheticTask):
-        ids = make_task(data.task, length, windows, 0, **data.options)["ids"]
-        return torch.tensor(ids, dtype=torch.int64)[:, :-1]
-    if len(data.validation) < windows * length:
-        raise UserError(f"the validation split has {len(data.validation)} tokens, fewer than {windows} windows "
-                        f"of {length} — probe shorter lengths")
-    w = np.asarray(data.validation[: windows * length], dtype=np.int64).reshape(windows, length)
-    return torch.from_numpy(w)
 
 
 def _log_to_wandb(run_dir: Path, cfg, state: dict, figures: list[Path]) -> None:

@@ -1,9 +1,9 @@
 """Probes of a trained model from one forward pass, without touching the model.
 
-Forward hooks on each block's ``c_attn`` (the nn.Linear producing q, k, v: (B, T, 3·d)) keep
-its output; the attention probabilities are then recomputed exactly as the model computes
-them: split heads, the encoding's ``rotate``, scaled dot products, its ``bias`` and
-``content_bias``, the causal mask, softmax. From them:
+Forward pre-hooks on each block's attention keep its input x (B, T, d, after the norm); the
+attention weights are then recomputed by the layer itself (``CausalSelfAttention.weights``:
+the same q, k and encoding hooks as its forward, written out with its mask, its bias, content
+bias, decays, logit scale, sink and normaliser). From them:
 
 - attention entropy H_i = -Σ_j p_ij log p_ij per layer, head and query position i (at most
   log(i+1), reached by a uniform row);
@@ -19,7 +19,6 @@ Everything returned is plain lists and numbers (JSON-ready); ``write_probe_figur
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -57,15 +56,15 @@ def pair_sq_norms(x: Tensor, pairs: Tensor) -> Tensor:
 
 
 class _Capture:
-    """Forward hooks keeping each layer's c_attn output for one forward."""
+    """Forward pre-hooks keeping each layer's attention input for one forward."""
 
     def __init__(self, model: nn.Module) -> None:
-        self.outputs: dict[int, Tensor] = {}
-        self.handles = [block.attn.c_attn.register_forward_hook(self._hook(i)) for i, block in enumerate(model.blocks)]
+        self.inputs: dict[int, Tensor] = {}
+        self.handles = [block.attn.register_forward_pre_hook(self._hook(i)) for i, block in enumerate(model.blocks)]
 
     def _hook(self, layer: int):
-        def hook(module: nn.Module, args: tuple, output: Tensor) -> None:
-            self.outputs[layer] = output.detach().float()
+        def hook(module: nn.Module, args: tuple) -> None:
+            self.inputs[layer] = args[0].detach()
         return hook
 
     def remove(self) -> None:
@@ -74,9 +73,9 @@ class _Capture:
 
 
 @torch.no_grad()
-def capture_qkv(model: nn.Module, idx: Tensor) -> list[Tensor]:
-    """One eval-mode forward of ``model`` (a posenc GPT) on idx (B, T); per layer the output of
-    its c_attn, (B, T, 3C) in float32: q, k, v before heads are split and before ``rotate``."""
+def capture_inputs(model: nn.Module, idx: Tensor) -> list[Tensor]:
+    """One eval-mode forward of ``model`` (a posenc GPT) on idx (B, T); per layer the input of its
+    attention, (B, T, C): the normed residual stream its q, k, v and encoding hooks see."""
     if any(block.attn.attention != "softmax" for block in model.blocks):
         raise ValueError("attention probes need softmax attention (model.attention=softmax)")
     capture = _Capture(model)
@@ -87,7 +86,15 @@ def capture_qkv(model: nn.Module, idx: Tensor) -> list[Tensor]:
     finally:
         capture.remove()
         model.train(was_training)
-    return [capture.outputs[layer] for layer in range(len(model.blocks))]
+    return [capture.inputs[layer] for layer in range(len(model.blocks))]
+
+
+@torch.no_grad()
+def capture_qkv(model: nn.Module, idx: Tensor, inputs: list[Tensor] | None = None) -> list[Tensor]:
+    """Per layer the output of its c_attn, (B, T, 3C) in float32: q, k, v before heads are split
+    and before ``rotate``. inputs: ``capture_inputs``'s output if already taken."""
+    inputs = capture_inputs(model, idx) if inputs is None else inputs
+    return [block.attn.c_attn(x).float() for block, x in zip(model.blocks, inputs)]
 
 
 def split_heads(qkv: Tensor, n_head: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -96,37 +103,26 @@ def split_heads(qkv: Tensor, n_head: int) -> tuple[Tensor, Tensor, Tensor]:
 
 
 @torch.no_grad()
-def attention_probabilities(model: nn.Module, idx: Tensor, qkv: list[Tensor] | None = None) -> list[Tensor]:
-    """Per layer the attention probabilities (B, H, T, T) the model used on idx (B, T):
-    softmax(q·kᵀ/√hd + b(i, j) + content bias, masked as the layer is: causal, and its window),
-    as posenc.nn.attention computes them, with each layer's own encoding.
-    qkv: ``capture_qkv``'s output if already taken (else one forward here)."""
+def attention_probabilities(model: nn.Module, idx: Tensor, inputs: list[Tensor] | None = None) -> list[Tensor]:
+    """Per layer the attention weights (B, H, T, T) the model used on idx (B, T), each layer
+    recomputing its own (the encoding's hooks, masked as the layer is: causal, its window).
+    Rows sum to 1 under softmax; less where a sink takes a share.
+    inputs: ``capture_inputs``'s output if already taken (else one forward here)."""
     ctx = model.context(idx, None, None, None)
-    qkv = capture_qkv(model, idx) if qkv is None else qkv
-    probs = []
-    for layer, block in enumerate(model.blocks):
-        encoding = model.encoding.for_layer(layer)
-        q, k, _ = split_heads(qkv[layer], block.attn.n_head)
-        q, k = encoding.rotate(q, k, ctx, layer)
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
-        if encoding.has_bias:
-            scores = scores + encoding.bias(ctx.pos, ctx.pos).float()  # (H, T, T)
-        if encoding.has_content_bias:
-            scores = scores + encoding.content_bias(q, k, ctx, layer).float()
-        hidden = ~ctx.mask(layer).visible(device=idx.device)  # (1, 1, T, T)
-        probs.append(torch.softmax(scores.float().masked_fill(hidden, float("-inf")), dim=-1))
-    return probs
+    inputs = capture_inputs(model, idx) if inputs is None else inputs
+    return [block.attn.weights(x, model.encoding.for_layer(layer), ctx, layer)
+            for layer, (block, x) in enumerate(zip(model.blocks, inputs))]
 
 
 @torch.no_grad()
-def rotary_frequency_norms(model: nn.Module, idx: Tensor, qkv: list[Tensor] | None = None) -> dict | None:
+def rotary_frequency_norms(model: nn.Module, idx: Tensor, inputs: list[Tensor] | None = None) -> dict | None:
     """For a rotary encoding, per layer the mean over batch, heads and positions of the squared
     norm of q and of k in each dimension pair (before rotation, which preserves it), with each
     pair's frequency θ_i (0 for pairs left unrotated). None for other encodings."""
     encoding = model.encoding
     if not isinstance(encoding, RoPE):
         return None
-    qkv = capture_qkv(model, idx) if qkv is None else qkv
+    qkv = capture_qkv(model, idx, inputs)
     pairs = frequency_pairs(encoding.head_dim, encoding.rot_dim, encoding.style)
     theta = torch.zeros(len(pairs))
     theta[: encoding.rot_dim // 2] = encoding.inv_freq.float().cpu()
@@ -159,9 +155,9 @@ def attention_probes(model: nn.Module, idx: Tensor) -> dict:
     row's; rotary and bias: see ``rotary_frequency_norms`` and ``position_bias_curve``."""
     T = idx.shape[1]
     pos = torch.arange(T, device=idx.device)
-    qkv = capture_qkv(model, idx)  # the one forward
+    inputs = capture_inputs(model, idx)  # the one forward
     entropy, distance = [], []
-    for p in attention_probabilities(model, idx, qkv):  # (B, H, T, T)
+    for p in attention_probabilities(model, idx, inputs):  # (B, H, T, T)
         entropy.append(attention_entropy(p).mean(0).cpu())  # (H, T)
         distance.append(attention_distance(p, pos, pos).mean(0).cpu())  # (H, T)
     return {
@@ -170,7 +166,7 @@ def attention_probes(model: nn.Module, idx: Tensor) -> dict:
         "max_entropy": torch.log(torch.arange(1, T + 1, dtype=torch.float64)).tolist(),
         "distance_by_query": [d.tolist() for d in distance],
         "distance": [d.mean(-1).tolist() for d in distance],
-        "rotary": rotary_frequency_norms(model, idx, qkv),
+        "rotary": rotary_frequency_norms(model, idx, inputs),
         "bias": position_bias_curve(model.encoding, T, idx.device),
     }
 

@@ -12,17 +12,14 @@ output_name).
 from __future__ import annotations
 
 import re
-from dataclasses import asdict
 from pathlib import Path
 
-from rich.console import Console
-
 from posenc.config import load_run_config
-from posenc.eval import extrapolation, tasks
 from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
+from posenc.terminal import make_console
 
-console = Console()  # the `posenc eval` command's output, for people
+console = make_console()  # the `posenc eval` command's output, for people
 
 
 def output_name(overrides: list[str]) -> str:
@@ -68,9 +65,7 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     from rich.progress import Progress
 
     from posenc.build import encoding_summary
-
-    from posenc.data.synthetic import SyntheticTask
-    from posenc.eval import final
+    from posenc.eval import evaluation, final
 
     run_dir = Path(run_dir)
     cfg, data, model, state, autocast = load_trained(run_dir, overrides)
@@ -80,57 +75,11 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
     final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}")
-    if isinstance(data, SyntheticTask):  # dataset=synthetic: task accuracy, not perplexity
-        results = final.task_results(model, data, cfg, device)
-        record = {**header, **tasks.summary(data.task, results)}
-        write_json_atomic(out, record)
-        print_task_results(record, data.task, results)
-        console.print(f"wrote [bold]{out}[/]")
-        return record, out
-
     with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("evaluating lengths", total=len(cfg.eval.lengths))
-        results = extrapolation.run_from_config(model, data, cfg, device, autocast,
-                                                on_result=lambda r: progress.advance(task))
-    record = {**header, **extrapolation.summary(results, cfg.eval.get("stride"), final.eval_packing(cfg))}
+        task = progress.add_task("evaluating lengths", total=None)
+        result = evaluation.evaluate(data, model, cfg, device, autocast, on_result=lambda r: progress.advance(task))
+    record = {**header, **result.summary}
     write_json_atomic(out, record)
-    print_results(record, results)
+    result.show(record)
     console.print(f"wrote [bold]{out}[/]")
     return record, out
-
-
-def print_results(record: dict, results: list[extrapolation.LengthResult]) -> None:
-    from rich.table import Table
-
-    enc = record["encoding"]
-    opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")
-    stride = record["extrapolation"]["stride"]
-    title = (f"{enc['name']}" + (f" ({opts})" if opts else "") + f" — trained at {record['seq_len']} tokens, "
-             + ("non-overlapping windows" if stride is None else f"sliding windows, stride {stride}"))
-    table = Table(title=title, title_justify="left")
-    for name in ("length", "× train", "ppl", "loss", "windows", "scored tokens", "time"):
-        table.add_column(name, justify="right")
-    table.add_column("note")
-    for r in results:
-        row = asdict(r)
-        defined = r.ppl is not None
-        table.add_row(f"{r.length:,}", f"{r.multiple:g}", f"{r.ppl:.3f}" if defined else "—",
-                      f"{r.loss:.4f}" if defined else "—", f"{row['windows']:,}", f"{r.scored_tokens:,}",
-                      f"{r.seconds:.1f} s", r.reason or "")
-    console.print(table)
-
-
-def print_task_results(record: dict, task: str, results: list[dict]) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
-                  title_justify="left")
-    for name in ("length", "× train", "accuracy", "95% interval", "token accuracy", "n"):
-        table.add_column(name, justify="right")
-    table.add_column("note")
-    for r in results:
-        defined = r["accuracy"] is not None
-        table.add_row(f"{r['length']:,}", f"{r['multiple']:g}", f"{r['accuracy']:.3f}" if defined else "—",
-                      f"{r['low']:.3f}–{r['high']:.3f}" if defined else "—",
-                      f"{r['token_accuracy']:.3f}" if defined else "—", str(r["n"]), r.get("skipped", ""))
-    console.print(table)

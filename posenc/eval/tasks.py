@@ -8,17 +8,15 @@ instances with a 95% Wilson score interval, which stays inside [0, 1] and is hon
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-import torch.nn.functional as F
 from scipy import stats
 from torch import Tensor, nn
 
-from posenc.data.synthetic import IGNORE_INDEX, SyntheticTask, make_task, targets_of
-from posenc.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY, VAL_LOSS, VAL_PPL
+from posenc.data.synthetic import SyntheticTask, make_task
+from posenc.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
 from posenc.nn.encodings.base import PositionOutOfRange
 
 MULTIPLES = (1, 2, 4, 8)
@@ -138,3 +136,21 @@ def log_to(tracker, task: str, results: list[dict], step: int, tokens: int) -> N
     rows = [[r["length"], r["multiple"], r["accuracy"], r["low"], r["high"]] for r in results if r["accuracy"] is not None]
     tracker.log_curve(f"tasks/{task}/accuracy_by_length", ["length", "multiple", "accuracy", "low", "high"], rows,
                       "length", "accuracy", step, tokens, title=f"{task}: exact-match accuracy against length")
+
+
+def show(record: dict, task: str, results: list[dict]) -> None:
+    """The terminal table of `posenc eval` on a task: exact-match accuracy per length."""
+    from rich import get_console
+    from rich.table import Table
+
+    table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
+                  title_justify="left")
+    for name in ("length", "× train", "accuracy", "95% interval", "token accuracy", "n"):
+        table.add_column(name, justify="right")
+    table.add_column("note")
+    for r in results:
+        defined = r["accuracy"] is not None
+        table.add_row(f"{r['length']:,}", f"{r['multiple']:g}", f"{r['accuracy']:.3f}" if defined else "—",
+                      f"{r['low']:.3f}–{r['high']:.3f}" if defined else "—",
+                      f"{r['token_accuracy']:.3f}" if defined else "—", str(r["n"]), r.get("skipped", ""))
+    get_console().print(table)

@@ -1,21 +1,26 @@
-"""Softmax attention under a mask, with an optional position bias. Kernels see an encoding only
-through what it offers (a position bias, optionally as a FlexAttention ``score_mod``; a content
-bias) and the layer only through its mask (posenc/nn/mask.py: causal, documents, a window).
+"""Attention under a mask, with what the encoding adds. Kernels see an encoding only through what
+it offers (a position bias, optionally as a FlexAttention ``score_mod``; per layer a content bias,
+cumulative decays, a logit scale, a sink, a replaced normaliser) and the layer only through its
+mask (posenc/nn/mask.py: causal, documents, a window).
 
 Which kernel runs is chosen from those offers and from what the device can do (``plan``),
-never from the encoding's name (docs/architecture.md, "Attention paths"):
+never from the encoding's name (docs/mechanisms.md):
 
-- no bias, causal only: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN /
-  memory-efficient), the fast common case;
-- on CUDA, a bias offered as a score_mod and/or a mask beyond causality: FlexAttention with the
-  mask's ``BlockMask``, built once per forward and shared by every layer with that mask, so
-  masked blocks are skipped (posenc.nn.flex): no H x T x T tensor, forward or backward;
+- nothing but causality: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN /
+  memory-efficient), the fast common case; a logit scale multiplies q and keeps it;
+- on CUDA, a bias offered as a score_mod, decays, a sink and/or a mask beyond causality:
+  FlexAttention with the mask's ``BlockMask``, built once per forward and shared by every layer
+  with that mask, so masked blocks are skipped (posenc.nn.flex): the decays c_i - c_j join the
+  score_mod over the captured (B, H, T) c, a sink rescales the output by σ(lse - s): no
+  H x T x T tensor, forward or backward;
 - otherwise (CPU, or a CUDA fallback, said once in a warning): SDPA with an explicit mask —
   boolean where there is no bias, the float bias with -inf on hidden keys where there is one.
   Short sequences build it once per forward and share it across layers; long ones (evaluation
   far beyond the training length) compute it for a chunk of queries at a time, and a window
   limits each chunk's keys, so memory grows as H · chunk · keys, never H · T²;
-- a content bias (computed from q and k, e.g. CoPE): added to the explicit mask in each layer.
+- per layer, a content bias (CoPE) or decays (FoX) join those rows, a sink is one more key
+  with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) gets the
+  rows' logits written out (``explicit_weights``) instead of SDPA.
 
 Under document masking a bias that depends on positions only through i - j is computed at window
 indices (``Context.at_indices``): inside a document i - j is the difference of the indices and
@@ -24,6 +29,7 @@ pairs across documents are masked, so it is the same bias with no per-sequence g
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import flex
-from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.base import Context, Normaliser, PositionalEncoding
 from posenc.nn.flex import FlexPlan
 from posenc.nn.mask import AttentionMask
 
@@ -55,7 +61,7 @@ def warn_once(message: str) -> None:
 
 
 def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_score_mod: bool,
-                  flex_available: bool = flex.AVAILABLE) -> tuple[str, str | None]:
+                  replaces_softmax: bool = False, flex_available: bool = flex.AVAILABLE) -> tuple[str, str | None]:
     """The kernel for a bias or a mask beyond causality: ("flex" | "sdpa", why not flex on CUDA
     or None). FlexAttention is the CUDA path; on CPU it has no backward (torch 2.13), so SDPA
     with an explicit mask is the designed path there, not a fallback."""
@@ -70,6 +76,8 @@ def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_scor
         return "sdpa", "FlexAttention has no attention dropout (model.dropout > 0)"
     if not offers_score_mod:
         return "sdpa", "the encoding offers no score_mod"
+    if replaces_softmax:
+        return "sdpa", "the encoding replaces softmax, which FlexAttention computes"
     return "flex", None
 
 
@@ -111,25 +119,71 @@ class DensePlan:
 Plan = DensePlan | FlexPlan | None
 
 
+@dataclass(frozen=True)
+class LayerTerms:
+    """What one layer's encoding adds to its attention in one forward, beside the shared plan.
+
+    content: (B, H, T, T) content bias; decay: (B, H, T) cumulative log-decays c (the logit of
+    query i and key j gains c_i - c_j); sink: (H,) sink logits; normalise: replaces softmax."""
+
+    content: Tensor | None = None
+    decay: Tensor | None = None
+    sink: Tensor | None = None
+    normalise: Normaliser | None = None
+
+    @property
+    def empty(self) -> bool:
+        return self.content is None and self.decay is None and self.sink is None and self.normalise is None
+
+
+NO_TERMS = LayerTerms()
+
+
+def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, layer: int
+           ) -> tuple[Tensor, Tensor, LayerTerms]:
+    """What an encoding does to one layer's attention, in the contract's order: rotate q and k;
+    the content bias from the rotated q, k; the logit scale τ on q (so it multiplies q·k/√d
+    alone, on every kernel); the decays, the sink and the normaliser. ctx carries the block's
+    input x (``Context.with_input``). q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
+    q, k = encoding.rotate(q, k, ctx, layer)
+    content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
+    scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
+    if scale is not None:
+        q = q * scale.to(q.dtype)  # (B, H, T, hd) x (B|1, H|1, T, 1): query i's logits x τ_i
+    return q, k, LayerTerms(
+        content=content,
+        decay=encoding.decay(ctx, layer) if encoding.has_decay else None,
+        sink=encoding.sink_logit(layer) if encoding.has_sink else None,
+        normalise=encoding.normalise if encoding.has_normaliser else None,
+    )
+
+
 def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float) -> Plan:
     """How block ``layer`` attends in this forward, from what its encoding offers, its mask and
     the device (one warning when a CUDA run falls back from FlexAttention)."""
     mask = ctx.mask(layer)
-    if not encoding.has_bias and not encoding.has_content_bias and mask.causal_only:
+    per_layer = encoding.has_content_bias or encoding.has_decay or encoding.has_sink or encoding.has_normaliser
+    if not encoding.has_bias and not per_layer and mask.causal_only:
         return None
-    bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
-    fn = encoding.bias if encoding.has_bias else None
-    if encoding.has_content_bias:  # its per-layer term joins the explicit mask, so the bias does too
-        return DensePlan.build(mask, fn, bias_ctx.pos, ctx.dtype)
+    if encoding.has_content_bias:  # its (B, H, T, T) term joins the explicit mask, so the bias does too
+        return dense_plan(encoding, ctx, layer)
     if ctx.device.type == "cuda":
-        score_mod = encoding.score_mod(bias_ctx) if fn is not None else None
-        kernel, why_not = select_kernel("cuda", encoding.head_dim, dropout_p, fn is None or score_mod is not None)
+        bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
+        score_mod = encoding.score_mod(bias_ctx) if encoding.has_bias else None
+        kernel, why_not = select_kernel("cuda", encoding.head_dim, dropout_p,
+                                        not encoding.has_bias or score_mod is not None, encoding.has_normaliser)
         if kernel == "flex":
             return FlexPlan(score_mod, mask.block_mask(ctx.device))
-        what = f"encoding '{encoding.name}'" if fn is not None else f"the {mask.window.describe()} mask"
+        what = f"encoding '{encoding.name}'" if encoding.has_bias or per_layer else f"the {mask.window.describe()} mask"
         warn_once(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                   f"(slower, O(H·T²) memory per layer) because {why_not}")
-    return DensePlan.build(mask, fn, bias_ctx.pos, ctx.dtype)
+    return dense_plan(encoding, ctx, layer)
+
+
+def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
+    """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
+    bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
+    return DensePlan.build(ctx.mask(layer), encoding.bias if encoding.has_bias else None, bias_ctx.pos, ctx.dtype)
 
 
 def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float) -> list[Plan]:
@@ -147,36 +201,90 @@ def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: f
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float = 0.0,
-           content: Tensor | None = None) -> Tensor:
-    """Softmax attention of one layer. q, k, v: (B, H, T, hd) -> (B, H, T, hd).
+           terms: LayerTerms = NO_TERMS) -> Tensor:
+    """Attention of one layer. q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev).
 
-    plan: the layer's plan for this forward; content: (B, H, T, T) content bias of this layer."""
-    if plan is None and content is None:
+    plan: the layer's plan for this forward; terms: what its encoding adds in this layer."""
+    if plan is None and terms.empty:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if isinstance(plan, FlexPlan):
-        return plan.attend(q, k, v)
-    if plan is None:  # a content bias alone: causal over the window
-        plan = DensePlan.build(AttentionMask(q.shape[-2]), None, torch.arange(q.shape[-2], device=q.device), q.dtype)
+        return plan.attend(q, k, v, terms.decay, terms.sink)
+    if plan is None:  # terms without a plan: causal over the window
+        T = q.shape[-2]
+        plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype)
     T = q.shape[-2]
     chunk = T if plan.dense is not None else QUERY_CHUNK
-    out = torch.empty_like(q) if chunk < T else None
+    out = v.new_empty(*v.shape[:-2], T, v.shape[-1]) if chunk < T else None
     for start in range(0, T, chunk):
         end = min(start + chunk, T)
         lo = plan.mask.key_range(start, end)[0] if chunk < T else 0
-        mask = plan.rows(start, end, lo)
-        if content is not None:
-            mask = with_content(mask, content[..., start:end, lo:end])
-        y = F.scaled_dot_product_attention(q[..., start:end, :], k[..., lo:end, :], v[..., lo:end, :],
-                                           attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
-                                           dropout_p=dropout_p)
+        y = attend_rows(q[..., start:end, :], k[..., lo:end, :], v[..., lo:end, :], plan.rows(start, end, lo),
+                        terms, start, lo, dropout_p)
         if out is None:
             return y
         out[..., start:end, :] = y
     return out
 
 
+def attend_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, terms: LayerTerms, start: int, lo: int,
+                dropout_p: float) -> Tensor:
+    """Queries start.. against keys lo..: q (B, H, rows, E), k (B, H, keys, E), v (B, H, keys, Ev),
+    mask (B|1, 1|H, rows, keys) boolean or float -> (B, H, rows, Ev). SDPA, unless the encoding
+    replaces softmax; a sink joins as one more key with a zero value and the sink's logit."""
+    mask = with_terms(mask, terms, start, lo)
+    if terms.normalise is not None:
+        w = explicit_weights(q, k, mask, terms, start, lo)
+        return F.dropout(w, dropout_p).to(v.dtype) @ v
+    if terms.sink is not None:
+        B, H = q.shape[:2]
+        mask = float_mask(mask, q.dtype).expand(B, H, -1, -1)
+        sink = terms.sink.to(mask.dtype)[None, :, None, None].expand(B, H, mask.shape[-2], 1)
+        mask = torch.cat((mask, sink), dim=-1)  # (B, H, rows, keys + 1)
+        k = torch.cat((k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])), dim=-2)  # q·0 = 0: the logit is s_h
+        v = torch.cat((v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])), dim=-2)  # and its value is zero
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
+                                          dropout_p=dropout_p)
+
+
+def with_terms(mask: Tensor, terms: LayerTerms, start: int, lo: int) -> Tensor:
+    """The layer's logit terms for queries start.. and keys lo.. joined to the mask's rows."""
+    end = start + mask.shape[-2]
+    if terms.content is not None:
+        mask = with_content(mask, terms.content[..., start:end, lo:lo + mask.shape[-1]])
+    if terms.decay is not None:
+        c = terms.decay  # (B, H, T)
+        decay = c[..., start:end, None] - c[..., None, lo:lo + mask.shape[-1]]  # (B, H, rows, keys): c_i - c_j
+        mask = with_content(mask, decay)
+    return mask
+
+
+def explicit_weights(q: Tensor, k: Tensor, mask: Tensor, terms: LayerTerms = NO_TERMS, start: int = 0,
+                     lo: int = 0) -> Tensor:
+    """The attention weights written out: the encoding's normaliser (softmax unless replaced,
+    with the sink in the denominator) of q·kᵀ/√E + mask, where ``mask`` already holds the
+    layer's terms (``with_terms``). q (B, H, rows, E), k (B, H, keys, E) -> (B, H, rows, keys)
+    in at least float32."""
+    dtype = torch.promote_types(q.dtype, torch.float32)
+    scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1]) + float_mask(mask, dtype)
+    if terms.normalise is not None:
+        rows, keys = scores.shape[-2:]
+        return terms.normalise(scores, torch.arange(start, start + rows, device=q.device),
+                               torch.arange(lo, lo + keys, device=q.device))
+    if terms.sink is None:
+        return scores.softmax(-1)
+    sink = terms.sink.to(dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)
+    return torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+
+
+def float_mask(mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """A boolean mask as 0 / -inf logits; a float mask as it is."""
+    if mask.dtype != torch.bool:
+        return mask.to(dtype)
+    return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(~mask, float("-inf"))
+
+
 def with_content(mask: Tensor, content: Tensor) -> Tensor:
-    """A content bias (B, H, rows, keys) joined to an explicit mask: added to a float mask
+    """A logit term (B, H, rows, keys) joined to an explicit mask: added to a float mask
     (whose hidden keys are -inf already), or -inf where a boolean mask hides the key."""
     if mask.dtype == torch.bool:
         return content.masked_fill(~mask, float("-inf"))

@@ -10,24 +10,21 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import Plan, attend
+from posenc.nn.attention import LayerTerms, Plan, attend, dense_plan, encode, explicit_weights, with_terms
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
 
 
-class RMSNorm(nn.Module):
-    """x / √(mean(x²) + ε) · g (Zhang & Sennrich, 2019): LayerNorm without centring or bias."""
+class RMSNorm(nn.RMSNorm):
+    """torch.nn.RMSNorm (Zhang & Sennrich, 2019: LayerNorm without centring or bias), normalised in
+    fp32 whatever the input's dtype (bf16's mean of squares loses digits), then back to it."""
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
+        super().__init__(d_model, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        # normalise in fp32 (bf16's mean of squares loses digits), then back to x's dtype
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).type_as(x) * self.weight
+        return F.rms_norm(x.float(), self.normalized_shape, None, self.eps).type_as(x) * self.weight
 
 
 def make_norm(d_model: int, flavor: Flavor) -> nn.Module:
@@ -53,17 +50,36 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int) -> Tensor:
         """encoding: this layer's encoding; plan: how this layer attends in this forward."""
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(C, dim=2)
-        # (B, T, C) -> (B, H, T, hd)
-        q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
         if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
+            q, k, v = self.heads(x)
             y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, ctx, layer))
         else:
-            q, k = encoding.rotate(q, k, ctx, layer)
-            content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
-            y = attend(q, k, v, plan, self.dropout if self.training else 0.0, content)
+            q, k, v, terms = self.encoded(x, encoding, ctx, layer)
+            y = attend(q, k, v, plan, self.dropout if self.training else 0.0, terms)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """x (B, T, C) -> q, k, v each (B, H, T, hd)."""
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        return tuple(t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
+
+    def encoded(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, layer: int
+                ) -> tuple[Tensor, Tensor, Tensor, LayerTerms]:
+        """q, k (rotated and scaled by the encoding), v, and what the encoding adds in this layer;
+        its hooks see this block's input x (FoX's forget gates are computed from it)."""
+        q, k, v = self.heads(x)
+        q, k, terms = encode(encoding, q, k, ctx.with_input(x), layer)
+        return q, k, v, terms
+
+    @torch.no_grad()
+    def weights(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, layer: int) -> Tensor:
+        """The attention weights this layer uses on its input x (B, T, C), written out: (B, H, T, T)
+        float32 (probes; softmax attention only)."""
+        q, k, _, terms = self.encoded(x, encoding, ctx, layer)
+        rows = with_terms(dense_plan(encoding, ctx, layer).rows(0, x.shape[1], 0), terms, 0, 0)
+        return explicit_weights(q, k, rows, terms).float()
 
 
 class MLP(nn.Module):

@@ -3,7 +3,9 @@
 An encoding's bias becomes a ``score_mod`` evaluated inside the fused kernel, so ALiBi's
 -m_h·(i - j) or T5's bucket table is computed per score on the fly: no H x T x T tensor, on
 the forward or the backward, and a learned table receives its gradient through the captured
-tensor. The mask is a ``BlockMask`` (posenc/nn/mask.py), which lets the kernel skip every block
+tensor. A layer's decays (FoX) join the score_mod as c_i - c_j over the captured (B, H, T)
+cumulative sums; a sink rescales the output with the log-sum-exp FlexAttention returns. The mask
+is a ``BlockMask`` (posenc/nn/mask.py), which lets the kernel skip every block
 above the diagonal, across documents or outside a window; without documents it depends only on
 (T, window, device), so it is built once and cached.
 
@@ -25,6 +27,10 @@ try:
     from torch.nn.attention.flex_attention import flex_attention
 except ImportError:  # torch < 2.5
     flex_attention = None
+try:
+    from torch.nn.attention.flex_attention import AuxRequest
+except ImportError:  # torch < 2.9 returns the log-sum-exp with return_lse=True
+    AuxRequest = None
 
 #: whether this torch has FlexAttention
 AVAILABLE = flex_attention is not None
@@ -44,8 +50,33 @@ class FlexPlan:
     score_mod: ScoreMod | None
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        """q, k, v: (B, H, T, hd) -> (B, H, T, hd)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
+               sink: Tensor | None = None) -> Tensor:
+        """q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev); decay: (B, H, T) cumulative
+        log-decays of this layer; sink: (H,) its sink logits."""
         # inside a compiled model the outer compile fuses flex_attention; in eager, our compiled copy
         attend = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-        return attend(q, k, v, score_mod=self.score_mod, block_mask=self.block_mask)
+        score_mod = with_decay(self.score_mod, decay)
+        if sink is None:
+            return attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask)
+        if AuxRequest is not None:
+            out, aux = attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask, return_aux=AuxRequest(lse=True))
+            lse = aux.lse
+        else:
+            out, lse = attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask, return_lse=True)
+        # with the sink in the denominator every weight is softmax's × Σe^z / (Σe^z + e^s) = σ(lse - s)
+        return out * torch.sigmoid(lse - sink[None, :, None].to(lse.dtype)).unsqueeze(-1).to(out.dtype)
+
+
+def with_decay(score_mod: ScoreMod | None, c: Tensor | None) -> ScoreMod | None:
+    """score_mod + c_i - c_j, looked up in the captured (B, H, T) cumulative log-decays c (their
+    gradient flows through the capture, as a bias table's does)."""
+    if c is None:
+        return score_mod
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        if score_mod is not None:
+            score = score_mod(score, b, h, q_idx, kv_idx)
+        return score + (c[b, h, q_idx] - c[b, h, kv_idx])
+
+    return mod

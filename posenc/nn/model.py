@@ -60,11 +60,11 @@ class GPT(nn.Module):
         if len(self.layout.kinds) != n_layer:
             raise ValueError(f"the layer layout has {len(self.layout.kinds)} layers, the model {n_layer}")
         if attention == "linear":
-            biased = [l for l in range(n_layer) if encoding.for_layer(l).has_bias or encoding.for_layer(l).has_content_bias]
-            if biased:
+            scored = [l for l in range(n_layer) if encoding.for_layer(l).needs_scores]
+            if scored:
                 raise ValueError(
-                    f"model.attention=linear has no score matrix to add the bias of encoding "
-                    f"'{encoding.for_layer(biased[0]).name}' to — use a rotary, additive or no encoding "
+                    f"model.attention=linear has no score matrix or softmax for encoding "
+                    f"'{encoding.for_layer(scored[0]).name}' to act on — use a rotary, additive or no encoding "
                     f"(e.g. encoding=rope) or model.attention=softmax")
             if self.layout.limited:
                 raise ValueError("model.attention=linear has no mask to limit to a window — use layout=uniform "

@@ -34,6 +34,7 @@ from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
 from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
 from posenc.report.write import report_title, write_report
+from posenc.terminal import make_console
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:
@@ -214,7 +215,7 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
             out: Path | None = None, targets: Sequence[float | str] | None = None, console: Console | None = None,
             baseline: str | None = None, within: str | None = None, seeds: bool = False) -> Path:
     """Compare the runs under paths; print the tables; write plots and reports into out."""
-    console = console or Console()
+    console = console or make_console()
     c = build_comparison(find_runs(paths), by, metric, targets, baseline, within)  # refuses mistakes: nothing written yet
     out = Path(out) if out else default_out(paths)
     title = report_title(c, paths)

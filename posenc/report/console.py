@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rich.console import Console
 from rich.table import Table
 
 from posenc.metrics import (LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
                             TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
+from posenc.terminal import make_console
 
-console = Console()
+console = make_console()
 
 
 def _fmt(value, fmt: str) -> str:

@@ -18,6 +18,8 @@ from datetime import timedelta
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from posenc.terminal import make_console
+
 log = logging.getLogger("posenc.progress")
 
 
@@ -51,7 +53,7 @@ class TrainProgress:
     def __init__(self, total_steps: int, description: str = "train", enabled: bool = True,
                  console: Console | None = None) -> None:
         self.total, self.enabled = total_steps, enabled
-        self.console = console or Console()
+        self.console = console or make_console()
         self.live = enabled and self.console.is_terminal
         self.start_time, self.start_step = time.time(), None
         self.progress = None

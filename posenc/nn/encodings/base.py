@@ -5,34 +5,53 @@ has one hook for each, a no-op by default:
 
 - ``embed(x, ctx)``: added to the token embeddings before the first block (sinusoidal, learned);
 - ``rotate(q, k, ctx, layer)``: a position-dependent transform of queries and keys (RoPE,
-  xPos, a per-layer choice such as RoPE/NoPE hybrids, a length-dependent temperature);
+  xPos, PoPE's polar form, a per-layer choice such as RoPE/NoPE hybrids);
 - ``bias(q_pos, k_pos)``: a term added to the attention logits that depends on positions
   alone (T5's relative bias, ALiBi), computed once per forward and shared by all layers;
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
   (CoPE's contextual positions), computed in each layer.
 
+Position also enters through the attention itself (the 2024-25 mechanisms), each one more
+optional hook, computed in each layer:
+
+- ``decay(ctx, layer)``: cumulative log-decays c (B, H, T); the logit of query i and key j
+  gains c_i - c_j = Σ_{t=j+1..i} log f_t (the Forgetting Transformer's data-dependent
+  forget gates): O(T) memory, a FlexAttention score_mod on CUDA;
+- ``logit_scale(ctx, layer)``: a per-query factor on q_i·k_j/√d (SSMax's s·log n with n the
+  keys the query sees, Llama 4's attention temperature);
+- ``sink_logit(layer)``: a per-head logit that joins the softmax's denominator with a zero
+  value (attention sinks: GPT-OSS);
+- ``normalise(scores, q_idx, k_idx)``: replaces softmax itself (stick-breaking attention).
+
 Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
 sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each
-layer's attention mask (causal ∧ same document ∧ window, posenc/nn/mask.py). Which keys a query
-sees is the mask's job, never the encoding's; a hook that sums over keys (CoPE) asks the mask.
-A layout may give each layer kind its own encoding (posenc/nn/layout.py): the model asks
-``for_layer``.
+layer's attention mask (causal ∧ same document ∧ window, posenc/nn/mask.py). Inside a block the
+context also carries the block's input x (``with_input``), so a hook may depend on the tokens
+(FoX's gates). Which keys a query sees is the mask's job, never the encoding's; a hook that sums
+or counts over keys (CoPE, SSMax) asks the mask. A layout may give each layer kind its own
+encoding (posenc/nn/layout.py): the model asks ``for_layer``. A mechanism that wraps another
+encoding (posenc/nn/encodings/mechanism.py) passes every hook through and adds its own.
 
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
-offers is *derived* from which hooks it overrides (``has_bias``, ``has_content_bias``): there
-is no flag to remember, and attention never asks which encoding it has.
+offers is *derived* from which hooks it overrides (``offers``: ``has_bias``, ``has_decay``…):
+there is no flag to remember, and attention never asks which encoding it has.
 
 Vocabulary, one name per concept:
     bias           b_h(i, j), the (..., H, Tq, Tk) logit term an encoding's ``bias`` returns;
     relative_bias  b_h(n) as a table over distances n = i - j, for a bias that depends on
                    positions only through i - j (what a fused kernel looks up);
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
-    content_bias   a logit term computed from q and k in each layer.
+    content_bias   a logit term computed from q and k in each layer;
+    decay          cumulative log forget gates c, a logit term c_i - c_j in each layer;
+    logit scale    τ_i multiplying q_i·k_j/√d (additive terms are added unscaled);
+    sink           a logit s_h of a key with zero value that every query sees;
+    normaliser     what turns a row of logits into weights: softmax unless replaced.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -43,6 +62,12 @@ from posenc.nn.mask import AttentionMask
 
 #: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+#: a replacement for softmax: (scores (B, H, Tq, Tk) with -inf on hidden keys, q_idx (Tq,),
+#: k_idx (Tk,) window indices of those queries and keys) -> weights (B, H, Tq, Tk)
+Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
+
+#: the hooks an encoding may override; ``offers(hook)`` says whether it does
+HOOKS = ("embed", "rotate", "bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
 
 
 @dataclass(frozen=True)
@@ -55,7 +80,9 @@ class Context:
     it); default_positions: pos is 0..T-1, which lets a fused kernel compute a relative bias
     from q_idx - kv_idx with no gather; doc: (B, T) document ids within each window, or None
     (one document per window); masks: each layer's attention mask (posenc/nn/mask.py), empty
-    when every layer is causal over the whole window.
+    when every layer is causal over the whole window; x: the input of the block whose hooks are
+    being called, (B, T, d_model) after its norm, set by the block (``with_input``) and None in
+    the per-forward context (``embed``, the plans).
     """
 
     pos: Tensor
@@ -64,6 +91,7 @@ class Context:
     dtype: torch.dtype = torch.float32
     doc: Tensor | None = None
     masks: tuple[AttentionMask, ...] = ()
+    x: Tensor | None = None
 
     @classmethod
     def arange(cls, T: int, device: torch.device | str | None = None, dtype: torch.dtype = torch.float32,
@@ -97,11 +125,15 @@ class Context:
         """The attention mask of block ``layer``: causal (within documents) when the model set none."""
         return self.masks[layer] if layer < len(self.masks) else AttentionMask(self.T, self.doc)
 
+    def with_input(self, x: Tensor) -> Context:
+        """The same forward, inside a block whose (normed) input is x: (B, T, d_model)."""
+        return dataclasses.replace(self, x=x)
+
     def at_indices(self) -> Context:
         """The same forward with positions 0..T-1: what a bias that depends on positions only
         through i - j sees under document masking, where i - j inside a document is the
         difference of the window indices and pairs across documents are masked anyway."""
-        return Context.arange(self.T, self.device, self.dtype, self.doc, self.masks)
+        return dataclasses.replace(Context.arange(self.T, self.device, self.dtype, self.doc, self.masks), x=self.x)
 
 
 class PositionalEncoding(nn.Module):
@@ -149,6 +181,32 @@ class PositionalEncoding(nn.Module):
         says which keys each query sees (a term that sums over keys must respect it)."""
         raise NotImplementedError
 
+    def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
+        """Cumulative log-decays c: (B, H, T) float, non-increasing along T; the logit of query
+        i and key j gains c_i - c_j = Σ_{t=j+1..i} log f_t. Computed in each layer (ctx.x is the
+        block's input), offered to every kernel: rows of a dense mask on CPU, a score_mod over
+        the captured c on CUDA. Only called when a subclass overrides it (``has_decay``)."""
+        raise NotImplementedError
+
+    def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
+        """τ: (B|1, H|1, T, 1) factors on q_i·k_j/√d, query by query (SSMax's s·log n_i, a length
+        temperature), or None where this layer has none. Attention multiplies q by it, so every
+        kernel stays as it is; position and content biases are added unscaled. Only called when
+        a subclass overrides it (``has_logit_scale``)."""
+        raise NotImplementedError
+
+    def sink_logit(self, layer: int = 0) -> Tensor | None:
+        """s: (H,) the logit of a sink, a key with a zero value that every query sees: its
+        weight exp(s)/(Σ_j exp(z_ij) + exp(s)) is attention that goes nowhere. Only called when
+        a subclass overrides it (``has_sink``)."""
+        raise NotImplementedError
+
+    def normalise(self, scores: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        """Replaces softmax (``Normaliser``): scores (B, H, Tq, Tk), -inf on hidden keys, for
+        queries at window indices q_idx (Tq,) and keys k_idx (Tk,) -> weights (B, H, Tq, Tk).
+        Only called when a subclass overrides it (``has_normaliser``)."""
+        raise NotImplementedError
+
     # --- what a fused kernel may use instead of ``bias`` -------------------------------
     def relative_bias(self, distance: Tensor) -> Tensor | None:
         """For a bias that depends on positions only through the distance n = i - j of query
@@ -166,15 +224,52 @@ class PositionalEncoding(nn.Module):
         return relative_score_mod(table, None if ctx.default_positions else ctx.pos)
 
     # --- derived facts ----------------------------------------------------------------
+    def offers(self, hook: str) -> bool:
+        """Whether this encoding acts through ``hook`` (one of HOOKS): it overrides it."""
+        return getattr(type(self), hook) is not getattr(PositionalEncoding, hook)
+
     @property
     def has_bias(self) -> bool:
         """Whether this encoding adds a position bias: it overrides ``bias``."""
-        return type(self).bias is not PositionalEncoding.bias
+        return self.offers("bias")
 
     @property
     def has_embed(self) -> bool:
         """Whether this encoding adds to the token embeddings: it overrides ``embed``."""
-        return type(self).embed is not PositionalEncoding.embed
+        return self.offers("embed")
+
+    @property
+    def has_content_bias(self) -> bool:
+        """Whether this encoding adds a logit term computed from q and k: it overrides
+        ``content_bias``."""
+        return self.offers("content_bias")
+
+    @property
+    def has_decay(self) -> bool:
+        """Whether this encoding adds cumulative log-decays c_i - c_j: it overrides ``decay``."""
+        return self.offers("decay")
+
+    @property
+    def has_logit_scale(self) -> bool:
+        """Whether this encoding scales q_i·k_j/√d per query: it overrides ``logit_scale``."""
+        return self.offers("logit_scale")
+
+    @property
+    def has_sink(self) -> bool:
+        """Whether this encoding adds a sink logit to the softmax's denominator: it overrides
+        ``sink_logit``."""
+        return self.offers("sink_logit")
+
+    @property
+    def has_normaliser(self) -> bool:
+        """Whether this encoding replaces softmax: it overrides ``normalise``."""
+        return self.offers("normalise")
+
+    @property
+    def needs_scores(self) -> bool:
+        """Whether it acts on the score matrix itself (a bias, a logit term, a scale, a sink or a
+        normaliser), which linear attention never forms."""
+        return any(self.offers(h) for h in HOOKS if h not in ("embed", "rotate"))
 
     @property
     def is_relative(self) -> bool:
@@ -185,12 +280,6 @@ class PositionalEncoding(nn.Module):
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding block ``layer`` uses: itself, unless a layout gives layers their own."""
         return self
-
-    @property
-    def has_content_bias(self) -> bool:
-        """Whether this encoding adds a logit term computed from q and k: it overrides
-        ``content_bias``."""
-        return type(self).content_bias is not PositionalEncoding.content_bias
 
     def prepare(self, length: int) -> None:
         """Called once per forward, before any hook, with the number of positions needed

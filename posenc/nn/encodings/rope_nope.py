@@ -21,8 +21,9 @@ so the softmax stays sharp when many more keys compete than in training. Llama 4
 ⌊(m + 1) / F⌋ with a fixed F = 8192; here F = L and m counts from 0 so that every training
 position 0 .. L-1 keeps τ = 1 exactly (with m + 1, position L-1 would already get 1 + β·ln 2):
 training is unchanged, and only evaluation beyond L sees τ > 1. As in Llama 4, τ applies to the
-NoPE layers (``temperature_layers: nope``); ``all`` applies it to every layer. Scaling q by τ(m)
-in ``rotate`` is the same as scaling that query's logits q·k/√d, since rotations are linear.
+NoPE layers (``temperature_layers: nope``); ``all`` applies it to every layer. It is the
+contract's ``logit_scale``: attention multiplies q_m by τ(m), which scales that query's logits
+q·k/√d (rotations are linear), on every kernel.
 """
 
 from __future__ import annotations
@@ -102,16 +103,16 @@ class RoPENoPE(RoPE):
         return layer in self.nope_layers
 
     def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
-        if not self.is_nope(layer):
-            q, k = super().rotate(q, k, ctx, layer)
-        # τ = 1 at every position below L, so a sequence no longer than L skips the multiply
-        if (self.temperature == "log" and ctx.length > self.original_max_len
-                and (self.temperature_layers == "all" or self.is_nope(layer))):
-            tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)[..., None]  # (T, 1) or (B, T, 1)
-            if ctx.per_sequence:
-                tau = tau[:, None]  # (B, 1, T, 1): the same τ(m) for every head
-            q = q * tau.to(q.dtype)  # (B, H, T, hd): query m's logits × τ(m)
-        return q, k
+        return (q, k) if self.is_nope(layer) else super().rotate(q, k, ctx, layer)
+
+    def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
+        """τ(m) of each query m: (1|B, 1, T, 1), the same for every head; None where it is 1 at
+        every position (no temperature, a sequence no longer than L, a layer it does not apply to)."""
+        if (self.temperature != "log" or ctx.length <= self.original_max_len
+                or not (self.temperature_layers == "all" or self.is_nope(layer))):
+            return None
+        tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)  # (T,) or (B, T)
+        return tau.view(-1 if ctx.per_sequence else 1, 1, ctx.T, 1)
 
     def options(self) -> dict[str, object]:
         opts: dict[str, object] = {"nope_layers": sorted(self.nope_layers), "base": self.base, "style": self.style,

@@ -51,7 +51,7 @@ class XPos(RoPE):
         super().prepare(length)
         self.center = length // 2  # keeps ζ^(±pos/B) in float range; cancels in n - m
 
-    def decay(self, pos: Tensor) -> Tensor:
+    def zeta_powers(self, pos: Tensor) -> Tensor:
         """ζ_i^((pos - c)/B): (T,) -> (T, rot_dim/2), or (B, T) -> (B, 1, T, rot_dim/2), float32."""
         exponent = (pos.to(torch.float32) - self.center) / self.scale_base
         decay = self.zeta ** exponent[..., None]
@@ -59,7 +59,7 @@ class XPos(RoPE):
 
     def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) or (B, 1, T, rot/2)
-        scale = self.decay(ctx.pos)  # the same shape: queries scaled up by it, keys down
+        scale = self.zeta_powers(ctx.pos)  # the same shape: queries scaled up by it, keys down
         q = apply_rotary(q, cos * scale, sin * scale, self.style)
         k = apply_rotary(k, cos / scale, sin / scale, self.style)
         return q, k

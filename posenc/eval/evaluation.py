@@ -1,0 +1,136 @@
+"""What evaluating a trained model means for its data, decided in one place.
+
+A corpus (TokenData) is scored by perplexity at eval.lengths × the training length
+(posenc.eval.extrapolation); a synthetic task (SyntheticTask, dataset=synthetic) by exact-match
+accuracy at dataset.eval_multiples × the training length (posenc.eval.tasks), since perplexity
+over filler and random strings says nothing about whether the task is solved. Training's end,
+`posenc eval`, the per-position loss and the probes ask the functions below, which dispatch on the
+data's type (functools.singledispatch), instead of testing the type themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from functools import singledispatch
+
+import numpy as np
+import torch
+from torch import nn
+
+from posenc.data.batches import Batch
+from posenc.data.packing import TokenData
+from posenc.data.synthetic import SyntheticTask, make_task
+from posenc.errors import UserError
+from posenc.eval import extrapolation, tasks
+
+log = logging.getLogger("posenc")
+
+
+@dataclass
+class Evaluation:
+    """One evaluation's results: ``summary`` for summary.json / eval.json, and how to log and
+    show them (a W&B chart, a rich table)."""
+
+    summary: dict
+    log_to: Callable[..., None] = field(repr=False)       # (tracker, step, tokens)
+    show: Callable[[dict], None] = field(repr=False)      # (record) -> prints a table
+
+
+def eval_packing(cfg) -> str:
+    """How the evaluation windows are cut: eval.packing, by default as training's dataset.packing."""
+    return cfg.eval.get("packing") or cfg.dataset.get("packing") or "concat"
+
+
+@singledispatch
+def evaluate(data, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
+             on_result: Callable[[object], None] | None = None) -> Evaluation:
+    """Evaluate ``model`` on ``data`` as cfg says; ``on_result`` is called after each length."""
+    raise TypeError(f"no evaluation for {type(data).__name__}")
+
+
+@evaluate.register
+def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
+      on_result=None) -> Evaluation:
+    def each(r: extrapolation.LengthResult) -> None:
+        log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
+        if on_result is not None:
+            on_result(r)
+
+    results = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=each)
+
+    def log_to(tracker, step: int, tokens: int) -> None:
+        tracker.log(extrapolation.metrics(results), step=step, tokens=tokens)
+        rows = [[r.length, r.multiple, r.ppl] for r in results if r.ppl is not None]
+        tracker.log_curve("extrapolation/ppl_by_length", ["length", "multiple", "ppl"], rows, "length", "ppl",
+                          step, tokens, title="perplexity against evaluation length")
+
+    summary = extrapolation.summary(results, cfg.eval.get("stride"), eval_packing(cfg))
+    return Evaluation(summary, log_to, lambda record: extrapolation.show(record, results))
+
+
+@evaluate.register
+def _(data: SyntheticTask, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
+      on_result=None) -> Evaluation:
+    # the same instances (seed 0) for every run of a comparison, whatever the run's own seed
+    results = tasks.evaluate_task(model, data, int(cfg.trainer.seq_len), seed=0,
+                                  batch_tokens=int(cfg.eval.get("batch_tokens", 16384)), device=device)
+    for r in results:
+        log.info("task %s: length %d (%g×): %s", data.task, r["length"], r["multiple"],
+                 f"accuracy {r['accuracy']:.3f}" if r["accuracy"] is not None else r["skipped"])
+        if on_result is not None:
+            on_result(r)
+    return Evaluation(tasks.summary(data.task, results),
+                      lambda tracker, step, tokens: tasks.log_to(tracker, data.task, results, step, tokens),
+                      lambda record: tasks.show(record, data.task, results))
+
+
+@singledispatch
+def evaluation_batches(data, cfg) -> dict[int, Iterable[Batch]]:
+    """The batches the evaluation scores, by length: a corpus's fixed validation span cut into
+    non-overlapping windows at eval.lengths × T (as eval.packing says), or a task's evaluation
+    instances (seed 0) at dataset.eval_multiples × T."""
+    raise TypeError(f"no evaluation batches for {type(data).__name__}")
+
+
+@evaluation_batches.register
+def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
+    from posenc.eval.per_position import corpus_batches
+
+    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
+    lengths = extrapolation.eval_lengths(T, list(cfg.eval.lengths))
+    span = extrapolation.eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))
+    windows = data.validation_windows(cfg.eval.get("packing"))
+    return {L: corpus_batches(windows, L, span, batch_tokens) for L in lengths}
+
+
+@evaluation_batches.register
+def _(data: SyntheticTask, cfg) -> dict[int, Iterable[Batch]]:
+    from posenc.eval.per_position import task_batches
+
+    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
+    return {L: task_batches(data, L, 0, batch_tokens) for L in tasks.task_lengths(T, data.eval_multiples)}
+
+
+@singledispatch
+def probe_windows(data, length: int, windows: int) -> torch.Tensor:
+    """(windows, length) token ids to probe: the first validation windows of a corpus, or a task's
+    first evaluation instances; the same for every run, so runs compare."""
+    raise TypeError(f"no probe windows for {type(data).__name__}")
+
+
+@probe_windows.register
+def _(data: TokenData, length: int, windows: int) -> torch.Tensor:
+    if len(data.validation) < windows * length:
+        raise UserError(f"the validation split has {len(data.validation)} tokens, fewer than {windows} windows "
+                        f"of {length} — probe shorter lengths")
+    w = np.asarray(data.validation[: windows * length], dtype=np.int64).reshape(windows, length)
+    return torch.from_numpy(w)
+
+
+@probe_windows.register
+def _(data: SyntheticTask, length: int, windows: int) -> torch.Tensor:
+    ids = make_task(data.task, length, windows, 0, **data.options)["ids"]
+    return torch.tensor(ids, dtype=torch.int64)[:, :-1]

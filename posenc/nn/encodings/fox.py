@@ -1,0 +1,90 @@
+"""FoX, the Forgetting Transformer (Lin, Nikishin, He & Courville, ICLR 2025, "Forgetting
+Transformer: Softmax Attention with a Forget Gate").
+
+Each head of each layer computes a scalar forget gate from every token's input to the layer and
+down-weights the logits of older keys by the product of the gates in between:
+
+    f_t = σ(w_h·x_t + b_h)                                 (B, H, T), in (0, 1)
+    D_ij = Σ_{t=j+1..i} log f_t = c_i - c_j,  c_i = Σ_{t<=i} log f_t
+    o_i = Σ_j softmax_j(q_i·k_j/√d + D_ij) v_j
+
+a data-dependent ALiBi (x-transformers' ``DataDependentAlibi``): D_ij <= 0 and non-increasing as
+j moves back. With every gate 1, D = 0 and FoX is the attention it wraps. The paper's FoX has
+no RoPE (``encoding@encoding.inner=nope``, the default); it also reports FoX with RoPE
+(``encoding@encoding.inner=rope``). Only the forget gate is built here, not the "Pro" block's
+output gate, QK-norm or key/value shift, which change the block rather than the position
+mechanism.
+
+The decays are the contract's ``decay`` hook: c (B, H, T), so attention never holds more than
+O(T) for them: rows c_i - c_j of the explicit mask on CPU (chunked for long sequences), a
+score_mod over the captured c on CUDA (posenc/nn/flex.py). Under document masking a pair across
+documents is masked, so the cumulative sum over the whole window needs no restart.
+
+**Parameters and their scale.** Per layer a gate projection w (H x d_model) and bias b (H),
+as the paper's ``fgate_proj`` (bias zero: every gate starts near σ(0) = 1/2, the paper's
+initialisation of its data-dependent gate). The bias enters as ``bias_scale · b``: one Adam step
+moves b by about lr, so the logit of the gate moves by bias_scale·lr (√head_dim by default, as
+T5's table here): 400 steps at lr 2e-3 can take every gate from 1/2 to σ(4.5) ≈ 0.99, where
+unscaled they could reach only σ(0.8) ≈ 0.69 — the slow decay the paper's trained gates reach.
+w·x needs no scale: its step is already lr·Σ_d |x_d|.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.mechanism import Mechanism
+
+
+def cumulative_log_gates(log_f: Tensor) -> Tensor:
+    """c_i = Σ_{t<=i} log f_t along the last dim: (..., T) -> (..., T), so that
+    c_i - c_j = Σ_{t=j+1..i} log f_t."""
+    return log_f.cumsum(-1)
+
+
+class FoX(Mechanism):
+    """A per-head forget gate from each token, its log cumulative sums as logit decays."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_head: int,
+        n_layer: int,
+        inner: PositionalEncoding,
+        name: str = "fox",
+        bias_scale: float | None = None,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__(inner, name)
+        if n_layer <= 0:
+            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+        if bias_scale is not None and not bias_scale > 0:
+            raise ValueError(f"encoding.bias_scale must be > 0 (null: √head_dim), got {bias_scale}")
+        self.bias_scale = float(bias_scale) if bias_scale is not None else math.sqrt(self.head_dim)
+        # (layer, head, d_model) and (layer, head): the paper's fgate_proj, one per layer
+        self.gate_weight = nn.Parameter(torch.randn(n_layer, n_head, d_model) * init_std)
+        self.gate_bias = nn.Parameter(torch.zeros(n_layer, n_head))
+
+    def log_forget_gates(self, x: Tensor, layer: int) -> Tensor:
+        """log f_t = log σ(w_h·x_t + bias_scale·b_h): x (B, T, d_model) -> (B, H, T) in at least
+        float32 (the cumulative sum runs over up to T of them)."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        logits = x.to(dtype) @ self.gate_weight[layer].to(dtype).T + self.bias_scale * self.gate_bias[layer].to(dtype)
+        return F.logsigmoid(logits.to(dtype)).transpose(1, 2)  # (B, T, H) -> (B, H, T)
+
+    def decay(self, ctx: Context, layer: int = 0) -> Tensor:
+        """c: (B, H, T), plus the inner encoding's decays if it has any."""
+        if ctx.x is None:
+            raise ValueError("FoX's forget gates are computed from the block's input: call decay inside a block "
+                             "(Context.with_input)")
+        c = cumulative_log_gates(self.log_forget_gates(ctx.x, layer))
+        inner = self.inner_decay(ctx, layer)
+        return c if inner is None else c + inner
+
+    def options(self) -> dict[str, object]:
+        return {**super().options(), "bias_scale": self.bias_scale}

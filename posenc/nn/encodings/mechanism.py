@@ -1,0 +1,101 @@
+"""A mechanism that wraps another encoding: position through the attention itself, composed with
+any positional encoding (FoX with or without RoPE, SSMax or a sink on top of any encoding).
+
+``Mechanism(inner)`` passes every hook of the base contract through to ``inner`` and adds its
+own: a subclass overrides the hook it contributes and combines it with the inner one (``decay``
+adds, ``logit_scale`` multiplies, ``sink_logit`` joins as log(e^a + e^b)). What the wrapper
+offers is what the inner encoding offers plus what the subclass overrides, so attention still
+derives every path from ``offers`` and never learns a name.
+
+The inner encoding is a config node of its own (Hydra's defaults list puts conf/encoding/<x>.yaml
+under ``encoding.inner``; choose it with ``encoding@encoding.inner=rope`` and set its keys as
+``encoding.inner.base=500``); posenc/build.py builds it first and hands it to the wrapper.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
+
+
+class Mechanism(PositionalEncoding):
+    """Every hook passed through to ``inner``; subclasses add their own (see the module doc)."""
+
+    def __init__(self, inner: PositionalEncoding, name: str) -> None:
+        if not isinstance(inner, PositionalEncoding):
+            raise ValueError(f"encoding.inner is an encoding config of its own, not a value: choose it with "
+                             f"encoding@encoding.inner={inner} (and set its keys with encoding.inner.<key>=…)")
+        super().__init__(inner.d_model, inner.n_head, name)
+        if inner.for_layer(0) is not inner:
+            raise ValueError(f"encoding.inner '{inner.name}' gives layers encodings of their own; "
+                             f"wrap a single encoding (choose per-layer encodings with layout=…)")
+        self.inner = inner
+        self.max_len = inner.max_len
+
+    def own(self, hook: str) -> bool:
+        """Whether this mechanism itself (not its inner encoding) acts through ``hook``."""
+        return getattr(type(self), hook) is not getattr(Mechanism, hook)
+
+    def offers(self, hook: str) -> bool:
+        return self.own(hook) or self.inner.offers(hook)
+
+    @property
+    def is_relative(self) -> bool:
+        return self.inner.is_relative
+
+    # --- the inner encoding's hooks, passed through ------------------------------------
+    def embed(self, x: Tensor, ctx: Context) -> Tensor:
+        return self.inner.embed(x, ctx)
+
+    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        return self.inner.rotate(q, k, ctx, layer)
+
+    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return self.inner.bias(q_pos, k_pos)
+
+    def relative_bias(self, distance: Tensor) -> Tensor | None:
+        return self.inner.relative_bias(distance)
+
+    def score_mod(self, ctx: Context) -> ScoreMod | None:
+        return self.inner.score_mod(ctx)
+
+    def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
+        return self.inner.content_bias(q, k, ctx, layer)
+
+    def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
+        return self.inner.decay(ctx, layer)
+
+    def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
+        return self.inner.logit_scale(ctx, layer)
+
+    def sink_logit(self, layer: int = 0) -> Tensor | None:
+        return self.inner.sink_logit(layer)
+
+    def normalise(self, scores: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
+        return self.inner.normalise(scores, q_idx, k_idx)
+
+    # --- what the inner hook gives, for a subclass to combine with its own ----------------
+    def inner_decay(self, ctx: Context, layer: int) -> Tensor | None:
+        return self.inner.decay(ctx, layer) if self.inner.has_decay else None
+
+    def inner_logit_scale(self, ctx: Context, layer: int) -> Tensor | None:
+        return self.inner.logit_scale(ctx, layer) if self.inner.has_logit_scale else None
+
+    def inner_sink_logit(self, layer: int) -> Tensor | None:
+        return self.inner.sink_logit(layer) if self.inner.has_sink else None
+
+    def prepare(self, length: int) -> None:
+        self.inner.prepare(length)
+
+    def check_length(self, length: int) -> None:
+        self.inner.check_length(length)
+
+    def options(self) -> dict[str, object]:
+        return {"inner": {"name": self.inner.name, **self.inner.options()}}
+
+
+def combine_sinks(a: Tensor | None, b: Tensor) -> Tensor:
+    """Two sinks are one: exp(a) + exp(b) = exp(log(e^a + e^b))."""
+    return b if a is None else torch.logaddexp(a, b)

@@ -1,0 +1,106 @@
+"""Every command shown in README.md and docs/*.md parses, so the docs cannot drift from the code:
+`posenc train` / `eval` / `probe` / `bench` overrides compose into a valid config (a sweep's
+first value of each swept key), and every other command and --option exists."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import pytest
+from typer.main import get_command
+
+from posenc.cli.app import app
+from posenc.config import compose, validate
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+#: flags handled by posenc or Hydra before composition, and placeholders for a run directory
+FLAGS = {"-m", "--multirun", "--debug", "--help", "-h", "--cfg", "job", "hydra", "--info"}
+HYDRA_COMMANDS = {"train": False, "eval": True, "probe": True, "bench": False}  # takes a run dir first?
+
+
+def shown_commands(page: Path) -> list[tuple[str, list[str]]]:
+    """(where, argv after 'posenc') of every posenc command in the page's fenced code blocks."""
+    out, fenced, pending, start = [], False, "", 0
+    for n, line in enumerate(page.read_text().splitlines(), 1):
+        if line.lstrip().startswith("```"):
+            fenced = not fenced
+            continue
+        if not fenced:
+            continue
+        line = re.sub(r"\s+#.*$", "", line) if not line.lstrip().startswith("#") else ""
+        if pending:
+            line = pending + " " + line.strip()
+        else:
+            start = n
+        if line.endswith("\\"):
+            pending = line[:-1].strip()
+            continue
+        pending = ""
+        for part in line.split("&&"):
+            words = shlex.split(part)
+            at = words.index("posenc") if "posenc" in words else -1
+            # `posenc …`, `VAR=1 posenc …`, `torchrun … -m posenc …`; not `script.py --impl posenc`
+            if at >= 0 and (all("=" in w for w in words[:at]) or words[at - 1] == "-m"):
+                out.append((f"{page.name}:{start}", words[at + 1:]))
+    return out
+
+
+COMMANDS = [c for page in PAGES for c in shown_commands(page)]
+
+
+def first_of_each_sweep(overrides: list[str]) -> list[str]:
+    """key=a,b,c -> key=a (Hydra's own parser decides what a sweep is)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    out = []
+    for o in OverridesParser.create().parse_overrides(overrides):
+        if o.is_sweep_override():
+            out.append(f"{o.get_key_element()}={next(o.sweep_string_iterator())}")
+        else:
+            out.append(o.input_line)
+    return out
+
+
+def test_the_docs_show_commands():
+    assert len(COMMANDS) >= 40
+    assert {argv[0] for _, argv in COMMANDS if argv} >= {"train", "compare", "eval", "bench", "probe", "plot"}
+
+
+@pytest.mark.parametrize(("where", "argv"), COMMANDS, ids=[w for w, _ in COMMANDS])
+def test_every_documented_command_parses(where: str, argv: list[str]):
+    if not argv:
+        return
+    name, args = argv[0], argv[1:]
+    command = get_command(app)
+    assert name in command.commands, f"{where}: no command 'posenc {name}'"
+    sub = command.commands[name]
+    while hasattr(sub, "commands") and args and args[0] in sub.commands:
+        sub, args = sub.commands[args[0]], args[1:]
+    options = {o for p in sub.params for o in [*p.opts, *p.secondary_opts]}
+    if name in HYDRA_COMMANDS:
+        options |= FLAGS
+        if name == "bench":  # --json [FILE] is posenc's own
+            from posenc.cli.bench import split_json_flag
+
+            args, _ = split_json_flag(args)
+        if HYDRA_COMMANDS[name] and args and "=" not in args[0]:
+            args = args[1:]  # the run directory
+        value_options = {o for p in sub.params if not getattr(p, "is_flag", False) for o in p.opts}
+        overrides, skip = [], False
+        for a in args:
+            if skip:
+                skip = False
+            elif a in value_options:
+                skip = True
+            elif a.startswith("-") or a in FLAGS:
+                assert a in options, f"{where}: posenc {name} has no option {a}"
+            elif not a.startswith(("hydra/", "hydra.")):
+                overrides.append(a)
+        validate(compose(first_of_each_sweep(overrides), bench=name == "bench"))
+    else:
+        for a in args:
+            if a.startswith("--"):
+                assert a.split("=")[0] in options, f"{where}: posenc {name} has no option {a}"
