@@ -129,13 +129,16 @@ def load_checkpoint(path: Path | str) -> dict:
 
 
 def remove_run_dir(run_dir: Path) -> None:
-    """Delete a run dir and any parents (up to outputs/) that it leaves empty."""
+    """Delete a run dir and any parents it leaves empty, outputs/ included: a refused run
+    leaves nothing behind."""
     shutil.rmtree(run_dir, ignore_errors=True)
     parent = run_dir.parent
-    while parent.name and parent.name != "outputs":
+    while parent.name:
         try:
             parent.rmdir()  # only succeeds when empty
         except OSError:
+            break
+        if parent.name == "outputs":
             break
         parent = parent.parent
 

@@ -36,6 +36,7 @@ def _unreadable(cwd: Path) -> str:
 # (case id, overrides, text the error line must contain); a callable builds a fixture first
 CASES = [
     ("unknown encoding", ["encoding=rotary"], "unknown encoding 'rotary'"),
+    ("value typo", ["encoding=ropee"], "did you mean encoding=rope?"),
     ("unknown experiment", ["experiment=nope_vs_all"], "unknown experiment"),
     ("unknown key", ["trainer.max_stpes=3"], "unknown config key 'trainer.max_stpes'"),
     ("negative size", ["trainer.batch_size=-4"], "must be positive"),
@@ -100,7 +101,10 @@ def assert_one_line_error(code: int, stderr: str, stdout: str, expected: str, wo
     assert last.startswith("error:"), stderr[-2000:]
     assert " — " in last and expected in last, last
     assert "Traceback" not in stderr + stdout
+    assert "Error executing job" not in stderr  # Hydra's own line for a failed job: posenc's is the only one
     assert set(run_dirs(workdir)) == before  # nothing half-written left behind
+    if not before:
+        assert not (workdir / "outputs").exists()  # not even an empty outputs/
     assert not list(workdir.glob("outputs/sweeps/*"))  # not even an empty sweep dir
 
 

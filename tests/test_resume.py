@@ -31,6 +31,7 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     returncode, stderr = interrupt_training(RUN, interrupted, signal.SIGTERM)
     assert returncode == 128 + signal.SIGTERM  # the shell's convention (130 after Ctrl-C)
     assert "stopped by SIGTERM" in stderr.strip().splitlines()[-1]
+    assert "Error executing job" not in stderr  # Hydra's line for a failed job: the stop is posenc's to say
     [run_dir] = run_dirs(interrupted)
     stopped_at = len(losses(run_dir))
     assert stopped_at < 40, "the run finished before SIGTERM arrived"

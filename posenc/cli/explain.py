@@ -26,7 +26,9 @@ def explain(e: BaseException) -> str:
         options = ", ".join(e.options or [])
         if group:
             if options:
-                return f"unknown {group} '{choice}' — choose one of: {options}"
+                close = difflib.get_close_matches(choice, e.options, n=1, cutoff=0.6)
+                hint = f"did you mean {group}={close[0]}? " if close else ""
+                return f"unknown {group} '{choice}' — {hint}choose one of: {options}"
             return f"unknown {group} '{choice}' — there is no conf/{group}/{choice}.yaml; add it or check the spelling"
         return f"no config '{choice}' — check --config-name / --config-dir"
     if isinstance(e, OverrideParseException):

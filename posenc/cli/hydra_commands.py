@@ -13,9 +13,11 @@ def check_run(cfg) -> None:
     """What the schema's types cannot say, checked before Hydra creates a run directory."""
     from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
+    from posenc.hardware import resolve_device
     from posenc.train import init_from
 
     validate(apply_choice_schemas(cfg))
+    resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
     check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)
     init_from.check(cfg)  # a parent whose weights would not fit: refused before any directory exists
 

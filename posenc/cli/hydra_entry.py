@@ -159,7 +159,10 @@ def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = r
                                    with_log_configuration=False)
         check(cfg)
         if mode == RunMode.RUN:
-            return [hydra.run(config_name=config_name, task_function=task, overrides=overrides)]
+            held = HeldError(task)
+            returned = hydra.run(config_name=config_name, task_function=held, overrides=overrides)
+            held.reraise()
+            return [returned]
         swept = swept_keys(args.overrides, cfg)
         overrides += sweep_naming(args.overrides, swept, cfg)
         returns = list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
@@ -167,6 +170,26 @@ def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = r
         return returns
     finally:
         GlobalHydra.instance().clear()
+
+
+class HeldError:
+    """A single run's task, holding its exception until Hydra's run returns: Hydra 1.3 prints
+    "Error executing job with overrides: [...]" to stderr before re-raising a failed job's
+    exception (JobReturn.return_value), a second line beside posenc's one `error:` line."""
+
+    def __init__(self, task: Callable[[DictConfig], object]) -> None:
+        self.task, self.error = task, None
+
+    def __call__(self, cfg: DictConfig) -> object:
+        try:
+            return self.task(cfg)
+        except BaseException as e:  # noqa: BLE001 - re-raised by reraise(), Ctrl-C included
+            self.error = e
+            return None
+
+    def reraise(self) -> None:
+        if self.error is not None:
+            raise self.error
 
 
 def swept_keys(argv_overrides: list[str], cfg: DictConfig) -> dict[str, list]:
