@@ -4,7 +4,7 @@ Reads every run under the given paths (the `experiment=context_extension` sweeps
 parent seed), groups them by encoding.scaling × trainer.max_steps, and writes into OUT:
   context_extension.png  perplexity against length in units of the parent's T, one panel per
                          fine-tune state, one colour per method, mean ± std over seeds
-  context_extension.md   the same numbers as a markdown table (the README's)
+  context_extension.md   the same numbers as a markdown table (docs/context_extension.md's)
 On the passkey arm (experiment=context_extension_passkey: runs with tasks/passkey/accuracy@<len>)
 the same figure and table show exact-match accuracy in % instead of perplexity, as
 context_extension_passkey.png / .md.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Context extension, end to end (issue 17; README "Context extension"): train a RoPE parent at
+# Context extension, end to end (issue 17; docs/context_extension.md): train a RoPE parent at
 # T = 64 per seed, extend each to 4T with every RoPE scaling method (none, linear, ntk, dynamic,
 # yarn, llama3, longrope), each with no fine-tune (0 steps) and with a 50-step fine-tune at 4T,
 # score every run at 1, 2, 4, 8, 16 × T on the same validation tokens, and compare (mean and

@@ -137,8 +137,8 @@ def longrope_inv_freq(base: float, d: int, T: int, L: int, short_factor: Sequenc
 @dataclass(frozen=True)
 class ScalingOptions:
     """The methods' own options, named as Hugging Face's ``rope_parameters`` name them. Defaults
-    are the papers' and Hugging Face's, except where Hugging Face has none (README, Context
-    extension): llama3's factors (Meta's 1 and 4) and longrope's lists (short: 1, long: s)."""
+    are the papers' and Hugging Face's, except where Hugging Face has none (docs/usage.md,
+    Length extrapolation): llama3's factors (Meta's 1 and 4) and longrope's lists (short: 1, long: s)."""
 
     low_freq_factor: float = 1.0        # llama3
     high_freq_factor: float = 4.0       # llama3
