@@ -120,3 +120,15 @@ def test_posenc_eval_at_16x_and_plot(workdir):
     assert [g.label for g in groups] == ["learned", "rope"]
     png = plot_extrapolation(groups, workdir / "x.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_an_evaluation_that_scores_fewer_tokens_than_asked_says_so(tmp_path, caplog):
+    """eval.tokens beyond what the validation split holds: the run scores what there is, and says
+    how much it was asked for, in the log and in summary.json."""
+    cfg = compose([*TINY, "eval.at_end=true", "eval.lengths=[1,4]", "eval.tokens=100000000"], bench=False)
+    with caplog.at_level("WARNING", logger="posenc"):
+        summary = train(cfg, tmp_path)
+    scored = {r["scored_tokens"] for r in summary["extrapolation"]["lengths"]}
+    assert summary["extrapolation"]["tokens_asked"] == 100_000_000
+    assert len(scored) == 1 and 0 < scored.pop() < 100_000_000
+    assert "eval.tokens=100000000 asked" in caplog.text

@@ -68,6 +68,13 @@ def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nul
                           step, tokens, title="perplexity against evaluation length")
 
     summary = extrapolation.summary(results, cfg.eval.get("stride"), eval_packing(cfg))
+    asked = int(cfg.eval.get("tokens", 16384))
+    scored = min((r.scored_tokens for r in results if r.ppl is not None), default=asked)
+    summary["extrapolation"]["tokens_asked"] = asked
+    if scored < asked:  # the validation split (or a whole number of the longest windows) holds fewer
+        log.warning("eval.tokens=%d asked, %d scored at each length: the validation split holds no more in whole "
+                    "windows of the longest length — shorter eval.lengths or a larger dataset score more",
+                    asked, scored)
     return Evaluation(summary, log_to, lambda record: extrapolation.show(record, results))
 
 
