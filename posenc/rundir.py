@@ -99,9 +99,10 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
-def load_checkpoint(path: Path | str) -> dict:
+def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:
     """Read a checkpoint (a file, or a run dir: its kept_checkpoint); a missing, corrupt, pickled
-    or foreign file is a UserError saying so. Nothing in the file can run code (statefile.py)."""
+    or foreign file is a UserError saying so. Nothing in the file can run code (statefile.py).
+    tensors=False reads its header alone (step, config, ...; every tensor None)."""
     path = Path(path)
     if path.is_dir():
         if run_checkpoint_kind(path) == "none":
@@ -115,7 +116,7 @@ def load_checkpoint(path: Path | str) -> dict:
         raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
                         f"start a new run instead")
     try:
-        state = load_state(path)
+        state = load_state(path, tensors=tensors)
     except Exception as e:  # noqa: BLE001 - a pickle, truncated bytes, another safetensors file...
         raise UserError(f"checkpoint '{path}' is not a posenc checkpoint, or is corrupt ({type(e).__name__}); "
                         f"posenc reads only its own safetensors checkpoints — point at a run dir made by "

@@ -102,11 +102,20 @@ def save_state(state: dict, path: Path) -> None:
     os.replace(tmp, path)
 
 
-def load_state(path: Path) -> dict:
-    """The state save_state wrote (tensors on the CPU). A file that is not one, including any
-    pickle, raises ValueError (safetensors reads a JSON header and raw bytes, never code)."""
+class _NoTensors(dict):
+    """Every tensor read as None: the state's header alone."""
+
+    def __missing__(self, key: str) -> None:
+        return None
+
+
+def load_state(path: Path, tensors: bool = True) -> dict:
+    """The state save_state wrote (tensors on the CPU; with tensors=False only its header: the
+    numbers, strings and config, each tensor None, no tensor bytes read). A file that is not
+    one, including any pickle, raises ValueError (safetensors reads a JSON header and raw
+    bytes, never code)."""
     with safe_open(str(path), framework="pt") as f:
         metadata = f.metadata() or {}
     if metadata.get("format") != FORMAT or "state" not in metadata:
         raise ValueError(f"{path} is a safetensors file but not a posenc state")
-    return decode(json.loads(metadata["state"]), load_file(str(path)))
+    return decode(json.loads(metadata["state"]), load_file(str(path)) if tensors else _NoTensors())

@@ -71,3 +71,15 @@ def test_two_modes_at_once_are_one_error_line(workdir: Path) -> None:
     code, out = train("--cfg", "job", "--info", "all")
     assert code != 0
     assert out.strip().splitlines()[-1].startswith("error: only one of")
+
+
+def test_a_config_that_sets_hydra_mode_multirun_sweeps_without_dash_m(workdir: Path, monkeypatch) -> None:
+    from conftest import TINY, cli_env, run_dirs
+
+    for key, value in cli_env().items():
+        monkeypatch.setenv(key, value)
+    code, out = train(*TINY, "trainer.max_steps=1", "eval.at_end=false", "hydra.mode=MULTIRUN", "encoding=rope,nope")
+    assert code == 0, out[-2000:]
+    assert len(run_dirs(workdir)) == 2 and all("sweeps" in str(d) for d in run_dirs(workdir))
+    code, out = train(*TINY, "trainer.max_steps=1", "encoding=rope,nope")  # a sweep override, no -m: refused
+    assert code != 0 and out.strip().splitlines()[-1].startswith("error:")

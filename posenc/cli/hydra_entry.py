@@ -24,6 +24,7 @@ command for it (print_next_step).
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import warnings
@@ -45,10 +46,11 @@ log = logging.getLogger("posenc")
 CONFIG_NAME = "config"
 
 
-def run_job(cfg: DictConfig) -> dict:
+def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     """Train one job; return its summary. A single run re-raises (the CLI prints one line); a
     sweep job records its failure in summary.json and returns it, so one bad job never stops
-    the others."""
+    the others. checked: run_hydra's check already saw this very config (a single run), so
+    training does not validate it again; a sweep's jobs each differ from the config checked."""
     from posenc.report.console import print_summary
     from posenc.train.loop import train
 
@@ -58,7 +60,7 @@ def run_job(cfg: DictConfig) -> dict:
     if multirun:
         record_sweep(Path(hc.sweep.dir))
     try:
-        summary = train(apply_choice_schemas(cfg), run_dir)
+        summary = train(apply_choice_schemas(cfg), run_dir, checked=checked)
     except BaseException as e:
         if not multirun or not isinstance(e, Exception):
             if not has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
@@ -106,11 +108,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return hydra_parser().parse_intermixed_args(argv)
 
 
-def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = run_job,
-              check: Callable[[DictConfig], None] = lambda cfg: None) -> list[JobReturn]:
+def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig], None],
+              task: Callable[..., object] = run_job) -> list[JobReturn]:
     """Run Hydra as `python app.py ARGS` would, with conf/ as the primary config; return every
     job's JobReturn (none for --help, --cfg, --info). check(cfg) sees the composed config of a
-    run (or of a sweep's common part) before Hydra creates any directory."""
+    run (or of a sweep's common part) before Hydra creates any directory; a single run is
+    composed once, and its task is told (checked=True) that check saw its config."""
     from hydra._internal.hydra import Hydra
     from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.global_hydra import GlobalHydra
@@ -150,19 +153,10 @@ def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = r
         if args.shell_completion:
             hydra.shell_completion(config_name=config_name, overrides=overrides)
             return []
-        # a config may set hydra.mode itself (an experiment that is always a sweep)
-        mode = hydra.get_mode(config_name=config_name, overrides=overrides)
-        if mode is None or (args.multirun and mode == RunMode.RUN):
-            mode = RunMode.MULTIRUN if args.multirun else RunMode.RUN
-            overrides.append(f"hydra.mode={mode.name}")
-        cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
-                                   with_log_configuration=False)
+        mode, cfg = compose_once(hydra, config_name, overrides, bool(args.multirun))
         check(cfg)
         if mode == RunMode.RUN:
-            held = HeldError(task)
-            returned = hydra.run(config_name=config_name, task_function=held, overrides=overrides)
-            held.reraise()
-            return [returned]
+            return [run_composed(hydra, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)
         overrides += sweep_naming(args.overrides, swept, cfg)
         returns = list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
@@ -170,6 +164,50 @@ def run_hydra(args: argparse.Namespace, task: Callable[[DictConfig], object] = r
         return returns
     finally:
         GlobalHydra.instance().clear()
+
+
+def compose_once(hydra, config_name: str, overrides: list[str], multirun: bool) -> tuple[RunMode, DictConfig]:
+    """The run mode and the composed config (overrides gains hydra.mode where -m or the default
+    decides it). A config may set hydra.mode itself (an experiment that is always a sweep):
+    without -m a run is composed once as a run and becomes a sweep only if its config says so
+    (Hydra's get_mode would compose it a second time just to read that)."""
+    def compose(mode: RunMode) -> DictConfig:
+        return hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
+                                    with_log_configuration=False)
+
+    if multirun:
+        overrides.append(f"hydra.mode={RunMode.MULTIRUN.name}")
+        return RunMode.MULTIRUN, compose(RunMode.MULTIRUN)
+    try:
+        cfg = compose(RunMode.RUN)
+    except Exception:  # a sweep override (a,b) without -m: an error unless the config is always a sweep
+        if hydra.get_mode(config_name=config_name, overrides=overrides) != RunMode.MULTIRUN:
+            raise
+        return RunMode.MULTIRUN, compose(RunMode.MULTIRUN)
+    if cfg.hydra.mode == RunMode.MULTIRUN:
+        return RunMode.MULTIRUN, compose(RunMode.MULTIRUN)
+    overrides.append(f"hydra.mode={RunMode.RUN.name}")
+    cfg.hydra.mode = RunMode.RUN  # as the override would have set it, and as Hydra.run does
+    return RunMode.RUN, cfg
+
+
+def run_composed(hydra, cfg: DictConfig, config_name: str, task: Callable[[DictConfig], object]) -> JobReturn:
+    """Hydra.run on a config already composed (Hydra 1.3's run composes it again): the same
+    logging, callbacks and run_job, and a failed job's exception raised as it is (HeldError)."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import configure_log, run_job as hydra_run_job
+    from hydra.types import HydraContext
+
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)  # compose_config(with_log_configuration=True)'s
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name=config_name)
+    held = HeldError(task)
+    returned = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+                             task_function=held, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                             configure_logging=True)
+    callbacks.on_run_end(config=cfg, config_name=config_name, job_return=returned)
+    held.reraise()
+    return returned
 
 
 class HeldError:

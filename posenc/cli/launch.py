@@ -112,7 +112,9 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     saved = (yaml.safe_load(saved_file.read_text()) or []) if saved_file.is_file() else []
     saved_parsed = [o for o in parse_overrides(saved) if not _is_own(o.key)]
     new_parsed = parse_overrides(argv_overrides)
-    ckpt = load_checkpoint(checkpoint_path(run_dir))  # resume continues from the last checkpoint, never the best
+    # the last checkpoint (a resume never continues from the best)'s step and config: its header only,
+    # the training loop reads its tensors once
+    ckpt = load_checkpoint(checkpoint_path(run_dir), tensors=False)
     hydra_file = run_dir / ".hydra" / "hydra.yaml"
     # the run's values: its saved overrides, else its group choices, else its last checkpoint's config
     choices = yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"] if hydra_file.is_file() else {}

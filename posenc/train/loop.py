@@ -32,10 +32,12 @@ from posenc.train.state import TrainState, micro_batches, new_train_state, train
 log = logging.getLogger("posenc")
 
 
-def train(cfg: DictConfig, run_dir: Path) -> dict:
-    """Train one model as cfg says, writing everything into run_dir; return the summary."""
-    validate_config(cfg)
-    check_encodable(cfg)
+def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
+    """Train one model as cfg says, writing everything into run_dir; return the summary.
+    checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config."""
+    if not checked:
+        validate_config(cfg)
+        check_encodable(cfg)
     started = time.time()
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer

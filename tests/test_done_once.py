@@ -1,0 +1,57 @@
+"""The path of one `posenc train` does each thing once: the config is composed once and
+validated once, and a resume reads its checkpoint's tensors once (the CLI reads the header)."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY, cli_env, run_dirs
+from posenc.cli.app import app
+
+
+def _counting(monkeypatch: pytest.MonkeyPatch, counts: Counter, name: str, owner, attr: str) -> None:
+    original = getattr(owner, attr)
+
+    def counted(*args, **kwargs):
+        counts[name] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, attr, counted)
+
+
+def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
+    from hydra._internal.hydra import Hydra
+
+    import posenc.config
+    import posenc.statefile
+    import posenc.train.loop
+
+    for key, value in cli_env().items():
+        monkeypatch.setenv(key, value)
+    counts: Counter = Counter()
+    _counting(monkeypatch, counts, "compose", Hydra, "compose_config")
+    _counting(monkeypatch, counts, "validate", posenc.config, "validate")
+    _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
+    _counting(monkeypatch, counts, "tensor reads", posenc.statefile, "load_file")
+    result = CliRunner().invoke(app, ["train", *args])
+    assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
+    return counts
+
+
+def test_a_run_is_composed_and_validated_once(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    counts = _train([*TINY, "trainer.max_steps=2", "eval.at_end=false"], monkeypatch)
+    assert counts["compose"] == 1
+    assert counts["validate"] == 1
+
+
+def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _train([*TINY, "trainer.max_steps=2", "eval.at_end=false"], monkeypatch)
+    [run_dir] = run_dirs(workdir)
+    counts = _train([f"trainer.resume={run_dir}", "trainer.max_steps=4"], monkeypatch)
+    assert counts["tensor reads"] == 1
+    assert counts["compose"] == 1 and counts["validate"] == 1
+    assert run_dirs(workdir) == [run_dir]
