@@ -8,10 +8,10 @@ docs/model_recipe.md). Not part of posenc: x-transformers is not a dependency.
 
 Prints one JSON row: validation loss / perplexity / bits per byte on the same 16,384 tokens.
 """
-import argparse, dataclasses, json, math, os, time
+import argparse, dataclasses, json, math, time
 import torch
 from posenc.config import compose
-from posenc.build import build_data, build_model, seed_everything, build_encoding
+from posenc.build import build_data, seed_everything, build_encoding
 from posenc.data.batches import RandomWindows
 from posenc.train.state import configure_optimizer, lr_lambda
 from posenc.eval.loss import score_windows

@@ -136,7 +136,7 @@ def budget_table(runs: Sequence[Run], task: str) -> str:
     groups = by(runs, "encoding", "budget")
     lengths = sorted({int(k.rsplit("@", 1)[1]) for r in runs for k in (r.summary or {})
                       if k.startswith(f"tasks/{task}/accuracy@")})
-    lines = [f"| encoding | budget | steps | seeds | val/loss (1×) | " + " | ".join(f"{L}" for L in lengths) + " |",
+    lines = ["| encoding | budget | steps | seeds | val/loss (1×) | " + " | ".join(f"{L}" for L in lengths) + " |",
              "|---|---|---|---|---|" + "---:|" * len(lengths)]
     for (encoding, budget), rs in sorted(groups.items()):
         rs = sorted(rs, key=lambda r: r.seed)

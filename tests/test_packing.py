@@ -21,7 +21,7 @@ from posenc.data.batches import RandomWindows
 from posenc.data.corpora import TextFiles
 from posenc.data.packing import load_tokens
 from posenc.data.tokenizers import ByteTokenizer
-from posenc.data.windows import Packing, Windows
+from posenc.data.windows import Packing
 from posenc.eval.loss import score_windows
 from posenc.nn.model import GPT
 from posenc.nn.encodings.rope import RoPE
