@@ -61,13 +61,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     exit_code = 1
     try:
         if cfg.logger.name == "wandb":
-            lc = cfg.logger
-            tracker.start_wandb(
-                config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
-                project=lc.project, mode=lc.mode, group=wandb_group(lc.group), job_type=lc.job_type,
-                tags=[model.encoding.name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity,
-                run_id=resumed.wandb_id,
-            )
+            start_wandb(tracker, cfg, model.encoding.name, run_dir, resumed.wandb_id)
         checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
@@ -84,12 +78,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
-            "seq_len": t.seq_len,
-            "encoding": encoding,
-            "layout": model.layout.describe(),
-            "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
-            "device": str(device),
-            "precision": precision,
+            **run_facts(cfg, model, data, encoding, device, precision),
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
@@ -101,6 +90,28 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
         return summary
     finally:
         tracker.finish(exit_code)
+
+
+def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
+    """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding."""
+    lc = cfg.logger
+    tracker.start_wandb(
+        config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
+        project=lc.project, mode=lc.mode, group=wandb_group(lc.group), job_type=lc.job_type,
+        tags=[encoding_name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity, run_id=run_id,
+    )
+
+
+def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: str) -> dict:
+    """What the summary records about the run's setup: length, encoding, layout, packing, device."""
+    return {
+        "seq_len": cfg.trainer.seq_len,
+        "encoding": encoding,
+        "layout": model.layout.describe(),
+        "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
+        "device": str(device),
+        "precision": precision,
+    }
 
 
 class Throughput:
