@@ -121,3 +121,39 @@ def test_an_unknown_encoding_is_refused_before_anything_is_measured():
 ])
 def test_json_goes_to_stdout_or_a_file(argv, expected):
     assert split_json_flag(argv) == expected
+
+
+def test_rounds_alternate_with_the_baselines_so_a_machine_busier_later_does_not_move_the_ratio(monkeypatch):
+    # a fake clock: rope costs twice nope's step, the reference as much as nope, and the machine
+    # becomes 3× slower for everything once rope is being measured (another job started)
+    from posenc.bench import timing
+
+    cost, calls = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, []
+
+    def fake_round(subject, steps):
+        calls.append(subject.name)
+        timing.run_steps(subject, steps)
+        return cost[subject.name] * (3.0 if "rope" in calls else 1.0)
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    result = bench([*TINY, "bench.steps=1", "bench.rounds=3", "bench.warmup=1", "bench.encodings=[nope,rope]"])
+    # reference alone, then nope paired with the reference, then rope paired with both
+    assert calls == ["reference"] * 3 + ["nope", "reference"] * 3 + ["rope", "reference", "nope"] * 3
+    rows = {r["name"]: r for r in result["results"]}
+    assert rows["rope"]["tokens_per_s"] < rows["nope"]["tokens_per_s"] / 5  # the absolute rate saw the load
+    assert rows["rope"]["vs_nope"] == pytest.approx(0.5) and rows["rope"]["vs_reference"] == pytest.approx(0.5)
+    assert rows["rope"]["vs_nope_range"] == pytest.approx([0.5, 0.5])
+    assert rows["nope"]["vs_reference"] == pytest.approx(1.0) and rows["reference"]["vs_nope"] == pytest.approx(1.0)
+    assert len(result["load"]) == 4  # the start, and after each of the three rows
+
+
+def test_a_loaded_machine_is_named_in_one_warning(monkeypatch):
+    from posenc.bench import run as bench_run
+    from posenc.metrics import MACHINE_CPUS, MACHINE_LOAD
+
+    monkeypatch.setattr(bench_run, "machine_load", lambda: {MACHINE_LOAD.name: 9.5, MACHINE_CPUS.name: 2})
+    err = io.StringIO()
+    run_bench([*BENCH, "bench.encodings=[nope]", "bench.reference=false"], Console(file=io.StringIO()),
+              Console(file=err, width=300))
+    warnings = [line for line in err.getvalue().splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "9.5 on 2 CPUs" in warnings[0] and "paired" in warnings[0]

@@ -47,7 +47,15 @@ def cells(r: dict) -> list[str]:
         return [r["name"], *["—"] * (len(COLUMNS) - 1)]
     return [r["name"], _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["ms_per_step"], ".1f"),
             _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "%"), _fmt(r["peak_mem_mb"], ",.0f", " MB"),
-            _fmt(r.get("warmup_s"), ".1f", " s"), _fmt(r["vs_nope"], ".3f", "×"), _fmt(r["vs_reference"], ".3f", "×")]
+            _fmt(r.get("warmup_s"), ".1f", " s"), ratio(r, "vs_nope"), ratio(r, "vs_reference")]
+
+
+def ratio(r: dict, key: str) -> str:
+    """'0.912×' and, where rounds were paired, the range of the per-round ratios: '0.912× (0.90–0.93)'."""
+    spread = r.get(f"{key}_range")
+    if r.get(key) is None or not spread or spread[0] == spread[1]:
+        return _fmt(r.get(key), ".3f", "×")
+    return f"{r[key]:.3f}× ({spread[0]:.2f}–{spread[1]:.2f})"
 
 
 def table(result: dict) -> Table:

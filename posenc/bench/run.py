@@ -3,8 +3,11 @@
 For the plain reference (reference.py), then ``nope``, then every other encoding of
 ``bench.encodings``, one after another: build it as training does, time its train_step
 (timing.py), measure its memory (memory.py), and hand its row to the listener at once, so a
-long bench shows each row as soon as it is measured. The baselines go first so that every
-row carries its ratios (``vs_nope``, ``vs_reference``) when it appears. An encoding that
+long bench shows each row as soon as it is measured. The baselines go first and stay built:
+each later model's timed rounds alternate with a round of each baseline, so its ratios
+(``vs_nope``, ``vs_reference``: the median of the per-round ratios, with their range) are
+taken under the same load, and the row carries them when it appears. The machine's load
+average is recorded at the start and after every row (``load``); the CLI warns when it was high. An encoding that
 fails (beyond its max_len, out of memory, a kernel error) leaves a row that says why, and
 the others are still measured.
 
@@ -16,6 +19,7 @@ from __future__ import annotations
 import functools
 import gc
 import resource
+import statistics
 from collections.abc import Callable
 
 import torch
@@ -25,10 +29,10 @@ from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
 from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
 from posenc.bench.reference import REFERENCE
-from posenc.bench.timing import FixedBatch, build_subject, rate, time_subject
+from posenc.bench.timing import FixedBatch, Subject, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
 from posenc.errors import UserError
-from posenc.hardware import peak_flops, setup_device, use_compile
+from posenc.hardware import machine_load, peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
 
 BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
@@ -73,25 +77,36 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
         "config": OmegaConf.to_container(b, resolve=True),
         # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
         "masks": mask_summary(cfg, batch.batch, device),
+        "load": [machine_load()],  # at the start, then after each row: {machine/load_1min, machine/cpus}
         "results": [],
     }
     listener.started(result)
     order = [n for n in BASELINES if n in names or (n == REFERENCE and b.reference)]
     order += [n for n in names if n not in order]
-    for name in order:
-        config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
-        result["results"].append(measure(name, config, vocab, batch, device, autocast, peak, listener))
-        add_ratios(result["results"])
-        result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        listener.row(result)
+    baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
+    try:
+        for name in order:
+            config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
+            row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines)
+            if subject is not None:
+                baselines.append(subject)
+            result["results"].append(row)
+            add_ratios(result["results"])
+            result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            result["load"].append(machine_load())
+            listener.row(result)
+    finally:
+        baselines.clear()
+        free(device)
     return result
 
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
-            autocast, peak: float | None, listener: Listener) -> dict:
-    """One row: speed, memory and (if asked) a long forward of one model; a failure (its config
-    included) is a row too."""
-    subject = None
+            autocast, peak: float | None, listener: Listener, baselines: list[Subject]) -> tuple[dict, Subject | None]:
+    """One row: speed (rounds alternating with the baselines'), memory and (if asked) a long
+    forward of one model; a failure (its config included) is a row too. Returns the row, and the
+    subject when it is a baseline to keep for the later rows."""
+    subject, keep = None, False
     try:
         listener.progress(f"building {name}")
         cfg = config()
@@ -99,7 +114,7 @@ def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: Fixe
         subject = build_subject(name, cfg, vocab, batch, device, autocast)
         listener.progress(f"compiling and warming up {name}" if use_compile(cfg.trainer.compile, device)
                           else f"warming up {name}")
-        timing = time_subject(subject, b.warmup, b.steps, b.rounds)
+        timing = time_subject(subject, b.warmup, b.steps, b.rounds, others=baselines)
         listener.progress(f"memory of {name}")
         peak_bytes = step_peak_bytes(subject.state)
         row = {"name": name, "status": "ok", "options": subject.options,
@@ -109,14 +124,21 @@ def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: Fixe
         if b.eval_length_multiple and name != REFERENCE:
             listener.progress(f"{b.eval_length_multiple}x length eval of {name}")
             row["eval"] = long_eval(subject.state.model, device, autocast, vocab, int(b.seq_len * b.eval_length_multiple))
-        return row
+        keep = name in BASELINES
+        return row, subject if keep else None
     except Exception as e:  # noqa: BLE001 - one encoding's failure must not cost the others' rows
-        return {"name": name, "status": "failed", "error": reason(e)}
+        return {"name": name, "status": "failed", "error": reason(e)}, None
     finally:
-        del subject  # free this model's parameters and optimizer state before the next model
-        gc.collect()
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+        if not keep:
+            del subject  # free this model's parameters and optimizer state before the next model
+            free(device)
+
+
+def free(device: torch.device) -> None:
+    """Return the memory of models no longer referenced (the allocator's cache too, on CUDA)."""
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
 
 
 def reason(e: Exception) -> str:
@@ -128,11 +150,19 @@ def reason(e: Exception) -> str:
 
 
 def add_ratios(rows: list[dict]) -> None:
-    """Throughput relative to nope and to the reference, for every row measured so far (the
-    baselines come first, so a row has its ratios when it appears; the reference's vs_nope
-    is filled in once nope is measured)."""
+    """Throughput relative to nope and to the reference, for every row measured so far: the
+    median of the round-by-round ratios (``vs_nope``) and their range (``vs_nope_range``) where
+    the rounds were paired, the ratio of the two medians otherwise (a baseline against itself;
+    the reference's vs_nope, filled in once nope is measured, from nope's pairing)."""
     by_name = {r["name"]: r for r in rows if r["status"] == "ok"}
     for row in rows:
         for other, key in (("nope", "vs_nope"), (REFERENCE, "vs_reference")):
-            ok = row["status"] == "ok" and other in by_name
-            row[key] = row["tokens_per_s"] / by_name[other]["tokens_per_s"] if ok else None
+            row[key], row[f"{key}_range"] = None, None
+            if row["status"] != "ok" or other not in by_name:
+                continue
+            ratios = row.get("paired", {}).get(other) or \
+                [1 / r for r in by_name[other].get("paired", {}).get(row["name"], [])]
+            if ratios:
+                row[key], row[f"{key}_range"] = statistics.median(ratios), [min(ratios), max(ratios)]
+            else:
+                row[key] = row["tokens_per_s"] / by_name[other]["tokens_per_s"]

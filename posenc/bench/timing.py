@@ -5,13 +5,20 @@ all as training builds them, by ``new_train_state``) fed one fixed batch, so the
 measures the step and not the data pipeline. The first steps compile and fill caches; they
 are timed apart (``first_step_s``, ``warmup_s``) and left out of the rate, which is the median
 over ``rounds`` rounds of ``steps`` steps.
+
+Rounds are interleaved with the baselines' (``others``: the reference and NoPE, kept alive):
+after each round of the model under test, each baseline runs one round too, so every ratio
+(``vs_nope``) is a median of ratios taken under the same load, seconds apart. Timed one model
+after another, a machine that got busier in between moved the ratios (ALiBi measured at 0.14×
+NoPE on a loaded machine, 1.00× on a quiet one); paired, a busy machine slows both sides.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 from omegaconf import DictConfig
@@ -49,6 +56,7 @@ class Timing:
     warmup_s: float            # every untimed step, the first included
     round_s: list[float]       # seconds of each timed round
     tokens_per_step: int       # over all micro-batches of one optimizer step
+    paired_s: dict[str, list[float]] = field(default_factory=dict)  # each baseline's round right after each of ours
 
 
 def build_subject(name: str, cfg: DictConfig, vocab: int, batches: BatchSource, device: torch.device,
@@ -75,8 +83,19 @@ def run_steps(subject: Subject, steps: int) -> None:
         train_step(subject.state, micro_batches(subject.state))
 
 
-def time_subject(subject: Subject, warmup: int, steps: int, rounds: int) -> Timing:
-    """Warm up (the first step timed alone), then ``rounds`` timed rounds of ``steps`` steps."""
+def timed_round(subject: Subject, steps: int) -> float:
+    """Seconds of ``steps`` training steps, the device's queue drained before and after."""
+    device = subject.state.device
+    sync(device)
+    start = time.perf_counter()
+    run_steps(subject, steps)
+    sync(device)
+    return time.perf_counter() - start
+
+
+def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others: Sequence[Subject] = ()) -> Timing:
+    """Warm up (the first step timed alone), then ``rounds`` timed rounds of ``steps`` steps,
+    each followed by one round of every subject in ``others`` (already warm)."""
     device = subject.state.device
     start = time.perf_counter()
     run_steps(subject, min(1, warmup))
@@ -85,16 +104,14 @@ def time_subject(subject: Subject, warmup: int, steps: int, rounds: int) -> Timi
     run_steps(subject, max(0, warmup - 1))
     sync(device)
     warm = time.perf_counter() - start
-    round_s = []
+    round_s, paired_s = [], {o.name: [] for o in others}
     tokens_before = subject.state.tokens
     for _ in range(rounds):
-        sync(device)
-        start = time.perf_counter()
-        run_steps(subject, steps)
-        sync(device)
-        round_s.append(time.perf_counter() - start)
+        round_s.append(timed_round(subject, steps))
+        for other in others:
+            paired_s[other.name].append(timed_round(other, steps))
     tokens_per_step = (subject.state.tokens - tokens_before) // (steps * rounds)
-    return Timing(first if warmup else 0.0, warm if warmup else 0.0, round_s, tokens_per_step)
+    return Timing(first if warmup else 0.0, warm if warmup else 0.0, round_s, tokens_per_step, paired_s)
 
 
 def rate(timing: Timing, steps: int, flops_per_token: float, peak: float | None) -> dict:
@@ -108,4 +125,6 @@ def rate(timing: Timing, steps: int, flops_per_token: float, peak: float | None)
         "ms_per_step_best": min(timing.round_s) / steps * 1e3,
         "mfu": tps * flops_per_token / peak if peak else None,
         "first_step_s": timing.first_step_s, "warmup_s": timing.warmup_s,
+        # throughput relative to each baseline, round by round (the same batch, so a ratio of times)
+        "paired": {name: [b / a for a, b in zip(timing.round_s, other)] for name, other in timing.paired_s.items()},
     }

@@ -18,6 +18,7 @@ from rich.spinner import Spinner
 from posenc.bench import render
 from posenc.bench.run import Listener, bench
 from posenc.errors import UserError
+from posenc.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD
 from posenc.rundir import write_json_atomic
 
 
@@ -101,8 +102,23 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
     elif json_file:
         write_json_atomic(json_file, result)
         out.print(f"wrote {json_file}", highlight=False)
+    if (warning := load_warning(result)) is not None:
+        err_console.print(warning, highlight=False, soft_wrap=True)
     failed = [r for r in result["results"] if r.get("status") == "failed"]
     if failed:
         raise UserError(f"{len(failed)} of {len(result['results'])} models failed: "
                         + "; ".join(f"{r['name']} ({r['error']})" for r in failed))
     return result
+
+
+def load_warning(result: dict) -> str | None:
+    """One line when the machine's load average exceeded LOADED_PER_CPU per CPU during the bench."""
+    samples = [s for s in result.get("load", []) if s]
+    busy = [s[MACHINE_LOAD.name] / s[MACHINE_CPUS.name] for s in samples]
+    if not busy or max(busy) <= LOADED_PER_CPU:
+        return None
+    worst = max(samples, key=lambda s: s[MACHINE_LOAD.name] / s[MACHINE_CPUS.name])
+    return (f"warning: the machine was loaded while the bench ran (1-min load average up to "
+            f"{worst[MACHINE_LOAD.name]:.1f} on {worst[MACHINE_CPUS.name]} CPUs): tokens/s and ms/step measure "
+            f"the other processes too; vs nope and vs reference are paired round by round and hold better — "
+            f"time absolute figures on a quiet machine")
