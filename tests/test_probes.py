@@ -2,6 +2,7 @@
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -137,3 +138,30 @@ def test_posenc_probe_writes_its_figures_into_the_run_dir(workdir):
     assert set(probes) == {"32", "64", "128"}  # TINY trains at 32 tokens
     assert (run / "probes" / "entropy_vs_length.png").stat().st_size > 0
     assert list((run / "probes" / "T32").glob("*.png"))
+
+
+def test_probe_figures_name_the_run_and_tick_the_probed_lengths(tmp_path, monkeypatch):
+    """Every figure says which run and encoding it shows; the length axis reads 8, 16, 32, not
+    powers of ten; the training-length line is in the legend."""
+    import matplotlib.figure
+
+    from posenc.eval.probes import probe_lengths, write_probes
+
+    seen = []
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):
+        texts = [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]
+        seen.append((Path(path).name, texts, fig.axes))
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    model = model_with(RoPE(D, H))
+    write_probes(probe_lengths(model, {T: torch.randint(0, 256, (1, T)) for T in (8, 16, 32)}), tmp_path,
+                 train_length=8, title="run-7 · rope base=10000")
+    assert len(seen) >= 7
+    for name, texts, _ in seen:
+        assert any("run-7 · rope base=10000" in s for s in texts), name
+    (_, _, axes), = [s for s in seen if s[0] == "entropy_vs_length.png"]
+    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["8", "16", "32"]
+    assert "training length 8" in [t.get_text() for t in axes[0].get_legend().get_texts()]

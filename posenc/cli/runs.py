@@ -26,7 +26,10 @@ def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
     from posenc.eval.probe_run import probe_run
 
     paths = run_guarded(lambda: probe_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
-    console.print(f"wrote [bold]{len(paths)}[/] files under [bold]{Path(run_dir) / 'probes'}[/]")
+    out = Path(run_dir) / "probes"
+    console.print(f"wrote [bold]{len(paths)}[/] files under [bold]{out}[/]:", soft_wrap=True)
+    for path in paths:
+        console.print(f"  {path.relative_to(out)}", highlight=False, soft_wrap=True)
 
 
 def compare(

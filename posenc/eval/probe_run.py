@@ -13,9 +13,11 @@ from pathlib import Path
 
 import torch
 
+from posenc.build import encoding_summary
 from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
+from posenc.rundir import plain_numbers
 from posenc.tracking import Tracker
 
 #: evaluation-length multiples probed by default
@@ -38,9 +40,17 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
         idx[length] = probe_windows(data, length, windows).to(device)
     with torch.no_grad():
         probes = probe_lengths(model, idx)
-    paths = write_probes(probes, run_dir / "probes", T)
+    title = f"{run_dir.name} · {encoding_title(model.encoding)}"
+    paths = write_probes(probes, run_dir / "probes", T, title)
     _log_to_wandb(run_dir, cfg, state, [p for p in paths if p.suffix == ".png"])
     return paths
+
+
+def encoding_title(encoding, width: int = 70) -> str:
+    """'rope base=10000 fraction=1 style=interleaved …': the encoding's name and options, cut to width."""
+    summary = plain_numbers(encoding_summary(encoding))  # base=10000, not 10000.0
+    text = " ".join([summary.pop("name"), *(f"{k}={v}" for k, v in summary.items() if v is not None)])
+    return text if len(text) <= width else text[: width - 1] + "…"
 
 
 def _log_to_wandb(run_dir: Path, cfg, state: dict, figures: list[Path]) -> None:

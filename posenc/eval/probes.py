@@ -171,9 +171,11 @@ def attention_probes(model: nn.Module, idx: Tensor) -> dict:
     }
 
 
-def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None) -> list[Path]:
+def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None,
+                        title: str | None = None) -> list[Path]:
     """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
-    mean distance per layer and head, rotary pair norms, bias curves. Returns the paths written."""
+    mean distance per layer and head, rotary pair norms, bias curves, each titled with ``title``
+    (the run and its encoding) and the length. Returns the paths written."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -183,6 +185,8 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
     paths = []
 
     def save(fig, name: str) -> None:
+        if title:
+            fig.suptitle(f"{title} · T={T}", fontsize=8)
         fig.tight_layout()
         fig.savefig(out / name, dpi=110)
         plt.close(fig)
@@ -195,7 +199,7 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
             ax.plot(row, lw=1, label=f"head {h}")
         ax.plot(probes["max_entropy"], "k:", lw=1, label="uniform")
         if train_length and train_length < T:
-            ax.axvline(train_length, color="grey", ls="--", lw=0.8)
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8, label=f"training length {train_length}")
         ax.set(title=f"layer {layer}", xlabel="query position")
     axes[0][0].set_ylabel("attention entropy (nats)")
     axes[0][-1].legend(fontsize=6)
@@ -236,9 +240,11 @@ def probe_lengths(model: nn.Module, idx_by_length: dict[int, Tensor]) -> dict[st
     return {str(T): attention_probes(model, idx) for T, idx in sorted(idx_by_length.items())}
 
 
-def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None) -> list[Path]:
+def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None,
+                 title: str | None = None) -> list[Path]:
     """probes.json plus each length's figures (in T<length>/ when there are several lengths)
-    and entropy_vs_length.png: each layer's mean entropy over heads and queries against T."""
+    and entropy_vs_length.png: each layer's mean entropy over heads and queries against T, on a
+    log axis ticked at the probed lengths. ``title`` (the run and its encoding) heads every figure."""
     import json
 
     import matplotlib
@@ -253,7 +259,7 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
     paths = [out / "probes.json"]
     several = len(probes_by_length) > 1
     for T, probes in probes_by_length.items():
-        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length)
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title)
     if several:
         lengths = [int(T) for T in probes_by_length]
         fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -262,8 +268,12 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
             means = [float(torch.tensor(p["entropy"][layer]).mean()) for p in probes_by_length.values()]
             ax.plot(lengths, means, marker="o", label=f"layer {layer}")
         if train_length:
-            ax.axvline(train_length, color="grey", ls="--", lw=0.8)
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8, label=f"training length {train_length}")
         ax.set(xscale="log", xlabel="context length T", ylabel="mean attention entropy (nats)")
+        ax.set_xticks(lengths, [str(L) for L in lengths])  # 64, 128, 256: not 3×10², 4×10²
+        ax.minorticks_off()
+        if title:
+            ax.set_title(title, fontsize=8)
         ax.legend(fontsize=6)
         fig.tight_layout()
         fig.savefig(out / "entropy_vs_length.png", dpi=110)
