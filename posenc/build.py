@@ -8,6 +8,7 @@ learned table shorter than the sequence) becomes one UserError naming the group.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import random
 from pathlib import Path
@@ -15,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra.errors import InstantiationException
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.data.packing import TokenData, load_tokens
@@ -85,14 +86,30 @@ def instantiate_encoding(node: DictConfig, group: str, sizes: dict) -> Positiona
              if isinstance(node[key], DictConfig) and "_target_" in node[key]}
     if inner:
         node = OmegaConf.create({k: v for k, v in OmegaConf.to_container(node, resolve=True).items() if k not in inner})
-    return instantiate_group(node, group, **sizes, **inner)
+    return instantiate_group(node, group, **supplied(node, sizes), **inner)
+
+
+def encoding_sizes(cfg: DictConfig) -> dict:
+    """What the builder hands every encoding, under one name each: the model's sizes and the
+    training length ``train_len`` (an encoding's own length key, learned's ``max_len`` or RoPE's
+    ``original_max_len``, is null for "the training length" and reads it from there)."""
+    m = cfg.model
+    return {"d_model": m.d_model, "n_head": m.n_head, "n_layer": m.n_layer, "train_len": cfg.trainer.seq_len}
+
+
+def supplied(node: DictConfig, sizes: dict) -> dict:
+    """The sizes the node's class takes (every encoding takes d_model and n_head; n_layer and
+    train_len only where its __init__ names them) and the node does not set itself (a run
+    directory's config from before the builder supplied them keeps its own values)."""
+    takes = inspect.signature(get_class(node._target_).__init__).parameters
+    return {k: v for k, v in sizes.items() if k not in node and (k in ("d_model", "n_head") or k in takes)}
 
 
 def build_encoding(cfg: DictConfig) -> PositionalEncoding:
     """The encoding, or, when the layout gives a layer kind an encoding of its own, one per kind:
     a kind's ``encoding`` overrides the keys of ``encoding`` (Gemma 3: {base: 1000000}) or, with a
     ``_target_``, replaces it (Llama 4: NoPE); kinds whose encodings are equal share one module."""
-    sizes = {"d_model": cfg.model.d_model, "n_head": cfg.model.n_head}
+    sizes = encoding_sizes(cfg)
     layout = cfg.get("layout")
     used = dict.fromkeys(layer_kinds(list(layout.pattern), cfg.model.n_layer)) if layout is not None else {}
     if not any(layout.kinds[k].encoding for k in used if k in layout.kinds):

@@ -40,3 +40,35 @@ def test_every_config_folder_ships_in_the_wheel():
     folders = {"posenc.conf" + "".join("." + part for part in p.relative_to(root / "conf").parts)
                for p in (root / "conf").rglob("*") if p.is_dir() and p.name != "__pycache__"}
     assert folders <= packages, sorted(folders - packages)
+
+
+def test_the_builder_passes_the_training_length_and_layer_count_under_one_name_each():
+    """No encoding YAML repeats ${trainer.seq_len} or ${model.n_layer}: the builder hands
+    train_len and n_layer to the encodings that take them, and a null size follows train_len."""
+    from pathlib import Path
+
+    from posenc import config as posenc_config
+    from posenc.build import build_encoding
+    from posenc.train.init_from import incompatible
+
+    conf = Path(posenc_config.__file__).resolve().parent.parent / "conf" / "encoding"
+    if not conf.is_dir():  # an installed wheel keeps conf inside the package
+        conf = Path(posenc_config.__file__).resolve().parent / "conf" / "encoding"
+    for yaml in conf.glob("*.yaml"):
+        assert "${trainer.seq_len}" not in yaml.read_text() and "${model.n_layer}" not in yaml.read_text(), yaml.name
+
+    def built(*overrides: str):
+        return build_encoding(posenc_config.compose(["model.n_layer=3", *overrides]))
+
+    assert built("encoding=learned", "trainer.seq_len=48").max_len == 48
+    assert built("encoding=learned", "trainer.seq_len=48", "encoding.max_len=100").max_len == 100
+    assert built("encoding=cope", "trainer.seq_len=48").npos_max == 48
+    assert built("encoding=cope", "trainer.seq_len=48").pos_emb.shape[0] == 3  # one table per layer
+    assert built("encoding=rope", "trainer.seq_len=48").original_max_len == 48
+    assert built("encoding=t5_bias", "trainer.seq_len=48").max_distance == 24  # half the training length
+    assert built("encoding=fox", "trainer.seq_len=48").gate_weight.shape[0] == 3  # one gate projection per layer
+    # a parent's learned table sized by its training length: init_from names what differs
+    parent = posenc_config.compose(["encoding=learned", "trainer.seq_len=32"])
+    child = posenc_config.compose(["encoding=learned", "trainer.seq_len=64"])
+    (reason,) = incompatible(parent, child)
+    assert "trainer.seq_len (parent 32, this run 64)" in reason and "encoding.max_len=32" in reason

@@ -99,9 +99,27 @@ def incompatible(parent: DictConfig, child: DictConfig) -> list[str]:
     if p_enc.get(target) != c_enc.get(target):  # another encoding: its options cannot be compared
         return [*out, *_differing({target: p_enc.get(target)}, {target: c_enc.get(target)})]
     if not out and _encoding_shapes(parent) != _encoding_shapes(child):
-        # an option that sizes a parameter table differs: name the non-scaling options that do
-        out += _differing(p_enc, c_enc, SCALING_KEYS) or ["encoding (its parameter shapes)"]
+        # an option that sizes a parameter table differs: name the non-scaling options that do,
+        # or the training length that a null size follows (learned's max_len, CoPE's npos_max)
+        out += _differing(p_enc, c_enc, SCALING_KEYS) or _length_sized(parent, child, c_enc) \
+            or ["encoding (its parameter shapes)"]
     return out
+
+
+def _length_sized(parent: DictConfig, child: DictConfig, c_enc: dict[str, Any]) -> list[str]:
+    """'trainer.seq_len (parent 32, this run 128) sizes encoding.max_len (null) — …' where a
+    null size key of the encoding follows the two runs' different training lengths."""
+    P, C = int(parent.trainer.seq_len), int(child.trainer.seq_len)
+    nulls = [k for k, v in c_enc.items() if v is None and k.rpartition(".")[2] not in SCALING_KEYS]
+    if P == C or not nulls:
+        return []
+    return [f"trainer.seq_len (parent {P}, this run {C}), which sizes {' and '.join(f'{k} (null: the training length)' for k in nulls)}"
+            f" — set {' '.join(f'{k}={P}' for k in nulls)}"]
+
+
+def follows_training_length(enc: DictConfig, key: str) -> bool:
+    """The key is null (the builder's training length), or an older run's ${trainer.seq_len}."""
+    return key in enc and (enc.get(key) is None or OmegaConf.is_interpolation(enc, key))
 
 
 def check(cfg: DictConfig) -> Path | None:
@@ -119,11 +137,11 @@ def check(cfg: DictConfig) -> Path | None:
                         f"(only trainer.*, model.dropout and the encoding's scaling settings may change)")
     T = int(parent.trainer.seq_len)
     enc = cfg.encoding
-    # still the YAML's ${trainer.seq_len} (init_from came from a config file, not the command
-    # line): the scaling would extend from this run's length, not the parent's
-    if "original_max_len" in enc and OmegaConf.is_interpolation(enc, "original_max_len") and enc.original_max_len != T:
+    # still the YAML's null (init_from came from a config file, not the command line): the
+    # scaling would extend from this run's length, not the parent's
+    if follows_training_length(enc, "original_max_len") and int(cfg.trainer.seq_len) != T:
         raise UserError(f"{KEY}={value}: encoding.original_max_len follows this run's trainer.seq_len "
-                        f"({enc.original_max_len}) but the parent was trained at {T} — pass "
+                        f"({cfg.trainer.seq_len}) but the parent was trained at {T} — pass "
                         f"encoding.original_max_len={T} (set for you when {KEY} is on the command line)")
     return run_dir
 

@@ -30,7 +30,7 @@ logit-sized values within posenc's budgets with no extra scale (measured at 2 la
 4 heads, T=64, 400 steps, lr 2e-3: the std of q·e[p] over visible pairs is 2.4 and 1.7 in the two
 layers, next to 2.1 and 1.6 for q·k/√d; max |e| = 0.23). Training reaches the entries e[n]
 up to the largest p it produces, and a window of L tokens produces p_ij <= i - j + 1 <= L: the
-default npos_max = L (``${trainer.seq_len}``) holds no entry a training window cannot reach (how
+default npos_max = L (null: the training length) holds no entry a training window cannot reach (how
 far the gates actually go is learned: p reached 60 of 63 in the run above), and beyond L the
 positions are clamped to the last entry rather than read from entries no window produced.
 
@@ -79,12 +79,15 @@ class CoPE(PositionalEncoding):
         n_head: int,
         n_layer: int,
         name: str = "cope",
-        npos_max: int = 64,
+        npos_max: int | None = None,
         per_head: bool = False,
+        train_len: int | None = None,
     ) -> None:
+        """npos_max: entries of each table e; None: the training length ``train_len`` (64 without one)."""
         super().__init__(d_model, n_head, name)
+        npos_max = npos_max if npos_max is not None else (train_len if train_len is not None else 64)
         if n_layer <= 0:
-            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         if npos_max < 1:
             raise ValueError(f"encoding.npos_max must be >= 1 (positions are clamped to npos_max - 1), got {npos_max}")
         self.npos_max = int(npos_max)

@@ -62,7 +62,7 @@ class FoX(Mechanism):
     ) -> None:
         super().__init__(inner, name)
         if n_layer <= 0:
-            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         if bias_scale is not None and not bias_scale > 0:
             raise ValueError(f"encoding.bias_scale must be > 0 (null: √head_dim), got {bias_scale}")
         self.bias_scale = float(bias_scale) if bias_scale is not None else math.sqrt(self.head_dim)

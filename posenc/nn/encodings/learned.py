@@ -11,8 +11,13 @@ from posenc.nn.encodings.base import Context, PositionalEncoding
 class Learned(PositionalEncoding):
     """x + W_pos[pos]. Positions >= max_len have no row: they are refused, never clamped."""
 
-    def __init__(self, d_model: int, n_head: int, max_len: int, name: str = "learned") -> None:
+    def __init__(self, d_model: int, n_head: int, max_len: int | None = None, name: str = "learned",
+                 train_len: int | None = None) -> None:
+        """max_len: the table's rows; None: the training length ``train_len`` (the builder's)."""
         super().__init__(d_model, n_head, name)
+        max_len = train_len if max_len is None else max_len
+        if max_len is None:
+            raise ValueError("learned needs encoding.max_len (null: the training length, which was not given)")
         if max_len <= 0:
             raise ValueError(f"learned needs max_len > 0, got {max_len}")
         self.max_len = int(max_len)

@@ -53,12 +53,13 @@ class PRoPE(RoPE):
         scaling: str = "none",
         scaling_factor: float = 1.0,
         original_max_len: int | None = None,
+        train_len: int | None = None,
     ) -> None:
         if not 0.0 <= p <= 1.0:
             raise ValueError(f"encoding.p must be in [0, 1] (the fraction of RoPE's frequencies kept), got {p}")
         # fraction=1: the frequencies are those of the whole head_dim, as in RoPE
         super().__init__(d_model, n_head, name, base=base, fraction=1.0, style=style, scaling=scaling,
-                         scaling_factor=scaling_factor, original_max_len=original_max_len)
+                         scaling_factor=scaling_factor, original_max_len=original_max_len, train_len=train_len)
         self.p = float(p)
         self.n_rotated = rotated_pairs(self.p, self.head_dim)
         # θ_i = 0 for the lowest frequencies: cos 1, sin 0, the pair is not rotated. The cos/sin

@@ -94,8 +94,12 @@ class RoPE(PositionalEncoding):
         truncate: bool = True,
         mscale: float | None = None,
         mscale_all_dim: float | None = None,
+        train_len: int | None = None,
     ) -> None:
+        """original_max_len: the length T the scaling extends from; None: the training length
+        ``train_len`` (the builder's); ``trainer.init_from`` sets it to the parent's."""
         super().__init__(d_model, n_head, name)
+        original_max_len = train_len if original_max_len is None else original_max_len
         if style not in STYLES:
             raise ValueError(f"encoding.style must be one of {', '.join(STYLES)}, got '{style}'")
         if not 0.0 < fraction <= 1.0:

@@ -70,11 +70,12 @@ class RoPENoPE(RoPE):
         scaling: str = "none",
         scaling_factor: float = 1.0,
         original_max_len: int | None = None,
+        train_len: int | None = None,
     ) -> None:
         super().__init__(d_model, n_head, name, base=base, style=style, scaling=scaling,
-                         scaling_factor=scaling_factor, original_max_len=original_max_len)
+                         scaling_factor=scaling_factor, original_max_len=original_max_len, train_len=train_len)
         if n_layer <= 0:
-            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         if nope_layers is None:
             if nope_every < 1:
                 raise ValueError(f"encoding.nope_every must be >= 1 (1: every layer is NoPE), got {nope_every}")
@@ -88,7 +89,7 @@ class RoPENoPE(RoPE):
         if temperature_layers not in TEMPERATURE_LAYERS:
             raise ValueError(f"encoding.temperature_layers must be one of {', '.join(TEMPERATURE_LAYERS)}, "
                              f"got '{temperature_layers}'")
-        if temperature == "log" and not original_max_len:
+        if temperature == "log" and not self.original_max_len:
             raise ValueError("encoding.temperature=log needs encoding.original_max_len (the training length)")
         if temperature_beta < 0 or not math.isfinite(temperature_beta):
             raise ValueError(f"encoding.temperature_beta must be >= 0, got {temperature_beta}")

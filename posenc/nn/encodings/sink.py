@@ -47,7 +47,7 @@ class Sink(Mechanism):
     ) -> None:
         super().__init__(inner, name)
         if n_layer <= 0:
-            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         if inner.has_normaliser:
             raise ValueError(f"a sink joins softmax's denominator, which encoding.inner '{inner.name}' replaces — "
                              f"wrap a softmax encoding (e.g. encoding@encoding.inner=rope)")

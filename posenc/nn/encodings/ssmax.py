@@ -55,11 +55,11 @@ class SSMax(Mechanism):
     ) -> None:
         super().__init__(inner, name)
         if n_layer <= 0:
-            raise ValueError(f"encoding.n_layer must be positive, got {n_layer}")
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         if init_s is None:
             if not train_len or train_len < 2:
-                raise ValueError("encoding.init_s=null starts s at 1/ln(train_len): set encoding.train_len >= 2 "
-                                 "(the training length) or encoding.init_s")
+                raise ValueError("encoding.init_s=null starts s at 1/ln L, L the training length: train at "
+                                 "trainer.seq_len >= 2 or set encoding.init_s")
             init_s = 1.0 / math.log(train_len)
         if not init_s > 0:
             raise ValueError(f"encoding.init_s must be > 0, got {init_s}")

@@ -91,7 +91,7 @@ class T5Bias(PositionalEncoding):
         if max_distance is None:
             if train_len is None:
                 raise ValueError("T5 bias: max_distance=null means half the training length, but no train_len "
-                                 "was given — set encoding.max_distance or encoding.train_len")
+                                 "was given — set encoding.max_distance")
             max_distance = max(1, int(train_len) // 2)
         if num_buckets < 2 or max_distance < 1:
             raise ValueError(f"T5 bias needs num_buckets >= 2 and max_distance >= 1, got "
