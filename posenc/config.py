@@ -321,6 +321,10 @@ def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
     saved = OmegaConf.load(path)
     if "layout" not in saved:  # runs made before layouts: every layer global
         saved["layout"] = OmegaConf.load(files(CONFIG_MODULE).joinpath("layout", "uniform.yaml").open())
+    # eval keys added since the run was made (eval.packing, eval.batch_tokens) take today's defaults,
+    # so the evaluators read cfg.eval.<key> with no default of their own
+    saved["eval"] = OmegaConf.merge(OmegaConf.load(files(CONFIG_MODULE).joinpath("eval", "default.yaml").open()),
+                                    saved.get("eval") or {})
     for group in ("model", "encoding", "dataset", "tokenizer"):  # runs made before the subpackages
         target = OmegaConf.select(saved, f"{group}._target_")
         if isinstance(target, str) and target.rpartition(".")[0] in MOVED_MODULES:

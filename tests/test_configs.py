@@ -72,3 +72,16 @@ def test_the_builder_passes_the_training_length_and_layer_count_under_one_name_e
     child = posenc_config.compose(["encoding=learned", "trainer.seq_len=64"])
     (reason,) = incompatible(parent, child)
     assert "trainer.seq_len (parent 32, this run 64)" in reason and "encoding.max_len=32" in reason
+
+
+def test_a_run_dir_from_before_an_eval_key_existed_reads_todays_default(tmp_path):
+    """The evaluators read cfg.eval.<key> with no default of their own: a run made before
+    eval.batch_tokens and eval.packing existed gets the YAML's values when it is loaded."""
+    from posenc import config as posenc_config
+
+    saved = OmegaConf.create(OmegaConf.to_container(posenc_config.compose(["eval.tokens=4096"])))
+    del saved.eval["batch_tokens"], saved.eval["packing"]
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(saved, tmp_path / ".hydra" / "config.yaml")
+    cfg = posenc_config.load_run_config(tmp_path, [])
+    assert cfg.eval.tokens == 4096 and cfg.eval.batch_tokens == 16384 and cfg.eval.packing is None

@@ -41,7 +41,7 @@ class Evaluation:
 
 def eval_packing(cfg) -> str:
     """How the evaluation windows are cut: eval.packing, by default as training's dataset.packing."""
-    return cfg.eval.get("packing") or cfg.dataset.get("packing") or "concat"
+    return cfg.eval.packing or cfg.dataset.get("packing") or "concat"
 
 
 @singledispatch
@@ -67,8 +67,8 @@ def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nul
         tracker.log_curve("extrapolation/ppl_by_length", ["length", "multiple", "ppl"], rows, "length", "ppl",
                           step, tokens, title="perplexity against evaluation length")
 
-    summary = extrapolation.summary(results, cfg.eval.get("stride"), eval_packing(cfg))
-    asked = int(cfg.eval.get("tokens", 16384))
+    summary = extrapolation.summary(results, cfg.eval.stride, eval_packing(cfg))
+    asked = int(cfg.eval.tokens)
     scored = min((r.scored_tokens for r in results if r.ppl is not None), default=asked)
     summary["extrapolation"]["tokens_asked"] = asked
     if scored < asked:  # the validation split (or a whole number of the longest windows) holds fewer
@@ -83,7 +83,7 @@ def _(data: SyntheticTask, model: nn.Module, cfg, device: torch.device, autocast
       on_result=None) -> Evaluation:
     # the same instances (seed 0) for every run of a comparison, whatever the run's own seed
     results = tasks.evaluate_task(model, data, int(cfg.trainer.seq_len), seed=0,
-                                  batch_tokens=int(cfg.eval.get("batch_tokens", 16384)), device=device)
+                                  batch_tokens=int(cfg.eval.batch_tokens), device=device)
     for r in results:
         log.info("task %s: length %d (%g×): %s", data.task, r["length"], r["multiple"],
                  f"accuracy {r['accuracy']:.3f}" if r["accuracy"] is not None else r["skipped"])
@@ -106,10 +106,10 @@ def evaluation_batches(data, cfg) -> dict[int, Iterable[Batch]]:
 def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
     from posenc.eval.per_position import corpus_batches
 
-    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
+    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.batch_tokens)
     lengths = extrapolation.eval_lengths(T, list(cfg.eval.lengths))
-    span = extrapolation.eval_span(len(data.validation), lengths, int(cfg.eval.get("tokens", 16384)))
-    windows = data.validation_windows(cfg.eval.get("packing"))
+    span = extrapolation.eval_span(len(data.validation), lengths, int(cfg.eval.tokens))
+    windows = data.validation_windows(cfg.eval.packing)
     return {L: corpus_batches(windows, L, span, batch_tokens) for L in lengths}
 
 
@@ -117,7 +117,7 @@ def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
 def _(data: SyntheticTask, cfg) -> dict[int, Iterable[Batch]]:
     from posenc.eval.per_position import task_batches
 
-    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.get("batch_tokens", 16384))
+    T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.batch_tokens)
     return {L: task_batches(data, L, 0, batch_tokens) for L in tasks.task_lengths(T, data.eval_multiples)}
 
 

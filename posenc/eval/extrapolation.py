@@ -136,8 +136,8 @@ def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullco
     cfg.trainer.seq_len."""
     e = cfg.eval
     return evaluate_extrapolation(
-        model, data.validation_windows(e.get("packing")), cfg.trainer.seq_len, list(e.lengths),
-        e.get("tokens", 16384), e.get("batch_tokens", 16384), device, autocast, stride=e.get("stride"),
+        model, data.validation_windows(e.packing), cfg.trainer.seq_len, list(e.lengths),
+        int(e.tokens), int(e.batch_tokens), device, autocast, stride=e.stride,
         on_result=on_result,
     )
 

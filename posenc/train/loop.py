@@ -68,7 +68,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
                                       checkpoints=checkpoints)
         # perplexity at eval.lengths × seq_len (Press et al.) or task accuracy, and per-position loss
         evaluated = final.evaluate_run(model, data, cfg, run_dir, tracker, state.step, state.tokens, device, autocast) \
-            if cfg.eval.get("at_end", True) else {}
+            if cfg.eval.at_end else {}
         summary = {
             "status": "completed",
             **val,
