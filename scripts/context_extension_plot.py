@@ -17,11 +17,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import matplotlib
+from posenc.figures import pyplot, save_figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
+plt = pyplot()
 from posenc.metrics import TASK_ACCURACY  # noqa: E402
 from posenc.report.plots_length import length_stats  # noqa: E402
 from posenc.report.runs import Group, find_runs, group_runs  # noqa: E402
@@ -95,9 +93,7 @@ def plot(T: int, stats: dict[tuple[str, int], dict], out: Path, passkey: bool = 
     axes[0][0].set_ylabel("passkey exact match (%)" if passkey else "validation perplexity")
     axes[0][-1].legend(title="encoding.scaling")
     fig.tight_layout()
-    path = out / f"{stem(passkey)}.png"
-    fig.savefig(path, dpi=110)
-    return path
+    return save_figure(fig, out / f"{stem(passkey)}.png")
 
 
 def stem(passkey: bool) -> str:

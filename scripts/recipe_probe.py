@@ -51,9 +51,9 @@ def pair_amplitude(rotary: dict) -> np.ndarray:
 
 
 def main(sweeps: list[Path], recipes: list[str], out: Path, windows: int, encoding: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from posenc.figures import pyplot, save_figure
+
+    plt = pyplot()
 
     amplitude, entropy, theta, T = defaultdict(list), defaultdict(list), None, None
     for run in find_runs(sweeps):
@@ -92,8 +92,7 @@ def main(sweeps: list[Path], recipes: list[str], out: Path, windows: int, encodi
               title="attention entropy against length")
     right.legend(fontsize=6)
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    save_figure(fig, out)
     print(f"\nwrote {out}")
 
 

@@ -152,7 +152,7 @@ def test_probe_figures_name_the_run_and_tick_the_probed_lengths(tmp_path, monkey
 
     def spy(fig, path, *args, **kwargs):
         texts = [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]
-        seen.append((Path(path).name, texts, fig.axes))
+        seen.append((Path(path).name.removesuffix(".tmp"), texts, fig.axes))
         return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)

@@ -30,6 +30,7 @@ from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
 from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.figures import pyplot, save_figure
 from posenc.rundir import write_json_atomic
 
 BUCKETS = 64  # at most this many points per length
@@ -137,11 +138,7 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     """<stem>.json and <stem>.png (loss against position, one line per length, a dashed
     vertical line at the training length; a second panel against the position inside the
     document where the record has one) in out_dir."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     json_path, png_path = out_dir / f"{stem}.json", out_dir / f"{stem}.png"
@@ -149,7 +146,7 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     panels = [("position in the window", None)]
     if any(r.get("document") for r in record["lengths"]):
         panels.append(("position in the document", "document"))
-    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.6), dpi=100, squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.6), squeeze=False)
     for ax, (xlabel, key) in zip(axes[0], panels):
         for r in sorted(record["lengths"], key=lambda r: -r["length"]):  # the shortest drawn last, on top
             curve = r if key is None else r.get(key)
@@ -164,11 +161,7 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
         ax.set_title(title or "per-position loss")
         ax.legend(title="evaluation length", fontsize=7)
     fig.tight_layout()
-    tmp = png_path.with_suffix(".png.tmp")
-    fig.savefig(tmp, format="png")
-    plt.close(fig)
-    tmp.replace(png_path)
-    return [json_path, png_path]
+    return [json_path, save_figure(fig, png_path)]
 
 
 def log_to(tracker, record: dict, figure: Path, step: int, tokens: int) -> None:

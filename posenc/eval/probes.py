@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
+from posenc.figures import pyplot, save_figure
 from posenc.nn.encodings.rope import RoPE
 
 
@@ -176,10 +177,7 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
     """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
     mean distance per layer and head, rotary pair norms, bias curves, each titled with ``title``
     (the run and its encoding) and the length. Returns the paths written."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out, T = Path(out_dir), probes["length"]
     out.mkdir(parents=True, exist_ok=True)
     paths = []
@@ -188,9 +186,7 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
         if title:
             fig.suptitle(f"{title} · T={T}", fontsize=8)
         fig.tight_layout()
-        fig.savefig(out / name, dpi=110)
-        plt.close(fig)
-        paths.append(out / name)
+        paths.append(save_figure(fig, out / name))
 
     n_layer = len(probes["entropy"])
     fig, axes = plt.subplots(1, n_layer, figsize=(3.2 * n_layer, 3), sharey=True, squeeze=False)
@@ -247,10 +243,7 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
     log axis ticked at the probed lengths. ``title`` (the run and its encoding) heads every figure."""
     import json
 
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / "probes.json.tmp"
@@ -276,7 +269,5 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
             ax.set_title(title, fontsize=8)
         ax.legend(fontsize=6)
         fig.tight_layout()
-        fig.savefig(out / "entropy_vs_length.png", dpi=110)
-        plt.close(fig)
-        paths.append(out / "entropy_vs_length.png")
+        paths.append(save_figure(fig, out / "entropy_vs_length.png"))
     return paths

@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import matplotlib
+from posenc.figures import pyplot, save_figure
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
@@ -23,8 +22,6 @@ from posenc.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import styles_for  # noqa: E402
-
-DPI = 150
 BAND = "mean over seeds (perplexity, tokens, rates: geometric), 95% interval"
 
 
@@ -203,10 +200,3 @@ def _unit(metric: str) -> str:
     return f" ({declared.unit})" if declared is not None and declared.unit else ""
 
 
-def save_figure(fig, path: Path) -> Path:
-    """PNG at path; the bounding box grows to hold a legend outside the axes."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
-    return path
