@@ -221,8 +221,8 @@ def apply_choice_schemas(cfg: DictConfig) -> DictConfig:
 
 
 def _apply_schema(node: DictConfig, name: str) -> None:
-    for key in node:
-        child = node._get_node(key)
+    for key in _plain_keys(node):
+        child = node[key]
         if isinstance(child, DictConfig) and "_target_" in child:
             _apply_schema(child, f"{name}.{key}")
     schema = choice_schema(node._target_)
@@ -233,9 +233,15 @@ def _apply_schema(node: DictConfig, name: str) -> None:
     wrap = lambda value: functools.reduce(lambda inner, part: {part: inner}, reversed(path), {last: value})  # noqa: E731
     typed = OmegaConf.merge(wrap(OmegaConf.structured(schema)), wrap(OmegaConf.to_container(node, resolve=True)))
     typed = OmegaConf.select(typed, name)
-    for key in node:
-        if not OmegaConf.is_interpolation(node, key) and not isinstance(node._get_node(key), DictConfig):
+    for key in _plain_keys(node):
+        if not isinstance(node[key], DictConfig):
             node[key] = typed[key]
+
+
+def _plain_keys(node: DictConfig) -> list:
+    """The keys holding a value of their own: not an interpolation (kept as written, resolved
+    where it is used) and not MISSING."""
+    return [k for k in node if not OmegaConf.is_interpolation(node, k) and not OmegaConf.is_missing(node, k)]
 
 
 # --- one override parser -------------------------------------------------------------------
@@ -294,7 +300,8 @@ def encoding_options(name: str) -> dict[str, object]:
                 group = str(group).removeprefix("override ")
                 if group.startswith("/encoding@"):
                     options[group.split("@", 1)[1]] = choice
-    options.update({k: node._get_node(k)._value() for k in node if k not in ("_target_", "name", "defaults")})
+    raw = OmegaConf.to_container(node, resolve=False)  # as written: an interpolation stays "${...}"
+    options.update({k: v for k, v in raw.items() if k not in ("_target_", "name", "defaults")})
     return options
 
 
@@ -413,8 +420,8 @@ def validate(cfg: DictConfig) -> None:
     """The rules types cannot state: every key has a value, the RULES ranges, and the shape
     rule of attention (d_model % n_head). The first one broken is a UserError saying what to do."""
     missing = [k for k in cfg if OmegaConf.is_missing(cfg, k)]
-    missing += [m for k in cfg if k not in ("hydra", "bench") and OmegaConf.is_config(cfg._get_node(k))
-                and cfg[k] is not None  # an optional group not chosen (budget)
+    missing += [m for k in cfg if k not in ("hydra", "bench") and not OmegaConf.is_missing(cfg, k)
+                and OmegaConf.is_config(cfg[k])  # not None: an optional group not chosen (budget)
                 for m in _missing_keys(cfg[k], k)]
     if missing:
         raise UserError(f"{missing[0]} has no value — set it in its conf/ YAML file or on the command line "

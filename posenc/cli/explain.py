@@ -60,8 +60,8 @@ def config_error(error, context: str = "") -> str:
         hint = f"did you mean {close[0]}? " if close else ""
         return f"unknown config key '{key}' ({what}) — {hint}{SEE_KEYS}"
     if isinstance(error, ValidationError) and "." in key:
-        node = error.child_node
-        expected = _type_name(node._metadata.type_hint) if node is not None else None
+        hint = declared_type(error.parent_node, key.rpartition(".")[2])
+        expected = _type_name(hint) if hint is not None else None
         takes = f"{key} takes {expected}; " if expected else ""
         return f"{key}={error.value}: {what} — {takes}{SEE_KEYS}"
     where = context or (f"at {key}" if key else "in the configuration")
@@ -76,6 +76,21 @@ def _omegaconf_error(e: BaseException):
         if isinstance(candidate, OmegaConfBaseException):
             return candidate
     return None
+
+
+def declared_type(parent, key: str):
+    """The type the schema declares for parent.key (a dataclass field's annotation), or None."""
+    import dataclasses
+
+    from omegaconf import DictConfig, OmegaConf
+
+    cls = OmegaConf.get_type(parent) if isinstance(parent, DictConfig) else None
+    if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+        return None
+    try:
+        return typing.get_type_hints(cls).get(key)
+    except Exception:  # noqa: BLE001 - an annotation that cannot be evaluated here
+        return {f.name: f.type for f in dataclasses.fields(cls)}.get(key)
 
 
 def _type_name(hint) -> str:
