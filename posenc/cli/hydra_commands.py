@@ -36,10 +36,12 @@ def train(ctx: typer.Context) -> None:
     if any(a in HELP_FLAGS for a in args):  # Typer's help, then Hydra's (its groups and config)
         console.print(ctx.get_help())
         console.print()
+    finished = False
     try:  # resume and torchrun fix the run dir before Hydra picks one
         returns = run_guarded(lambda: run_hydra(prepare(args), check=check_run), user_wants_traceback(ctx.args))
+        finished = True
     finally:
-        distributed.shutdown()
+        distributed.shutdown(wait=finished)
     failed = failures(returns)
     if failed:
         fail(f"{len(failed)} of the sweep's {len(returns)} jobs failed: " + "; ".join(failed))

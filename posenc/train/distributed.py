@@ -94,6 +94,11 @@ def broadcast(obj):
     return box[0]
 
 
-def shutdown() -> None:
+def shutdown(wait: bool = True) -> None:
+    """Leave the process group. wait: first a barrier, so no rank tears its connections down while
+    another still finishes its last step (a rank that left early aborted with "terminate called
+    without an active exception" under load); not after a failure, where the others may never come."""
     if dist.is_available() and dist.is_initialized():
+        if wait:
+            dist.barrier()
         dist.destroy_process_group()
