@@ -35,6 +35,9 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     [run_dir] = run_dirs(interrupted)
     stopped_at = len(losses(run_dir))
     assert stopped_at < 40, "the run finished before SIGTERM arrived"
+    log = (run_dir / "train.log").read_text()
+    assert log.splitlines()[0].endswith(f"run dir: {run_dir.resolve()}")  # named at the start, not only at the end
+    assert "interrupted: stopped by SIGTERM at step" in log  # train.log says why it ends there
 
     # the printed command, verbatim: the run's own overrides come from its run dir
     printed = stderr.strip().splitlines()[-1].split("`")[1]
@@ -42,6 +45,7 @@ def test_sigterm_then_resume_matches_uninterrupted(tmp_path: Path) -> None:
     resumed = run_cli(*shlex.split(printed)[1:], cwd=interrupted)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert run_dirs(interrupted) == [run_dir]  # continued in the same directory
+    assert "resumed at step" in (run_dir / "train.log").read_text()
 
     assert run_cli("train", *RUN, cwd=straight).returncode == 0
     [reference] = run_dirs(straight)

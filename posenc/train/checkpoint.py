@@ -21,6 +21,7 @@ written to a temp file and renamed, so a crash mid-write leaves the previous goo
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import shlex
@@ -37,7 +38,10 @@ from posenc.build import restore_weights
 from posenc.errors import UserError
 from posenc.rundir import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
 from posenc.statefile import save_state
+from posenc.train.progress import to_log_files
 from posenc.train.state import TrainState
+
+log = logging.getLogger("posenc")
 
 #: config sections that must equal the checkpoint's for the weights and batches to make sense
 MUST_MATCH = ("model", "encoding", "tokenizer", "dataset", "seed", "trainer.seq_len", "trainer.batch_size",
@@ -142,6 +146,7 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
     state.step, state.tokens = saved["step"], saved["tokens"]
     set_rng_state(saved["rng"])
     truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
+    log.info("resumed at step %d (%s tokens) from %s", state.step, f"{state.tokens:,}", path)
     return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf))
 
 
@@ -219,5 +224,7 @@ class GracefulStop:
                                  f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)",
                                  self.received or signal.SIGINT)
         resume = f"posenc train {shlex.quote(f'trainer.resume={run_dir}')}"  # the run's overrides are restored
-        raise RunInterrupted(f"stopped by {self.name} at step {step}; checkpoint saved in "
-                             f"{checkpoint_path(run_dir)} — continue with `{resume}`", self.received or signal.SIGINT)
+        message = (f"stopped by {self.name} at step {step}; checkpoint saved in {checkpoint_path(run_dir)} — "
+                   f"continue with `{resume}`")
+        to_log_files(f"interrupted: {message}")  # train.log says why it ends here (the console gets the error line)
+        raise RunInterrupted(message, self.received or signal.SIGINT)

@@ -39,7 +39,7 @@ def eval_line(step: int, max_steps: int, val: dict[str, float]) -> str:
     return f"eval at step {step}/{max_steps}  " + "  ".join(parts)
 
 
-def _to_log_files(line: str) -> None:
+def to_log_files(line: str) -> None:
     """line into every log file of the root logger (train.log), not onto the console."""
     record = log.makeRecord(log.name, logging.INFO, __file__, 0, line, None, None)
     for handler in logging.getLogger().handlers:
@@ -83,7 +83,7 @@ class TrainProgress:
     def _line(self, line: str) -> None:
         if not self.enabled:
             return
-        _to_log_files(line)
+        to_log_files(line)
         if not self.live:
             print(line, file=sys.stdout, flush=True)
 
