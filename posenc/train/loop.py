@@ -39,6 +39,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
         validate_config(cfg)
         check_encodable(cfg)
     started = time.time()
+    log.info("run dir: %s", run_dir)  # named first: a run stopped early is found without waiting for its end
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
 
@@ -48,7 +49,6 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     parent = init_from.start_from_parent(cfg, model, run_dir, write=distributed.is_main())  # {} without init_from
     model = model.to(device)
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
-    log.info("run dir: %s", run_dir)  # named at the start: a run stopped early is found without waiting
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
     # a corpus's random windows (cut as dataset.packing says) or generated task instances
