@@ -12,7 +12,7 @@ import argparse, dataclasses, json, math, time
 import torch
 from posenc.config import compose
 from posenc.build import build_data, seed_everything, build_encoding
-from posenc.data.batches import RandomWindows
+from posenc.data.windows import RandomWindows
 from posenc.train.state import configure_optimizer, lr_lambda
 from posenc.eval.loss import score_windows
 from posenc.nn.flavors import get_flavor

@@ -17,7 +17,7 @@ from posenc.bench.timing import build_subject, run_steps
 from posenc.build import build_data
 from posenc.cli.bench import run_bench, split_json_flag
 from posenc.config import compose
-from posenc.data.batches import RandomWindows
+from posenc.data.windows import RandomWindows
 from posenc.errors import UserError
 from posenc.rundir import load_checkpoint
 from posenc.train.loop import train

@@ -5,7 +5,7 @@ import pytest
 
 from posenc.data.corpora import PyStdlib, TextFiles
 
-from posenc.data.batches import RandomWindows
+from posenc.data.windows import RandomWindows
 from posenc.eval.loss import fixed_span, sliding_windows
 
 from posenc.data.packing import load_tokens

@@ -18,7 +18,7 @@ import yaml
 from conftest import TINY, run_cli, run_dirs
 from posenc.build import build_data, build_model
 from posenc.config import load_run_config
-from posenc.data.batches import RandomWindows
+from posenc.data.windows import RandomWindows
 from posenc.rundir import load_checkpoint, read_jsonl
 
 PARENT_STEPS = 40

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from conftest import TINY, run_cli, run_dirs
-from posenc.data.batches import RandomWindows
+from posenc.data.windows import RandomWindows
 from posenc.data.corpora import TextFiles
 from posenc.data.packing import load_tokens
 from posenc.data.tokenizers import ByteTokenizer

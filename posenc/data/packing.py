@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from posenc.data.batches import Batch, RandomWindows
+from posenc.data.batches import Batch
+from posenc.data.windows import RandomWindows
 from posenc.data.corpora import SPLITS, Corpus
 from posenc.data.windows import Packing, Windows, fixed_span
 

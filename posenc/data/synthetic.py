@@ -193,7 +193,7 @@ class TaskBatches:
     answer, and the filler of passkey or the random strings of copy are noise a loss on every
     token would spend the model on. ``targets='all'`` makes every next token a target.
     Each batch is generated from one draw of a seeded torch.Generator, whose state saves and
-    restores, so a resumed run draws the same batches (as posenc.data.batches.RandomWindows).
+    restores, so a resumed run draws the same batches (as posenc.data.windows.RandomWindows).
     """
 
     def __init__(self, task: str, seq_len: int, batch_size: int, seed: int, rank: int = 0,

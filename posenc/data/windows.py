@@ -143,3 +143,44 @@ def sliding_windows(span: int, length: int, stride: int | None) -> list[tuple[in
         end += step
         windows.append((end - length, length - step))
     return windows
+
+
+class RandomWindows:
+    """Training batches: random windows of seq_len+1 tokens (x = w[:-1], y = w[1:]), cut as the
+    packing says (Packing, above); concat when none is given.
+
+    Offsets come from a seeded torch.Generator whose state can be saved and restored, so a
+    resumed run draws the same batches as an uninterrupted one. concat and documents draw the
+    same offsets from the same seed: the same tokens, told apart by the mask alone.
+    """
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1, packing: Packing | None = None) -> None:
+        if len(tokens) < seq_len + 2:
+            raise UserError(
+                f"the training split has {len(tokens)} tokens, fewer than one window of "
+                f"trainer.seq_len+1={seq_len + 1} — use a larger corpus or a smaller trainer.seq_len"
+            )
+        self.tokens = tokens
+        self.seq_len = seq_len
+        self.batch_size = batch_size
+        self.rank, self.world_size = rank, world_size
+        self.packing = packing or Packing.concat()
+        # bos_aligned draws among the document starts that leave room for a window
+        self.aligned = self.packing.aligned_offsets(len(tokens), seq_len) if self.packing.kind == "bos_aligned" else None
+        self.generator = torch.Generator().manual_seed(seed)
+
+    def next(self) -> Batch:
+        """(B, T) inputs and targets, int64, on CPU (with documents and positions under documents packing)."""
+        # every rank draws the global batch and keeps its own shard: same data as one process
+        high = len(self.tokens) - self.seq_len - 1 if self.aligned is None else len(self.aligned)
+        ix = torch.randint(0, high, (self.batch_size * self.world_size,), generator=self.generator)
+        ix = ix[self.rank * self.batch_size : (self.rank + 1) * self.batch_size].numpy()
+        offsets = ix if self.aligned is None else self.aligned[ix]
+        return self.packing.batch(self.tokens, offsets.astype(np.int64), self.seq_len)
+
+    def state_dict(self) -> dict:
+        return {"generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.generator.set_state(state["generator"])
