@@ -135,18 +135,22 @@ def build_encoding(cfg: DictConfig) -> PositionalEncoding:
         raise UserError(f"layout: {e}") from None
 
 
-def build_model(cfg: DictConfig, vocab_size: int) -> GPT:
-    encoding = build_encoding(cfg)
+def build_model(cfg: DictConfig, vocab_size: int, encoding: PositionalEncoding | None = None) -> GPT:
+    """The model cfg describes, around ``encoding`` when it is already built (training builds it
+    first, before reading any data: check_encodable), else around a new one."""
+    encoding = encoding if encoding is not None else build_encoding(cfg)
     return instantiate_group(cfg.model, "model", vocab_size=vocab_size, encoding=encoding, layout=build_layout(cfg))
 
 
-def check_encodable(cfg: DictConfig) -> None:
-    """The encoding's own rules (odd RoPE head dim, seq_len beyond learned max_len), checked
-    before any data is read."""
+def check_encodable(cfg: DictConfig) -> PositionalEncoding:
+    """The encoding, built and held to its own rules (odd RoPE head dim, seq_len beyond learned
+    max_len, a layout it cannot take): a UserError saying what to do, before any data is read."""
     try:
-        build_encoding(cfg).check_length(cfg.trainer.seq_len)
+        encoding = build_encoding(cfg)
+        encoding.check_length(cfg.trainer.seq_len)
     except PositionOutOfRange as e:
         raise UserError(str(e)) from None
+    return encoding
 
 
 def encoding_summary(encoding: PositionalEncoding) -> dict:

@@ -1,5 +1,6 @@
 """The path of one `posenc train` does each thing once: the config is composed once and
-validated once, and a resume reads its checkpoint's tensors once (the CLI reads the header)."""
+validated once, the encoding is built once, and a resume reads its checkpoint's tensors once
+(the CLI reads the header)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _counting(monkeypatch: pytest.MonkeyPatch, counts: Counter, name: str, owner
 def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     from hydra._internal.hydra import Hydra
 
+    import posenc.build
     import posenc.config
     import posenc.statefile
     import posenc.train.loop
@@ -37,6 +39,7 @@ def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     _counting(monkeypatch, counts, "validate", posenc.config, "validate")
     _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
     _counting(monkeypatch, counts, "tensor reads", posenc.statefile, "load_file")
+    _counting(monkeypatch, counts, "encoding builds", posenc.build, "build_encoding")
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
     return counts
@@ -46,6 +49,7 @@ def test_a_run_is_composed_and_validated_once(workdir: Path, monkeypatch: pytest
     counts = _train([*TINY, "trainer.max_steps=2", "eval.at_end=false"], monkeypatch)
     assert counts["compose"] == 1
     assert counts["validate"] == 1
+    assert counts["encoding builds"] == 1
 
 
 def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -53,5 +57,5 @@ def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch:
     [run_dir] = run_dirs(workdir)
     counts = _train([f"trainer.resume={run_dir}", "trainer.max_steps=4"], monkeypatch)
     assert counts["tensor reads"] == 1
-    assert counts["compose"] == 1 and counts["validate"] == 1
+    assert counts["compose"] == 1 and counts["validate"] == 1 and counts["encoding builds"] == 1
     assert run_dirs(workdir) == [run_dir]

@@ -9,8 +9,10 @@ from posenc.cli.common import HYDRA_ARGS, console, err_console, fail, run_guarde
 HELP_FLAGS = ("--help", "-h")
 
 
-def check_run(cfg) -> None:
-    """What the schema's types cannot say, checked before Hydra creates a run directory."""
+def check_run(cfg, single: bool = False) -> None:
+    """What the schema's types cannot say, checked before Hydra creates a run directory. A single
+    run's encoding is built once, by training, first (a refusal there removes the run directory);
+    a sweep's is built here too, so a sweep whose encoding cannot be built writes nothing."""
     from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
     from posenc.hardware import resolve_device
@@ -18,7 +20,8 @@ def check_run(cfg) -> None:
 
     validate(apply_choice_schemas(cfg))
     resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
-    check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)
+    if not single:
+        check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)
     init_from.check(cfg)  # a parent whose weights would not fit: refused before any directory exists
 
 

@@ -108,10 +108,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return hydra_parser().parse_intermixed_args(argv)
 
 
-def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig], None],
+def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None],
               task: Callable[..., object] = run_job) -> list[JobReturn]:
     """Run Hydra as `python app.py ARGS` would, with conf/ as the primary config; return every
-    job's JobReturn (none for --help, --cfg, --info). check(cfg) sees the composed config of a
+    job's JobReturn (none for --help, --cfg, --info). check(cfg, single) sees the composed config of a
     run (or of a sweep's common part) before Hydra creates any directory; a single run is
     composed once, and its task is told (checked=True) that check saw its config."""
     from hydra._internal.hydra import Hydra
@@ -154,7 +154,7 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig], None],
             hydra.shell_completion(config_name=config_name, overrides=overrides)
             return []
         mode, cfg = compose_once(hydra, config_name, overrides, bool(args.multirun))
-        check(cfg)
+        check(cfg, mode == RunMode.RUN)
         if mode == RunMode.RUN:
             return [run_composed(hydra, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)

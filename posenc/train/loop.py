@@ -37,15 +37,17 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config."""
     if not checked:
         validate_config(cfg)
-        check_encodable(cfg)
     started = time.time()
+    seed_everything(cfg.seed)  # the model's init depends on the seed alone, as in `posenc bench`
+    # the run's one encoding build, refused here before any data is read; the data draws from
+    # generators of its own, so building it next leaves the model's init as if built first
+    encoding = check_encodable(cfg)
     log.info("run dir: %s", run_dir)  # named first: a run stopped early is found without waiting for its end
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
 
     data = build_data(cfg)
-    seed_everything(cfg.seed)  # the model's init depends on the seed alone, as in `posenc bench`
-    model = build_model(cfg, data.vocab_size)
+    model = build_model(cfg, data.vocab_size, encoding)
     parent = init_from.start_from_parent(cfg, model, run_dir, write=distributed.is_main())  # {} without init_from
     model = model.to(device)
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
