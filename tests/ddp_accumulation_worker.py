@@ -11,6 +11,7 @@ one (step, micro-batch, bucket) record per hook call) and OUT_DIR/params.safeten
 
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from pathlib import Path
@@ -66,6 +67,8 @@ def main(out: Path, steps: int, grad_accum: int, global_batch: int) -> None:
         out.mkdir(parents=True, exist_ok=True)
         (out / "result.json").write_text(json.dumps({"losses": losses, "calls": calls}))
         save_file({k: v.clone() for k, v in state.model.state_dict().items()}, str(out / "params.safetensors"))
+    del state  # the DDP wrapper (its reducer and comm hook) goes before the process group does
+    gc.collect()
     distributed.shutdown()
 
 

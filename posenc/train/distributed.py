@@ -96,8 +96,10 @@ def broadcast(obj):
 
 def shutdown(wait: bool = True) -> None:
     """Leave the process group. wait: first a barrier, so no rank tears its connections down while
-    another still finishes its last step (a rank that left early aborted with "terminate called
-    without an active exception" under load); not after a failure, where the others may never come."""
+    another still finishes its last step; not after a failure, where the others may never come.
+    Whatever holds a DDP wrapper (a communication hook's closure, say) must be freed before this:
+    a DDP reducer outliving its process group aborts at exit ("terminate called without an
+    active exception")."""
     if dist.is_available() and dist.is_initialized():
         if wait:
             dist.barrier()
