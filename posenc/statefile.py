@@ -1,7 +1,7 @@
 """Nested state (a checkpoint: weights, optimiser, RNGs, config) <-> one safetensors file, no pickle.
 
-Run directories are shared between researchers, and unpickling a file runs whatever code it names
-(``torch.load(weights_only=False)``), so a checkpoint holds only what cannot run code: the tensors
+Run directories are shared between researchers, and a full unpickle (torch.load without
+weights_only) runs whatever code the file names, so a checkpoint holds only what cannot run code: the tensors
 in the safetensors format (a JSON header and raw bytes) and everything else as JSON in that
 header's metadata. Reading one can produce tensors, numbers, strings, lists, dicts, tuples and
 numpy arrays, nothing else. The file is written to a temp file and renamed: a crash mid-write

@@ -144,8 +144,9 @@ def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullco
 
 def show(record: dict, results: list[LengthResult]) -> None:
     """The terminal table of `posenc eval` on a corpus: perplexity per length."""
-    from rich import get_console
     from rich.table import Table
+
+    from posenc.terminal import make_console
 
     enc = record["encoding"]
     opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")
@@ -161,4 +162,4 @@ def show(record: dict, results: list[LengthResult]) -> None:
         table.add_row(f"{r.length:,}", f"{r.multiple:g}", f"{r.ppl:.3f}" if defined else "—",
                       f"{r.loss:.4f}" if defined else "—", f"{r.windows:,}", f"{r.scored_tokens:,}",
                       f"{r.seconds:.1f} s", r.reason or "")
-    get_console().print(table)
+    make_console().print(table)  # as wide as posenc's other output without a terminal

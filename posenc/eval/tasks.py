@@ -140,8 +140,9 @@ def log_to(tracker, task: str, results: list[dict], step: int, tokens: int) -> N
 
 def show(record: dict, task: str, results: list[dict]) -> None:
     """The terminal table of `posenc eval` on a task: exact-match accuracy per length."""
-    from rich import get_console
     from rich.table import Table
+
+    from posenc.terminal import make_console
 
     table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
                   title_justify="left")
@@ -153,4 +154,4 @@ def show(record: dict, task: str, results: list[dict]) -> None:
         table.add_row(f"{r['length']:,}", f"{r['multiple']:g}", f"{r['accuracy']:.3f}" if defined else "—",
                       f"{r['low']:.3f}–{r['high']:.3f}" if defined else "—",
                       f"{r['token_accuracy']:.3f}" if defined else "—", str(r["n"]), r.get("skipped", ""))
-    get_console().print(table)
+    make_console().print(table)  # as wide as posenc's other output without a terminal

@@ -31,7 +31,6 @@ w·x needs no scale: its step is already lr·Σ_d |x_d|.
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
@@ -60,12 +59,8 @@ class FoX(Mechanism):
         bias_scale: float | None = None,
         init_std: float = 0.02,
     ) -> None:
-        super().__init__(inner, name)
-        if n_layer <= 0:
-            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
-        if bias_scale is not None and not bias_scale > 0:
-            raise ValueError(f"encoding.bias_scale must be > 0 (null: √head_dim), got {bias_scale}")
-        self.bias_scale = float(bias_scale) if bias_scale is not None else math.sqrt(self.head_dim)
+        super().__init__(inner, name, n_layer)
+        self.bias_scale = self.parameter_scale("bias_scale", bias_scale)
         # (layer, head, d_model) and (layer, head): the paper's fgate_proj, one per layer
         self.gate_weight = nn.Parameter(torch.randn(n_layer, n_head, d_model) * init_std)
         self.gate_bias = nn.Parameter(torch.zeros(n_layer, n_head))

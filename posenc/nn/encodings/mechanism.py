@@ -14,6 +14,8 @@ under ``encoding.inner``; choose it with ``encoding@encoding.inner=rope`` and se
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -23,7 +25,8 @@ from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
 class Mechanism(PositionalEncoding):
     """Every hook passed through to ``inner``; subclasses add their own (see the module doc)."""
 
-    def __init__(self, inner: PositionalEncoding, name: str) -> None:
+    def __init__(self, inner: PositionalEncoding, name: str, n_layer: int | None = None) -> None:
+        """n_layer: for a mechanism with parameters per layer (the builder passes model.n_layer)."""
         if not isinstance(inner, PositionalEncoding):
             raise ValueError(f"encoding.inner is an encoding config of its own, not a value: choose it with "
                              f"encoding@encoding.inner={inner} (and set its keys with encoding.inner.<key>=…)")
@@ -31,8 +34,17 @@ class Mechanism(PositionalEncoding):
         if inner.for_layer(0) is not inner:
             raise ValueError(f"encoding.inner '{inner.name}' gives layers encodings of their own; "
                              f"wrap a single encoding (choose per-layer encodings with layout=…)")
+        if n_layer is not None and n_layer <= 0:
+            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         self.inner = inner
         self.max_len = inner.max_len
+
+    def parameter_scale(self, key: str, value: float | None) -> float:
+        """A factor a learned logit enters with (``encoding.<key>``): so that one Adam step of
+        about lr moves the logit by about value·lr; null: √head_dim."""
+        if value is not None and not value > 0:
+            raise ValueError(f"encoding.{key} must be > 0 (null: √head_dim), got {value}")
+        return float(value) if value is not None else math.sqrt(self.head_dim)
 
     def own(self, hook: str) -> bool:
         """Whether this mechanism itself (not its inner encoding) acts through ``hook``."""

@@ -24,7 +24,6 @@ logit by up to ~4.5, the range of the logits it competes with, where unscaled it
 
 from __future__ import annotations
 
-import math
 
 import torch
 from torch import Tensor, nn
@@ -45,15 +44,11 @@ class Sink(Mechanism):
         name: str = "sink",
         scale: float | None = None,
     ) -> None:
-        super().__init__(inner, name)
-        if n_layer <= 0:
-            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
+        super().__init__(inner, name, n_layer)
         if inner.has_normaliser:
             raise ValueError(f"a sink joins softmax's denominator, which encoding.inner '{inner.name}' replaces — "
                              f"wrap a softmax encoding (e.g. encoding@encoding.inner=rope)")
-        if scale is not None and not scale > 0:
-            raise ValueError(f"encoding.scale must be > 0 (null: √head_dim), got {scale}")
-        self.scale = float(scale) if scale is not None else math.sqrt(self.head_dim)
+        self.scale = self.parameter_scale("scale", scale)
         self.sink = nn.Parameter(torch.zeros(n_layer, n_head))
 
     def sink_logit(self, layer: int = 0) -> Tensor:

@@ -53,9 +53,7 @@ class SSMax(Mechanism):
         init_s: float | None = None,
         learned: bool = True,
     ) -> None:
-        super().__init__(inner, name)
-        if n_layer <= 0:
-            raise ValueError(f"model.n_layer must be positive, got {n_layer}")
+        super().__init__(inner, name, n_layer)
         if init_s is None:
             if not train_len or train_len < 2:
                 raise ValueError("encoding.init_s=null starts s at 1/ln L, L the training length: train at "
