@@ -41,13 +41,13 @@ def test_slopes_for_12_heads_interleave_as_the_paper():
 def test_bias_is_slope_times_key_minus_query():
     enc = ALiBi(d_model=32, n_head=4)
     pos = torch.arange(6)
-    bias = enc.bias(pos, pos)  # (H, T, T)
+    bias = enc.position_bias(pos, pos)  # (H, T, T)
     slopes = torch.tensor(alibi_slopes(4))
     for h in range(4):
         for i in range(6):
             for j in range(i + 1):
                 assert bias[h, i, j].item() == pytest.approx(slopes[h].item() * (j - i))
-    assert enc.has_bias and enc.max_len is None
+    assert enc.has_position_bias and enc.max_len is None
     assert list(enc.state_dict()) == []  # fixed slopes: nothing learned, nothing saved
 
 
@@ -58,7 +58,7 @@ def test_bias_equals_blooms_alibi_up_to_a_per_query_constant(n_head):
     bloom = pytest.importorskip("transformers.models.bloom.modeling_bloom")
     T = 40
     theirs = bloom.build_alibi_tensor(torch.ones(1, T), n_head, torch.float32)[:, 0, :]  # (H, T): m_h·j
-    ours = ALiBi(d_model=8 * n_head, n_head=n_head).bias(torch.arange(T), torch.arange(T))  # (H, T, T)
+    ours = ALiBi(d_model=8 * n_head, n_head=n_head).position_bias(torch.arange(T), torch.arange(T))  # (H, T, T)
     causal = torch.ones(T, T).tril().bool()
     expected = (theirs[:, None, :] - theirs[:, :, None])  # m_h·j − m_h·i
     torch.testing.assert_close(ours[:, causal], expected[:, causal])

@@ -42,7 +42,7 @@ def tiny_model(name: str, device: str = "cpu") -> torch.nn.Module:
     return model
 
 
-BIASED = [n for n in ENCODINGS if tiny_model(n).encoding.has_bias]
+BIASED = [n for n in ENCODINGS if tiny_model(n).encoding.has_position_bias]
 
 
 def reference(q, k, v, bias):
@@ -59,7 +59,7 @@ def rotated_qkv(encoding: PositionalEncoding):
     q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
     pos = torch.arange(T)
     encoding.prepare(T)
-    q, k = encoding.rotate(q, k, Context.arange(T, dtype=torch.float64))
+    q, k = encoding.transform_qk(q, k, Context.arange(T, dtype=torch.float64))
     return q, k, v, pos
 
 
@@ -75,10 +75,10 @@ def test_every_cpu_path_equals_the_masked_reference(name, monkeypatch):
     encoding.prepare(T)
     ctx = Context.arange(T, dtype=torch.float64)
     q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
-    bias = encoding.bias(pos, pos) if encoding.has_bias else None  # (H, T, T)
+    bias = encoding.position_bias(pos, pos) if encoding.has_position_bias else None  # (H, T, T)
     expected = masked_reference(q, k, v, causal(T), bias, terms)
     chosen = attention.plan(encoding, ctx, 0, 0.0)
-    assert (chosen is None) == (not encoding.has_bias and terms.empty)
+    assert (chosen is None) == (not encoding.has_position_bias and terms.empty)
     torch.testing.assert_close(attention.attend(q, k, v, chosen, terms=terms), expected)
     if chosen is not None:  # the long-sequence path, in chunks that do not divide T
         monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
@@ -97,13 +97,13 @@ def test_score_mod_is_the_bias_computed_on_the_fly(name, shift):
     encoding = tiny_model(name).encoding.double()
     pos = torch.arange(T) + shift
     ctx = Context.arange(T) if shift == 0 else Context.at(pos)
-    encoding.prepare(ctx.length)
+    encoding.prepare(ctx.n_positions)
     mod = encoding.score_mod(ctx)
     assert mod is not None, f"{name} has a bias but offers no score_mod: it would fall back on CUDA"
     h, i, j = torch.arange(H)[:, None, None], torch.arange(T)[None, :, None], torch.arange(T)[None, None, :]
     on_the_fly = mod(torch.zeros(H, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
     visible = (j <= i).expand(H, T, T)
-    torch.testing.assert_close(on_the_fly[visible].double(), encoding.bias(pos, pos)[visible].double())
+    torch.testing.assert_close(on_the_fly[visible].double(), encoding.position_bias(pos, pos)[visible].double())
 
 
 @pytest.mark.parametrize("name", BIASED)
@@ -116,7 +116,7 @@ def test_flex_forward_equals_the_masked_reference(name):
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         out = flex_attention(q, k, v, score_mod=encoding.score_mod(Context.arange(T)),
                              block_mask=static_block_mask(T, GLOBAL, torch.device("cpu")))
-    torch.testing.assert_close(out, reference(q, k, v, encoding.bias(pos, pos)))
+    torch.testing.assert_close(out, reference(q, k, v, encoding.position_bias(pos, pos)))
 
 
 @pytest.mark.parametrize("name", BIASED)
@@ -133,7 +133,7 @@ def test_compiled_flex_kernel_equals_the_masked_reference(name):
     with torch.no_grad():
         out = compiled_flex_attention()(q, k, v, score_mod=encoding.score_mod(Context.arange(128)),
                                         block_mask=static_block_mask(128, GLOBAL, torch.device("cpu")))
-        expected = reference(q.double(), k.double(), v.double(), encoding.bias(pos, pos).double())
+        expected = reference(q.double(), k.double(), v.double(), encoding.position_bias(pos, pos).double())
     torch.testing.assert_close(out, expected.float(), atol=1e-5, rtol=1e-4)
 
 
@@ -151,18 +151,18 @@ def test_model_dense_and_chunked_paths_agree(name, monkeypatch):
 class AbsoluteBias(PositionalEncoding):
     """A bias that is not a function of i - j: it offers no score_mod."""
 
-    def bias(self, q_pos, k_pos):
+    def position_bias(self, q_pos, k_pos):
         return (q_pos[:, None] * k_pos[None, :]).float().expand(self.n_head, -1, -1)
 
 
 def test_overriding_bias_is_what_makes_an_encoding_biased():
     """No flag to remember: a subclass that overrides bias has one, and attention uses it."""
     encoding = AbsoluteBias(32, 4, name="absolute")
-    assert encoding.has_bias and not PositionalEncoding(32, 4).has_bias
-    assert encoding.relative_bias(torch.arange(4)) is None and encoding.score_mod(Context.arange(4)) is None
+    assert encoding.has_position_bias and not PositionalEncoding(32, 4).has_position_bias
+    assert not encoding.is_relative and encoding.score_mod(Context.arange(4)) is None
     q, k, v, pos = rotated_qkv(PositionalEncoding(32, 4))
     chosen = attention.plan(encoding, Context.arange(T, dtype=torch.float64), 0, 0.0)
-    expected = reference(q, k, v, encoding.bias(pos, pos).double())
+    expected = reference(q, k, v, encoding.position_bias(pos, pos).double())
     torch.testing.assert_close(attention.attend(q, k, v, chosen), expected)
 
 
@@ -210,7 +210,7 @@ def test_fast_rope_is_the_papers_rotation(style, fraction):
     half = rope.rot_dim // 2
     first = torch.arange(half) * 2 if style == "interleaved" else torch.arange(half)
     second = first + 1 if style == "interleaved" else first + half
-    for x, rotated in zip((q, k), rope.rotate(q, k, Context.arange(T))):
+    for x, rotated in zip((q, k), rope.transform_qk(q, k, Context.arange(T))):
         a, b = x[..., first], x[..., second]
         expected = x.clone()
         expected[..., first] = a * theta.cos() - b * theta.sin()

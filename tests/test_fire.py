@@ -24,7 +24,7 @@ def linear_fire(c: float, L: float, n_head: int = 2) -> FIRE:
 
 def b(enc: FIRE, i: int, j: int) -> torch.Tensor:
     """b_h(i, j) for every head: (H,)."""
-    return enc.bias(torch.tensor([i]), torch.tensor([j]))[:, 0, 0]
+    return enc.position_bias(torch.tensor([i]), torch.tensor([j]))[:, 0, 0]
 
 
 def test_bias_matches_the_formula_on_a_hand_computed_case():
@@ -41,7 +41,7 @@ def test_up_to_the_threshold_the_bias_is_a_function_of_i_minus_j_alone():
     torch.manual_seed(0)
     enc = FIRE(d_model=32, n_head=4, init_L=40.0)
     q, k = torch.arange(0, 20), torch.arange(0, 20)
-    torch.testing.assert_close(enc.bias(q, k), enc.bias(q + 20, k + 20))  # every query <= L = 40
+    torch.testing.assert_close(enc.position_bias(q, k), enc.position_bias(q + 20, k + 20))  # every query <= L = 40
 
 
 def test_beyond_the_threshold_the_query_position_enters_only_through_psi_of_i():
@@ -84,7 +84,7 @@ def test_c_the_threshold_and_the_mlp_all_learn():
     torch.manual_seed(0)
     enc = FIRE(d_model=32, n_head=4, init_L=8.0)
     pos = torch.arange(32)
-    (enc.bias(pos, pos) ** 2).sum().backward()
+    (enc.position_bias(pos, pos) ** 2).sum().backward()
     for name, p in enc.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
 
@@ -105,4 +105,4 @@ def test_bias_equals_the_papers_listing():
     expected = enc.mlp((rel_distance / pos_normalizer)[..., None]).permute(2, 0, 1)  # (H, T, T)
     visible = torch.ones(40, 40, dtype=torch.bool).tril().expand(4, 40, 40)
     pos = torch.arange(40)
-    torch.testing.assert_close(enc.bias(pos, pos)[visible], expected[visible], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(enc.position_bias(pos, pos)[visible], expected[visible], atol=1e-5, rtol=1e-5)

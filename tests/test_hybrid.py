@@ -54,16 +54,16 @@ def test_nope_layers_are_unaffected_by_position_and_rope_layers_are_rope(shift):
     assert enc.nope_layers == {1, 3}
     q, k = qk(10)
     ctx = Context.at(torch.arange(10) + shift)
-    enc.prepare(ctx.length)
-    rope.prepare(ctx.length)
+    enc.prepare(ctx.n_positions)
+    rope.prepare(ctx.n_positions)
     for layer in (1, 3):
-        out_q, out_k = enc.rotate(q, k, ctx, layer)
+        out_q, out_k = enc.transform_qk(q, k, ctx, layer)
         assert torch.equal(out_q, q) and torch.equal(out_k, k)
     for layer in (0, 2):
-        for out, ref in zip(enc.rotate(q, k, ctx, layer), rope.rotate(q, k, ctx)):
+        for out, ref in zip(enc.transform_qk(q, k, ctx, layer), rope.transform_qk(q, k, ctx)):
             torch.testing.assert_close(out, ref)
     if shift:
-        assert not torch.allclose(enc.rotate(q, k, ctx, 0)[0], enc.rotate(q, k, Context.arange(10), 0)[0])
+        assert not torch.allclose(enc.transform_qk(q, k, ctx, 0)[0], enc.transform_qk(q, k, Context.arange(10), 0)[0])
 
 
 def test_in_the_model_only_the_rope_layers_see_position():
@@ -72,14 +72,14 @@ def test_in_the_model_only_the_rope_layers_see_position():
     model = build_model(compose(["encoding=rope_nope", "model.n_layer=2", "model.d_model=32", "model.n_head=4",
                                  "trainer.seq_len=16"]), vocab_size=64).eval()
     seen: dict[int, bool] = {}
-    rotate = model.encoding.rotate
+    transform_qk = model.encoding.transform_qk
 
     def spy(q, k, ctx, layer=0):
-        out_q, out_k = rotate(q, k, ctx, layer)
+        out_q, out_k = transform_qk(q, k, ctx, layer)
         seen[layer] = torch.equal(out_q, q) and torch.equal(out_k, k)
         return out_q, out_k
 
-    model.encoding.rotate = spy
+    model.encoding.transform_qk = spy
     with torch.no_grad():
         model(torch.randint(64, (2, 12)), pos=torch.arange(12) + 50)
     assert seen == {0: False, 1: True}  # layer 1, the last, is NoPE

@@ -24,16 +24,16 @@ def test_bias_is_minus_r1_log_of_one_plus_r2_distance():
     r1 = 0.5, r2 = 3 gives 0, -0.5·ln 4, -0.5·ln 7, -0.5·ln 13."""
     enc = kerple([2.0, 0.5], [0.5, 3.0])
     pos = torch.arange(5)
-    b = enc.bias(pos, pos)  # (H, T, T)
+    b = enc.position_bias(pos, pos)  # (H, T, T)
     expected = torch.tensor([[0.0, -0.810930, -1.386294, -2.197225], [0.0, -0.693147, -0.972955, -1.282475]])
     torch.testing.assert_close(b[:, 4, [4, 3, 2, 0]], expected, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(enc.relative_bias(torch.tensor([0, 1, 2, 4])), expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(enc.distance_bias(torch.tensor([0, 1, 2, 4])), expected, atol=1e-5, rtol=1e-5)
 
 
 def test_bias_is_zero_at_distance_zero_and_decreases_monotonically_with_distance():
     torch.manual_seed(0)
     enc = KerpleLog(d_model=64, n_head=8)
-    table = enc.relative_bias(torch.arange(4096))  # (H, R): far beyond any training length
+    table = enc.distance_bias(torch.arange(4096))  # (H, R): far beyond any training length
     assert torch.all(table[:, 0] == 0)
     assert torch.all(table[:, 1:] < table[:, :-1])  # strictly decreasing in distance, every head
 
@@ -42,7 +42,7 @@ def test_bias_depends_on_positions_only_through_the_distance():
     torch.manual_seed(0)
     enc = KerpleLog(d_model=32, n_head=4)
     q, k = torch.arange(10, 20), torch.arange(0, 10)
-    torch.testing.assert_close(enc.bias(q, k), enc.bias(q + 100, k + 100))
+    torch.testing.assert_close(enc.position_bias(q, k), enc.position_bias(q + 100, k + 100))
 
 
 def test_r1_r2_stay_positive_whatever_the_learned_parameters_become():
@@ -51,7 +51,7 @@ def test_r1_r2_stay_positive_whatever_the_learned_parameters_become():
         enc.rho1.fill_(-30.0)
         enc.rho2.copy_(torch.tensor([-30.0, -1.0, 0.0, 30.0]))
     assert torch.all(enc.r1 > 0) and torch.all(enc.r2 > 0)
-    assert torch.all(enc.relative_bias(torch.arange(100)) <= 0)  # a penalty, never a reward
+    assert torch.all(enc.distance_bias(torch.arange(100)) <= 0)  # a penalty, never a reward
 
 
 def test_initialisation_is_the_papers_and_each_head_learns_its_own_r1_r2():
@@ -62,6 +62,6 @@ def test_initialisation_is_the_papers_and_each_head_learns_its_own_r1_r2():
     assert torch.all((enc.r1 >= 0.01 - 1e-6) & (enc.r1 <= 2 + 1e-6))
     assert torch.all((enc.r2 >= 0.01 - 1e-6) & (enc.r2 <= 1 + 1e-6))
     assert len(set(enc.r1.tolist())) == 16  # per head, not shared
-    enc.relative_bias(torch.arange(64)).sum().backward()
+    enc.distance_bias(torch.arange(64)).sum().backward()
     assert torch.all(enc.rho1.grad != 0) and torch.all(enc.rho2.grad != 0)
     assert math.isclose(sum(p.numel() for p in enc.parameters()), 2 * 16)

@@ -15,7 +15,7 @@ from posenc.nn.model import GPT
 def eq19(q, k, v, enc, pos):
     """Eq. (19) written out as sums over n <= m (the quadratic reference)."""
     fq, fk = elu_feature_map(q), elu_feature_map(k)
-    rq, rk = enc.rotate(fq, fk, Context.at(pos))
+    rq, rk = enc.transform_qk(fq, fk, Context.at(pos))
     T = q.shape[-2]
     out = torch.empty_like(v)
     for m in range(T):
@@ -36,7 +36,7 @@ def test_chunked_cumulative_form_equals_equation_19(chunk):
     enc = RoPE(d_model=16, n_head=2)
     pos = torch.arange(12)
     enc.prepare(12)
-    out = causal_linear_attention(q, k, v, lambda a, b: enc.rotate(a, b, Context.at(pos)), chunk=chunk)
+    out = causal_linear_attention(q, k, v, lambda a, b: enc.transform_qk(a, b, Context.at(pos)), chunk=chunk)
     reference = eq19(q.double(), k.double(), v.double(), enc, pos)
     torch.testing.assert_close(out, reference.float(), rtol=1e-4, atol=1e-5)
 
@@ -46,12 +46,12 @@ def test_rope_numerator_depends_only_on_relative_position():
     q, k, v = qkv(T=20)
     enc = RoPE(d_model=16, n_head=2)
     enc.prepare(1000)
-    outs = [causal_linear_attention(q, k, v, lambda a, b, p=torch.arange(20) + c: enc.rotate(a, b, Context.at(p)))
+    outs = [causal_linear_attention(q, k, v, lambda a, b, p=torch.arange(20) + c: enc.transform_qk(a, b, Context.at(p)))
             for c in (0, 13, 900)]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(outs[2], outs[0], rtol=1e-4, atol=1e-5)
     fq, fk = elu_feature_map(q), elu_feature_map(k)
-    scores = [(lambda r: r[0] @ r[1].transpose(-1, -2))(enc.rotate(fq, fk, Context.at(torch.arange(20) + c))) for c in (0, 13)]
+    scores = [(lambda r: r[0] @ r[1].transpose(-1, -2))(enc.transform_qk(fq, fk, Context.at(torch.arange(20) + c))) for c in (0, 13)]
     torch.testing.assert_close(scores[1], scores[0], rtol=1e-5, atol=1e-5)
 
 

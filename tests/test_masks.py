@@ -188,14 +188,14 @@ def test_every_cpu_path_with_documents_and_windows_equals_the_float64_reference(
     doc = DOC if documents else None
     pos = document_positions(DOC) if documents else torch.arange(T)
     mask = AttentionMask(T, doc, window)
-    ctx = Context.at(pos, torch.float64, doc, (mask,), length=T) if documents else \
+    ctx = Context.at(pos, torch.float64, doc, (mask,), n_positions=T) if documents else \
         Context.arange(T, dtype=torch.float64, masks=(mask,))
     g = torch.Generator().manual_seed(1)
     q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
     x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64)  # the block's input (FoX's gates)
     encoding.prepare(T)
     q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
-    extra = encoding.bias(pos, pos).double() if encoding.has_bias else None
+    extra = encoding.position_bias(pos, pos).double() if encoding.has_position_bias else None
     expected = reference(q, k, v, visible_reference(doc, window, B), extra, terms)
     torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms),
                                expected)
@@ -216,15 +216,15 @@ def test_flex_block_mask_with_documents_and_windows_equals_the_reference(name, d
     doc = DOC if documents else None
     pos = document_positions(DOC) if documents else torch.arange(T)
     mask = AttentionMask(T, doc, window)
-    ctx = Context.at(pos, torch.float64, doc, (mask,), length=T) if documents else \
+    ctx = Context.at(pos, torch.float64, doc, (mask,), n_positions=T) if documents else \
         Context.arange(T, dtype=torch.float64, masks=(mask,))
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
     encoding.prepare(T)
     bias_ctx = ctx.at_indices() if documents and encoding.is_relative else ctx
-    score_mod = encoding.score_mod(bias_ctx) if encoding.has_bias else None
+    score_mod = encoding.score_mod(bias_ctx) if encoding.has_position_bias else None
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         out = flex_attention(q, k, v, score_mod=score_mod, block_mask=mask.block_mask(torch.device("cpu")))
-    extra = encoding.bias(pos, pos).double() if encoding.has_bias else None
+    extra = encoding.position_bias(pos, pos).double() if encoding.has_position_bias else None
     torch.testing.assert_close(out, reference(q, k, v, visible_reference(doc, window, B), extra))

@@ -62,9 +62,9 @@ def test_a_mechanism_wraps_the_encoding_its_config_names():
     """encoding@encoding.inner picks the wrapped encoding, encoding.inner.<key> its options; what the
     wrapper offers is its own hook plus everything the inner encoding offers."""
     fox = build_encoding(config("encoding=fox", "encoding@encoding.inner=alibi"))
-    assert fox.inner.name == "alibi" and fox.has_decay and fox.has_bias and fox.is_relative
+    assert fox.inner.name == "alibi" and fox.has_decay and fox.has_position_bias and fox.is_relative
     rope = build_encoding(config("encoding=ssmax", "encoding.inner.base=500"))
-    assert rope.inner.name == "rope" and rope.inner.base == 500 and rope.has_logit_scale and not rope.has_bias
+    assert rope.inner.name == "rope" and rope.inner.base == 500 and rope.has_logit_scale and not rope.has_position_bias
     nested = build_encoding(config("encoding=sink", "encoding@encoding.inner=ssmax"))  # a sink around SSMax(RoPE)
     assert nested.has_sink and nested.has_logit_scale and nested.inner.inner.name == "rope"
     with pytest.raises(UserError, match="choose it with encoding@encoding.inner=rope"):
@@ -282,17 +282,17 @@ def test_flex_forms_of_decays_and_sinks_equal_the_reference(name, documents, mon
     doc = DOC if documents else None
     mask = AttentionMask(T, doc, Window(9))
     pos = document_positions(DOC) if documents else torch.arange(T)
-    ctx = Context.at(pos, torch.float64, doc, (mask,), length=T)
+    ctx = Context.at(pos, torch.float64, doc, (mask,), n_positions=T)
     q, k, v = qkv(2)
     x = torch.randn(B, T, 32, dtype=torch.float64)
     bias_ctx = ctx.at_indices() if documents and encoding.is_relative else ctx
-    plan = flex.FlexPlan(encoding.score_mod(bias_ctx) if encoding.has_bias else None,
+    plan = flex.FlexPlan(encoding.score_mod(bias_ctx) if encoding.has_position_bias else None,
                          mask.block_mask(torch.device("cpu")))
     with torch.no_grad(), warnings.catch_warnings():  # FlexAttention has no backward on CPU
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
         out = attention.attend(q, k, v, plan, terms=terms)
-    extra = encoding.bias(pos, pos) if encoding.has_bias else None
+    extra = encoding.position_bias(pos, pos) if encoding.has_position_bias else None
     torch.testing.assert_close(out, reference(q, k, v, mask.visible(), extra, terms))
 
 
@@ -308,7 +308,7 @@ def test_stick_breaking_falls_back_from_flex_attention_with_one_warning(monkeypa
 # --- PoPE -------------------------------------------------------------------------------------
 def pope_scores(encoding, q, k, pos) -> torch.Tensor:
     """What attention computes from PoPE's q̃, k̃: q̃·k̃ / √(2d)."""
-    tq, tk = encoding.rotate(q, k, Context.at(pos, torch.float64, length=int(pos.max()) + 1))
+    tq, tk = encoding.transform_qk(q, k, Context.at(pos, torch.float64, n_positions=int(pos.max()) + 1))
     return tq @ tk.transpose(-1, -2) / math.sqrt(tq.shape[-1])
 
 

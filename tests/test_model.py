@@ -78,7 +78,7 @@ def test_rope_options_reach_the_encoding():
     torch.testing.assert_close(enc.inv_freq, 500.0 ** (-torch.arange(0, 8, 2, dtype=torch.float32) / 8))
     q = torch.randn(1, 4, 10, 16)
     enc.prepare(10)
-    rotated, _ = enc.rotate(q, q, Context.arange(10))
+    rotated, _ = enc.transform_qk(q, q, Context.arange(10))
     torch.testing.assert_close(rotated[..., 8:], q[..., 8:])
     assert not torch.allclose(rotated[:, :, 1:, :8], q[:, :, 1:, :8])  # position 0 is not rotated
 

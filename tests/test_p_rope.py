@@ -23,7 +23,7 @@ X = torch.arange(1.0, 9.0).expand(1, N_HEAD, 1, HEAD_DIM)  # (B, H, T=1, hd): x_
 def rotate_at(encoding, m: int, x: torch.Tensor = X) -> torch.Tensor:
     """x rotated as a token at position m: (1, H, 1, hd) -> (1, H, 1, hd)."""
     encoding.prepare(m + 1)
-    q, _ = encoding.rotate(x, x, Context.at(torch.tensor([m])))
+    q, _ = encoding.transform_qk(x, x, Context.at(torch.tensor([m])))
     return q
 
 
@@ -78,8 +78,8 @@ def test_p_one_is_rope_and_p_zero_is_nope():
     rope, full, none = RoPE(D_MODEL, N_HEAD), PRoPE(D_MODEL, N_HEAD, p=1.0), PRoPE(D_MODEL, N_HEAD, p=0.0)
     for enc in (rope, full, none):
         enc.prepare(12)
-    torch.testing.assert_close(full.rotate(q, q, ctx)[0], rope.rotate(q, q, ctx)[0])
-    assert torch.equal(none.rotate(q, q, ctx)[0], q)
+    torch.testing.assert_close(full.transform_qk(q, q, ctx)[0], rope.transform_qk(q, q, ctx)[0])
+    assert torch.equal(none.transform_qk(q, q, ctx)[0], q)
 
 
 def test_scores_on_the_unrotated_dims_do_not_depend_on_position():

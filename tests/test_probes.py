@@ -79,7 +79,7 @@ def test_rope_pairs_are_the_pairs_it_rotates_together():
     rope.prepare(8)
     from posenc.nn.encodings.base import Context
     q = torch.randn(1, H, 8, D // H)
-    rq, _ = rope.rotate(q, q, Context.arange(8))
+    rq, _ = rope.transform_qk(q, q, Context.arange(8))
     pairs = frequency_pairs(D // H, rope.rot_dim, "half")
     assert torch.allclose(pair_sq_norms(rq, pairs), pair_sq_norms(q, pairs), atol=1e-5)
 

@@ -13,7 +13,7 @@ def rotate_at(enc: RoPE, x: torch.Tensor, positions: list[int]) -> torch.Tensor:
     """Rotate x (T, hd) where row t sits at positions[t]."""
     pos = torch.tensor(positions)
     enc.prepare(int(pos.max()) + 1)
-    q, _ = enc.rotate(x[None, None], x[None, None], Context.at(pos))
+    q, _ = enc.transform_qk(x[None, None], x[None, None], Context.at(pos))
     return q[0, 0]
 
 

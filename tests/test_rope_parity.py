@@ -107,7 +107,7 @@ def test_half_style_rotation_equals_apply_rotary_pos_emb(scaling):
     else:
         ours, config = posenc_rope(scaling, base, head_dim, s, T, style="half"), hf_config(scaling, base, head_dim, s, T)
     ours.prepare(length)
-    rq, rk = ours.rotate(q, k, Context.at(torch.arange(length)))
+    rq, rk = ours.transform_qk(q, k, Context.at(torch.arange(length)))
     hq, hk = hf_rotate(config, q, k)
     # float32 angles m·θ_i of up to ~200 rad carry ~1e-5 rad of rounding (an inv_freq one ulp
     # apart, as longrope's θ/λ against HF's 1/(λ·base^x)): 1e-4 on entries of size ~3 is that,

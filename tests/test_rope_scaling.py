@@ -19,7 +19,7 @@ def rope(original_max_len: int = 1024, **kw) -> RoPE:
 
 def rotated(enc: RoPE, pos: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
     enc.prepare(int(pos.max()) + 1)
-    return enc.rotate(q, k, Context.at(pos))
+    return enc.transform_qk(q, k, Context.at(pos))
 
 
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn"])
@@ -152,6 +152,6 @@ def test_every_method_keeps_ropes_relative_property(scaling):
     for shift in (0, 9, 40):
         pos = torch.tensor([3 + shift, shift])
         enc.prepare(64)  # one running length for all shifts (dynamic / longrope depend on it)
-        rq, rk = enc.rotate(torch.cat([q, k], 2), torch.cat([q, k], 2), Context.at(pos))
+        rq, rk = enc.transform_qk(torch.cat([q, k], 2), torch.cat([q, k], 2), Context.at(pos))
         scores.append(float((rq[..., 0, :] * rk[..., 1, :]).sum()))
     assert scores == pytest.approx([scores[0]] * 3, rel=1e-4)

@@ -74,7 +74,7 @@ def test_bias_is_one_learned_scalar_per_bucket_per_head():
     with torch.no_grad():
         enc.relative_attention_bias.weight.copy_(torch.arange(NB * 4, dtype=torch.float32).view(NB, 4))
     pos = torch.arange(300)
-    b = enc.bias(pos, pos)
+    b = enc.position_bias(pos, pos)
     assert b.shape == (4, 300, 300)
     # depends on (query, key) only through key - query
     torch.testing.assert_close(b[:, 10:20, 0:10], b[:, 110:120, 100:110])
@@ -84,7 +84,7 @@ def test_bias_is_one_learned_scalar_per_bucket_per_head():
     # the default scale is √head_dim (x-transformers): b = √8 · W
     scaled = T5Bias(d_model=32, n_head=4)
     scaled.load_state_dict(enc.state_dict() | {"scale": torch.tensor(math.sqrt(8))})
-    torch.testing.assert_close(scaled.bias(pos, pos), math.sqrt(8) * b)
+    torch.testing.assert_close(scaled.position_bias(pos, pos), math.sqrt(8) * b)
 
 
 def test_bias_equals_the_bucket_lookup_for_every_pair():
@@ -95,7 +95,7 @@ def test_bias_equals_the_bucket_lookup_for_every_pair():
     torch.nn.init.normal_(enc.relative_attention_bias.weight)
     q_pos, k_pos = torch.arange(100, 400), torch.arange(0, 500)
     expected = enc.scale * enc.relative_attention_bias(enc.buckets(q_pos, k_pos)).permute(2, 0, 1)
-    torch.testing.assert_close(enc.bias(q_pos, k_pos), expected)
+    torch.testing.assert_close(enc.position_bias(q_pos, k_pos), expected)
 
 
 def copy_task_table_after(scale: float, steps: int = 8, lr: float = 1e-2) -> torch.Tensor:
@@ -113,7 +113,7 @@ def copy_task_table_after(scale: float, steps: int = 8, lr: float = 1e-2) -> tor
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-    return model.encoding.relative_bias(torch.arange(16)).detach()
+    return model.encoding.distance_bias(torch.arange(16)).detach()
 
 
 def test_the_scaled_table_learns_in_a_few_steps_where_the_unscaled_one_cannot():
@@ -152,4 +152,4 @@ def test_a_checkpoint_from_before_the_scale_loads_unscaled_as_it_was_trained():
     old.load_state_dict(state)
     assert float(old.scale) == 1.0
     pos = torch.arange(8)
-    torch.testing.assert_close(old.bias(pos, pos)[:, 3, 3], state["relative_attention_bias.weight"][0])
+    torch.testing.assert_close(old.position_bias(pos, pos)[:, 3, 3], state["relative_attention_bias.weight"][0])

@@ -13,8 +13,8 @@ from posenc.nn.encodings.xpos import XPos, xpos_zeta
 def score(enc, q, k, n: int, m: int, length: int = 4096) -> float:
     """<f_q(q, n), f_k(k, m)> for a query at n and a key at m. q, k: (hd,)"""
     enc.prepare(length)
-    rq, _ = enc.rotate(q[None, None, None], q[None, None, None], Context.at(torch.tensor([n])))
-    _, rk = enc.rotate(k[None, None, None], k[None, None, None], Context.at(torch.tensor([m])))
+    rq, _ = enc.transform_qk(q[None, None, None], q[None, None, None], Context.at(torch.tensor([n])))
+    _, rk = enc.transform_qk(k[None, None, None], k[None, None, None], Context.at(torch.tensor([m])))
     return float((rq * rk).sum())
 
 

@@ -11,8 +11,8 @@ bias, decays, logit scale, sink and normaliser). From them:
 - for rotary encodings, the mean squared norm of q and of k in each rotated pair, per layer
   and against the pair's frequency θ_i (Barbero et al., ICLR 2025: the highest frequencies
   carry positional heads, the lowest act as semantic channels);
-- for position biases, b_h(n) against the distance n per head (``relative_bias`` where the
-  encoding offers it, else the last query's row of ``bias``).
+- for position biases, b_h(n) against the distance n per head (``distance_bias`` where the
+  encoding offers it, else the last query's row of ``position_bias``).
 
 Everything returned is plain lists and numbers (JSON-ready); ``write_probe_figures`` draws PNGs.
 """
@@ -93,7 +93,7 @@ def capture_inputs(model: nn.Module, idx: Tensor) -> list[Tensor]:
 @torch.no_grad()
 def capture_qkv(model: nn.Module, idx: Tensor, inputs: list[Tensor] | None = None) -> list[Tensor]:
     """Per layer the output of its c_attn, (B, T, 3C) in float32: q, k, v before heads are split
-    and before ``rotate``. inputs: ``capture_inputs``'s output if already taken."""
+    and before ``transform_qk``. inputs: ``capture_inputs``'s output if already taken."""
     inputs = capture_inputs(model, idx) if inputs is None else inputs
     return [block.attn.c_attn(x).float() for block, x in zip(model.blocks, inputs)]
 
@@ -138,12 +138,12 @@ def rotary_frequency_norms(model: nn.Module, idx: Tensor, inputs: list[Tensor] |
 @torch.no_grad()
 def position_bias_curve(encoding: nn.Module, max_distance: int, device: torch.device | str = "cpu") -> dict | None:
     """b_h(n) for n = 0..max_distance-1 per head, or None for an encoding without a bias."""
-    if not encoding.has_bias:
+    if not encoding.has_position_bias:
         return None
     n = torch.arange(max_distance, device=device)
-    table = encoding.relative_bias(n)  # (H, R) or None
+    table = encoding.distance_bias(n)  # (H, R) or None
     if table is None:  # a bias not of the distance alone: the row of the last query, read backwards
-        table = encoding.bias(n, n)[:, -1, :].flip(-1)
+        table = encoding.position_bias(n, n)[:, -1, :].flip(-1)
     return {"distance": n.tolist(), "bias": table.float().cpu().tolist()}
 
 

@@ -145,7 +145,7 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
     the content bias from the rotated q, k; the logit scale τ on q (so it multiplies q·k/√d
     alone, on every kernel); the decays, the sink and the normaliser. ctx carries the block's
     input x (``Context.with_input``). q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
-    q, k = encoding.rotate(q, k, ctx, layer)
+    q, k = encoding.transform_qk(q, k, ctx, layer)
     content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
     scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
     if scale is not None:
@@ -163,18 +163,18 @@ def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: floa
     the device (one warning when a CUDA run falls back from FlexAttention)."""
     mask = ctx.mask(layer)
     per_layer = encoding.has_content_bias or encoding.has_decay or encoding.has_sink or encoding.has_normaliser
-    if not encoding.has_bias and not per_layer and mask.causal_only:
+    if not encoding.has_position_bias and not per_layer and mask.causal_only:
         return None
     if encoding.has_content_bias:  # its (B, H, T, T) term joins the explicit mask, so the bias does too
         return dense_plan(encoding, ctx, layer)
     if ctx.device.type == "cuda":
         bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
-        score_mod = encoding.score_mod(bias_ctx) if encoding.has_bias else None
+        score_mod = encoding.score_mod(bias_ctx) if encoding.has_position_bias else None
         kernel, why_not = select_kernel("cuda", encoding.head_dim, dropout_p,
-                                        not encoding.has_bias or score_mod is not None, encoding.has_normaliser)
+                                        not encoding.has_position_bias or score_mod is not None, encoding.has_normaliser)
         if kernel == "flex":
             return FlexPlan(score_mod, mask.block_mask(ctx.device))
-        what = f"encoding '{encoding.name}'" if encoding.has_bias or per_layer else f"the {mask.window.describe()} mask"
+        what = f"encoding '{encoding.name}'" if encoding.has_position_bias or per_layer else f"the {mask.window.describe()} mask"
         warn_once(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                   f"(slower, O(H·T²) memory per layer) because {why_not}")
     return dense_plan(encoding, ctx, layer)
@@ -183,7 +183,7 @@ def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: floa
 def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
     """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
     bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
-    return DensePlan.build(ctx.mask(layer), encoding.bias if encoding.has_bias else None, bias_ctx.pos, ctx.dtype)
+    return DensePlan.build(ctx.mask(layer), encoding.position_bias if encoding.has_position_bias else None, bias_ctx.pos, ctx.dtype)
 
 
 def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float) -> list[Plan]:

@@ -52,7 +52,7 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
             q, k, v = self.heads(x)
-            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.rotate(fq, fk, ctx, layer))
+            y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.transform_qk(fq, fk, ctx, layer))
         else:
             q, k, v, terms = self.encoded(x, encoding, ctx, layer)
             y = attend(q, k, v, plan, self.dropout if self.training else 0.0, terms)

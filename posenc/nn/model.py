@@ -6,7 +6,7 @@ nanoGPT's shape: CausalSelfAttention, MLP, Block (posenc/nn/blocks.py), GPT. The
 per layer kind, posenc/nn/layout.py) and a layer layout (each layer's window). Once per forward it
 builds the context (positions, per sequence under documents packing, and each layer's mask),
 asks for each layer kind's bias and mask once (shared by its layers, as T5 shares its bias) and
-hands every block its encoding, which ``rotate`` q and k. Nothing here knows an encoding's name.
+hands every block its encoding, which ``transform_qk`` q and k. Nothing here knows an encoding's name.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ class GPT(nn.Module):
         Returns logits (B, T, vocab) and the mean cross-entropy (nats/token) if targets.
         """
         ctx = self.context(idx, pos, doc, length)
-        self.encoding.prepare(ctx.length)
+        self.encoding.prepare(ctx.n_positions)
         x = self.encoding.embed(self.wte(idx), ctx)  # (B, T, C)
         x = self.drop(x)
         # each layer kind's bias and mask are built once per forward and shared by its layers

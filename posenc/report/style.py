@@ -1,7 +1,7 @@
 """One look per encoding in every figure: a fixed colour, line style and marker.
 
 The line style says the family (the encoding's hooks, docs/architecture.md): solid for rotary
-(`rotate`), dashed for additive (`embed`), dash-dot for a bias on the scores (`bias`), dotted
+(`transform_qk`), dashed for additive (`embed`), dash-dot for a bias on the scores (`position_bias`), dotted
 for none or a content-dependent one. A label that is not an encoding (grouping by `encoding.base`,
 `model.flavor`, ...) gets a colour from its name's hash, probing for a free one, so the same
 label keeps its colour in every figure of a report and, mostly, across reports.

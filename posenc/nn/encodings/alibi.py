@@ -39,11 +39,11 @@ class ALiBi(PositionalEncoding):
         # fixed, not learned, not saved: recomputed from n_head on load
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_head)), persistent=False)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         rel = (k_pos[..., None, :] - q_pos[..., :, None]).to(torch.float32)  # (..., Tq, Tk): j - i, <= 0 in the past
         return self.slopes[:, None, None] * rel.unsqueeze(-3)  # (..., H, Tq, Tk)
 
-    def relative_bias(self, distance: Tensor) -> Tensor:
+    def distance_bias(self, distance: Tensor) -> Tensor:
         """b_h(n) = -m_h · n for distances n = i - j >= 0: (R,) -> (H, R); what FlexAttention's
         score_mod looks up per score, so no H x T x T tensor is ever built on CUDA."""
         return -self.slopes[:, None] * distance.to(torch.float32)[None, :]

@@ -4,10 +4,15 @@ Every encoding in the literature acts in one (or more) of these places, so the b
 has one hook for each, a no-op by default:
 
 - ``embed(x, ctx)``: added to the token embeddings before the first block (sinusoidal, learned);
-- ``rotate(q, k, ctx, layer)``: a position-dependent transform of queries and keys (RoPE,
-  xPos, PoPE's polar form, a per-layer choice such as RoPE/NoPE hybrids);
-- ``bias(q_pos, k_pos)``: a term added to the attention logits that depends on positions
-  alone (T5's relative bias, ALiBi), computed once per forward and shared by all layers;
+- ``transform_qk(q, k, ctx, layer)``: a position-dependent map of queries and keys, applied
+  before q·k (RoPE's rotation; xPos's rotation and decay; PoPE's polar magnitudes; a per-layer
+  choice such as RoPE/NoPE hybrids). Not only rotations: anything q and k go through;
+- ``position_bias(q_pos, k_pos)``: a term added to the attention logits that depends on
+  positions alone (T5's relative bias, ALiBi), computed once per forward and shared by all
+  layers (a layer-specific bias comes from a layout's ``for_layer``);
+- ``distance_bias(distance)``: the same bias as a table over distances n = i - j, for a bias
+  that depends on positions only through i - j: what a fused kernel looks up, and what makes the
+  encoding *relative* (shift-invariant, computed at window indices under document packing);
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
   (CoPE's contextual positions), computed in each layer.
 
@@ -34,13 +39,13 @@ encoding (posenc/nn/encodings/mechanism.py) passes every hook through and adds i
 
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
-offers is *derived* from which hooks it overrides (``offers``: ``has_bias``, ``has_decay``…):
+offers is *derived* from which hooks it overrides (``offers``: ``has_position_bias``, ``has_decay``…):
 there is no flag to remember, and attention never asks which encoding it has.
 
 Vocabulary, one name per concept:
-    bias           b_h(i, j), the (..., H, Tq, Tk) logit term an encoding's ``bias`` returns;
-    relative_bias  b_h(n) as a table over distances n = i - j, for a bias that depends on
-                   positions only through i - j (what a fused kernel looks up);
+    position_bias  b_h(i, j), the (..., H, Tq, Tk) logit term computed from positions alone;
+    distance_bias  b_h(n) as a table over distances n = i - j, for a position bias that
+                   depends on positions only through i - j (what a fused kernel looks up);
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
     content_bias   a logit term computed from q and k in each layer;
     decay          cumulative log forget gates c, a logit term c_i - c_j in each layer;
@@ -67,7 +72,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
-HOOKS = ("embed", "rotate", "bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
+HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Context:
     """
 
     pos: Tensor
-    length: int
+    n_positions: int
     default_positions: bool = True
     dtype: torch.dtype = torch.float32
     doc: Tensor | None = None
@@ -101,12 +106,12 @@ class Context:
 
     @classmethod
     def at(cls, pos: Tensor, dtype: torch.dtype = torch.float32, doc: Tensor | None = None,
-           masks: tuple[AttentionMask, ...] = (), length: int | None = None) -> Context:
-        """A context for explicit positions, (T,) or (B, T). ``length`` (>= max(pos) + 1) is
-        the bound the caller knows; without it, one host sync for the maximum."""
-        if length is None:
-            length = int(pos.max()) + 1 if pos.numel() else 0
-        return cls(pos, length, False, dtype, doc, masks)
+           masks: tuple[AttentionMask, ...] = (), n_positions: int | None = None) -> Context:
+        """A context for explicit positions, (T,) or (B, T). ``n_positions`` (>= max(pos) + 1)
+        is the bound the caller knows; without it, one host sync for the maximum."""
+        if n_positions is None:
+            n_positions = int(pos.max()) + 1 if pos.numel() else 0
+        return cls(pos, n_positions, False, dtype, doc, masks)
 
     @property
     def device(self) -> torch.device:
@@ -114,6 +119,8 @@ class Context:
 
     @property
     def T(self) -> int:
+        """The window's width: the number of tokens in each sequence (not n_positions, which is
+        the largest position + 1 and differs from T under documents packing or shifted positions)."""
         return self.pos.shape[-1]
 
     @property
@@ -141,7 +148,7 @@ class PositionalEncoding(nn.Module):
 
     Args:
         d_model: model width (what ``embed`` adds to).
-        n_head: number of attention heads (what ``bias`` is per).
+        n_head: number of attention heads (what ``position_bias`` is per).
         name: the encoding's name in configs, tables and W&B.
     """
 
@@ -162,21 +169,21 @@ class PositionalEncoding(nn.Module):
         """x: (B, T, d_model) token embeddings -> (B, T, d_model)."""
         return x
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         """q, k: (B, H, T, head_dim) of block ``layer`` -> q, k with position applied."""
         return q, k
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """q_pos: (..., Tq), k_pos: (..., Tk) -> (..., H, Tq, Tk) additive logit bias b_h(i, j);
         leading dims are the batch when positions are per sequence (documents packing).
 
-        Only called when a subclass overrides it (``has_bias``); it takes positions, not a
+        Only called when a subclass overrides it (``has_position_bias``); it takes positions, not a
         context, so that long sequences can ask for one slice of queries at a time. Visibility
         (causal, documents, windows) is the mask's job, never the bias's."""
         raise NotImplementedError
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
-        """q, k: (B, H, T, head_dim) after ``rotate`` -> (B, H, T, T) additive logit term.
+        """q, k: (B, H, T, head_dim) after ``transform_qk`` -> (B, H, T, T) additive logit term.
         Only called when a subclass overrides it (``has_content_bias``). ``ctx.mask(layer)``
         says which keys each query sees (a term that sums over keys must respect it)."""
         raise NotImplementedError
@@ -207,21 +214,23 @@ class PositionalEncoding(nn.Module):
         Only called when a subclass overrides it (``has_normaliser``)."""
         raise NotImplementedError
 
-    # --- what a fused kernel may use instead of ``bias`` -------------------------------
-    def relative_bias(self, distance: Tensor) -> Tensor | None:
-        """For a bias that depends on positions only through the distance n = i - j of query
-        i and key j: distance (R,) long, n >= 0 -> (H, R) table b_h(n), differentiable in the
-        encoding's parameters. None (the default) for any other bias."""
-        return None
+    # --- what a fused kernel may use instead of ``position_bias`` -------------------------------
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        """For a position bias that depends on positions only through the distance n = i - j of
+        query i and key j: distance (R,) long, n >= 0 -> (H, R) table b_h(n), differentiable in
+        the encoding's parameters. Override it only for such a bias (and then also
+        ``position_bias``): overriding it is the statement that the encoding is relative
+        (``is_relative``), and it must then return a table, never None."""
+        raise NotImplementedError
 
     def score_mod(self, ctx: Context) -> ScoreMod | None:
-        """The bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` that computes
-        it per score, never as an H x T x T tensor; None where the encoding offers none.
-        The default derives it from ``relative_bias``; a closed form may override it."""
-        table = self.relative_bias(torch.arange(ctx.length, device=ctx.device))  # (H, length)
-        if table is None:
+        """The position bias as a FlexAttention ``score_mod(score, b, h, q_idx, kv_idx)`` that
+        computes it per score, never as an H x T x T tensor; None where the encoding offers none.
+        The default derives it from ``distance_bias``; a closed form may override it."""
+        if not self.offers("distance_bias"):
             return None
-        return relative_score_mod(table, None if ctx.default_positions else ctx.pos)
+        table = self.distance_bias(torch.arange(ctx.n_positions, device=ctx.device))  # (H, n_positions)
+        return distance_score_mod(table, None if ctx.default_positions else ctx.pos)
 
     # --- derived facts ----------------------------------------------------------------
     def offers(self, hook: str) -> bool:
@@ -229,9 +238,9 @@ class PositionalEncoding(nn.Module):
         return getattr(type(self), hook) is not getattr(PositionalEncoding, hook)
 
     @property
-    def has_bias(self) -> bool:
-        """Whether this encoding adds a position bias: it overrides ``bias``."""
-        return self.offers("bias")
+    def has_position_bias(self) -> bool:
+        """Whether this encoding adds a position bias: it overrides ``position_bias``."""
+        return self.offers("position_bias")
 
     @property
     def has_embed(self) -> bool:
@@ -269,13 +278,13 @@ class PositionalEncoding(nn.Module):
     def needs_scores(self) -> bool:
         """Whether it acts on the score matrix itself (a bias, a logit term, a scale, a sink or a
         normaliser), which linear attention never forms."""
-        return any(self.offers(h) for h in HOOKS if h not in ("embed", "rotate"))
+        return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk"))
 
     @property
     def is_relative(self) -> bool:
-        """Whether its bias depends on positions only through i - j: it overrides
-        ``relative_bias`` (attention then computes it at window indices under document masking)."""
-        return type(self).relative_bias is not PositionalEncoding.relative_bias
+        """Whether its position bias depends on positions only through i - j: it overrides
+        ``distance_bias`` (attention then computes it at window indices under document masking)."""
+        return self.offers("distance_bias")
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding block ``layer`` uses: itself, unless a layout gives layers their own."""
@@ -313,7 +322,7 @@ class PositionOutOfRange(ValueError):
     """A position beyond what the encoding can represent (e.g. learned beyond max_len)."""
 
 
-def relative_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:
+def distance_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:
     """score + table[h, i - j]: a per-head bias over relative distance, looked up per score.
 
     table: (H, R); pos: (T,) or (B, T) positions, or None for the default 0..T-1, where i - j

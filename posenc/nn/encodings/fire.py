@@ -10,7 +10,7 @@ by ψ of the *query's* position is the "progressive interpolation": every distan
 see maps into [0, 1], so a query far beyond the training length sees the same input range as
 in training. Below the threshold (i <= L) the normaliser is the constant ψ(L) and the bias is
 a function of i - j alone. Because it depends on i as well as on i - j it is not a
-``relative_bias`` table; its ``score_mod`` computes the MLP per score from the captured weights.
+``distance_bias`` table; its ``score_mod`` computes the MLP per score from the captured weights.
 
 Parameters, as in the paper's listing: c = |c̃| initialised at 0.1; L = |λ · L0| with the
 multiplier λ learned (initialised at 1) and L0 = 512 fixed; eps = 1e-6 keeps the ratio
@@ -82,7 +82,7 @@ class FIRE(PositionalEncoding):
         n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(c.dtype)  # (..., Tq, Tk)
         return torch.log1p(c * n) / (torch.log1p(c * torch.maximum(i, self.threshold)) + self.eps)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = self.normalized_distance(q_pos, k_pos)  # (..., Tq, Tk)
         first, second = self.mlp[0], self.mlp[2]
         # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u), one hidden unit at a time: the

@@ -53,22 +53,18 @@ class Mechanism(PositionalEncoding):
     def offers(self, hook: str) -> bool:
         return self.own(hook) or self.inner.offers(hook)
 
-    @property
-    def is_relative(self) -> bool:
-        return self.inner.is_relative
-
     # --- the inner encoding's hooks, passed through ------------------------------------
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
         return self.inner.embed(x, ctx)
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
-        return self.inner.rotate(q, k, ctx, layer)
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        return self.inner.transform_qk(q, k, ctx, layer)
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        return self.inner.bias(q_pos, k_pos)
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        return self.inner.position_bias(q_pos, k_pos)
 
-    def relative_bias(self, distance: Tensor) -> Tensor | None:
-        return self.inner.relative_bias(distance)
+    def distance_bias(self, distance: Tensor) -> Tensor:
+        return self.inner.distance_bias(distance)
 
     def score_mod(self, ctx: Context) -> ScoreMod | None:
         return self.inner.score_mod(ctx)

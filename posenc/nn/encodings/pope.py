@@ -13,7 +13,7 @@ alone:
 
 with δ a learned per-head, per-frequency phase offset clamped to [-2π, 0] (zero at the start, as
 x-transformers and the paper's length-generalisation runs). The score depends on positions only
-through n - m. As a ``rotate`` hook, q̃ and k̃ are the real 2d-vectors (μ cos φ, μ sin φ), whose
+through n - m. As a ``transform_qk`` hook, q̃ and k̃ are the real 2d-vectors (μ cos φ, μ sin φ), whose
 dot product is exactly a_mn; q̃ is multiplied by √2 so that attention's 1/√(2d) scaling of the
 2d-wide vectors is the paper's 1/√d. v keeps its width d.
 
@@ -64,7 +64,7 @@ class PoPE(PositionalEncoding):
         """δ clamped to [-2π, 0]: (H, d)."""
         return self.delta.clamp(-2 * math.pi, 0.0)
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         """q, k: (B, H, T, d) -> (B, H, T, 2d) each, computed in (at least) fp32 and cast back."""
         dtype = torch.promote_types(q.dtype, torch.float32)
         angle = ctx.pos.to(dtype)[..., None] * self.theta.to(dtype)  # (T, d) or (B, T, d): m·θ_c

@@ -160,7 +160,7 @@ class RoPE(PositionalEncoding):
             self.cos_cached = torch.cos(theta) * self.attention_scale
             self.sin_cached = torch.sin(theta) * self.attention_scale
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) or (B, 1, T, rot/2) each
         if self.style == "interleaved" and not torch.compiler.is_compiling():
             # eager: one complex product; compiled: inductor fuses the real formula below into

@@ -103,13 +103,13 @@ class RoPENoPE(RoPE):
     def is_nope(self, layer: int) -> bool:
         return layer in self.nope_layers
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
-        return (q, k) if self.is_nope(layer) else super().rotate(q, k, ctx, layer)
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+        return (q, k) if self.is_nope(layer) else super().transform_qk(q, k, ctx, layer)
 
     def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
         """τ(m) of each query m: (1|B, 1, T, 1), the same for every head; None where it is 1 at
         every position (no temperature, a sequence no longer than L, a layer it does not apply to)."""
-        if (self.temperature != "log" or ctx.length <= self.original_max_len
+        if (self.temperature != "log" or ctx.n_positions <= self.original_max_len
                 or not (self.temperature_layers == "all" or self.is_nope(layer))):
             return None
         tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)  # (T,) or (B, T)

@@ -128,17 +128,17 @@ class T5Bias(PositionalEncoding):
         """(..., Tq), (..., Tk) -> (..., Tq, Tk) bucket ids."""
         return self.bucket(k_pos[..., None, :] - q_pos[..., :, None])
 
-    def bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         if self.bidirectional:
             values = self.relative_attention_bias(self.buckets(q_pos, k_pos))  # (..., Tq, Tk, H)
             return self.scale * values.movedim(-1, -3)  # (..., H, Tq, Tk)
         # causal: every distance >= max_distance - 1 shares one bucket, so a table over
         # n = 0..max_distance - 1 and a gather give the bias without bucketing every (i, j) pair
-        table = self.relative_bias(torch.arange(self.max_distance, device=q_pos.device))  # (H, D)
+        table = self.distance_bias(torch.arange(self.max_distance, device=q_pos.device))  # (H, D)
         distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(0, self.max_distance - 1)  # (..., Tq, Tk)
         return table[:, distance].movedim(0, -3)  # (H, ..., Tq, Tk) -> (..., H, Tq, Tk)
 
-    def relative_bias(self, distance: Tensor) -> Tensor:
+    def distance_bias(self, distance: Tensor) -> Tensor:
         """b_h(n) = scale · W[bucket(-n), h] for distances n = i - j >= 0: (R,) -> (H, R)."""
         return self.scale * self.relative_attention_bias(self.bucket(-distance)).T
 

@@ -57,7 +57,7 @@ class XPos(RoPE):
         decay = self.zeta ** exponent[..., None]
         return decay[:, None] if pos.dim() == 2 else decay
 
-    def rotate(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) or (B, 1, T, rot/2)
         scale = self.zeta_powers(ctx.pos)  # the same shape: queries scaled up by it, keys down
         q = apply_rotary(q, cos * scale, sin * scale, self.style)
