@@ -1,9 +1,11 @@
 """Every PNG posenc writes goes through here: matplotlib's Agg backend (no display needed), one
 resolution, a bounding box that grows to hold a legend outside the axes, and an atomic write
-(a stopped run never leaves half a figure)."""
+(a stopped run never leaves half a figure). ``legend_below`` is the one legend placement: under
+the axes, in as many columns as fit their width, so it covers no data and adds no empty column."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 DPI = 150
@@ -17,6 +19,42 @@ def pyplot():
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def legend_below(axes: Sequence, title: str | None = None, fontsize: float = 8):
+    """One legend for the entries of all ``axes`` (a label once), centred under them, its rows as
+    wide as their content: as many columns as fit within the axes' width (labels included), so
+    a short legend is one line and a long one wraps instead of widening the figure. ``title``
+    only where it says something (e.g. what a shaded band is). Call it once the layout is final
+    (after tight_layout): it measures the drawn axes. Returns the Legend, or None without entries."""
+    entries: dict[str, object] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            entries.setdefault(label, handle)
+    if not entries:
+        return None
+    fig = axes[0].figure
+    renderer = fig.canvas.get_renderer()
+    boxes = [ax.get_tightbbox(renderer) for ax in axes]  # display pixels, tick and axis labels included
+    left, right, bottom = min(b.x0 for b in boxes), max(b.x1 for b in boxes), min(b.y0 for b in boxes)
+    anchor = ((left + right) / 2 / fig.bbox.width, bottom / fig.bbox.height)  # figure fraction
+
+    def place(ncol: int):
+        return fig.legend(list(entries.values()), list(entries), loc="upper center", bbox_to_anchor=anchor,
+                          ncol=ncol, title=title, fontsize=fontsize, title_fontsize=fontsize, frameon=False,
+                          borderaxespad=0.3, columnspacing=1.5)
+
+    ncol = len(entries)
+    legend = place(ncol)
+    while ncol > 1 and legend.get_window_extent(renderer).width > right - left:  # the fewest rows that fit
+        legend.remove()
+        ncol -= 1
+        legend = place(ncol)
+    rows = -(-len(entries) // ncol)
+    if -(-len(entries) // rows) < ncol:  # the same rows, balanced: 3 + 3, not 5 + 1
+        legend.remove()
+        legend = place(-(-len(entries) // rows))
+    return legend
 
 
 def save_figure(fig, path: str | Path) -> Path:

@@ -30,7 +30,7 @@ from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.figures import pyplot, save_figure
+from posenc.figures import legend_below, pyplot, save_figure
 from posenc.rundir import write_json_atomic
 
 BUCKETS = 64  # at most this many points per length
@@ -137,7 +137,10 @@ def as_table_rows(record: dict) -> list[list]:
 def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str = STEM) -> list[Path]:
     """<stem>.json and <stem>.png (loss against position, one line per length, a dashed
     vertical line at the training length; a second panel against the position inside the
-    document where the record has one) in out_dir."""
+    document where the record has one) in out_dir. The position axis is logarithmic (symlog,
+    base 2, linear below 1 so position 0 is on it): each doubling of the context gets the same
+    width, so the positions up to the training length are not squeezed into the first
+    1/16 of a 16× figure."""
     plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -146,22 +149,47 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     panels = [("position in the window", None)]
     if any(r.get("document") for r in record["lengths"]):
         panels.append(("position in the document", "document"))
+    train_length = record["train_length"]
+    lengths = sorted(record["lengths"], key=lambda r: r["length"])
+    colours = plt.get_cmap("viridis_r")(np.linspace(0.15, 1, max(1, len(lengths))))  # ordered: dark = longest
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.6), squeeze=False)
     for ax, (xlabel, key) in zip(axes[0], panels):
-        for r in sorted(record["lengths"], key=lambda r: -r["length"]):  # the shortest drawn last, on top
+        for i, (r, colour) in enumerate(zip(lengths, colours)):
             curve = r if key is None else r.get(key)
             if not curve or curve["loss"] is None:
                 continue
             x = [(s + e - 1) / 2 for s, e in zip(curve["start"], curve["end"])]
             y = [math.nan if v is None else v for v in curve["loss"]]
-            ax.plot(x, y, marker=".", markersize=3, linewidth=1, label=f"{r['length']} ({r['multiple']:g}×)")
-        ax.axvline(record["train_length"], color="black", linestyle="--", linewidth=1, label="training length")
-        ax.set_xlabel(xlabel)
+            ax.plot(x, y, marker=".", markersize=3, linewidth=1, color=colour, zorder=3 + len(lengths) - i,
+                    label=f"{r['length']} ({r['multiple']:g}×)")  # the shortest on top
+        ax.axvline(train_length, color="black", linestyle="--", linewidth=1, label=f"training length {train_length}")
+        _log_positions(ax, max(r["length"] for r in record["lengths"]), train_length)
+        ax.set_xlabel(f"{xlabel} (log scale)")
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title or "per-position loss")
-        ax.legend(title="evaluation length", fontsize=7)
     fig.tight_layout()
+    legend_below(list(axes[0]), title="evaluation length (× training length)")
     return [json_path, save_figure(fig, png_path)]
+
+
+def _log_positions(ax, longest: int, train_length: int) -> None:
+    """Symlog base 2 from position 0 to the longest window, ticked at 0 and the powers of two
+    (every other one past 12 ticks) plus the training length, its tick label in bold."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
+    ax.set_xlim(-0.2, longest)
+    powers = [2**k for k in range(int(math.log2(max(longest, 1))) + 1)]
+    if len(powers) > 12:
+        powers = powers[::-2][::-1]  # keep the largest
+    powers = [p for p in powers if p == train_length or not 0.7 < p / train_length < 1.4]  # no label on top of it
+    ticks = sorted({0, *powers, train_length})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks])
+    for tick, label in zip(ticks, ax.get_xticklabels()):
+        if tick == train_length:
+            label.set_fontweight("bold")
 
 
 def log_to(tracker, record: dict, figure: Path, step: int, tokens: int) -> None:

@@ -1,10 +1,11 @@
 """The comparison's figures, as PNG files (matplotlib, Agg: no display needed).
 
-Every figure has labelled axes with units, a legend outside the axes (it never covers a line),
-a title that states the setup (model, T, tokens, seeds), and one look per group that is the
-same in every figure (report/style.py). A group's line is the mean over its completed seeds;
-the band (or error bar) is its 95% interval, the one the tables print (report/stats.py: on the
-log scale for perplexity-like metrics, so never below zero).
+Every figure has labelled axes with units, a legend under the axes (it never covers a line and
+adds no empty column: posenc/figures.py), a title that states the setup (model, T, tokens,
+seeds), and one look per group that is the same in every figure (report/style.py). A group's
+line is the mean over its completed seeds; the band (or error bar) is its 95% interval, the one
+the tables print (report/stats.py: on the log scale for perplexity-like metrics, so never below
+zero). The legend's title says so only when some group has an interval to draw (two seeds or more).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.figures import pyplot, save_figure
+from posenc.figures import legend_below, pyplot, save_figure
 
 plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
@@ -22,7 +23,6 @@ from posenc.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import styles_for  # noqa: E402
-BAND = "mean over seeds (perplexity, tokens, rates: geometric), 95% interval"
 
 
 def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -49,45 +49,62 @@ def titled(ax, title: str, setup: str) -> None:
     ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
 
 
-def legend_outside(ax, title: str = BAND) -> None:
-    """Right of the axes, so it never hides a line; savefig's tight bbox keeps it in the file."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(title=title, fontsize=8, title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1),
-                  borderaxespad=0, frameon=False)
+def interval_note(metric: str, shown: bool, point: str = "line", mark: str = "band") -> str | None:
+    """What a group's line and its band are, for a legend or title: 'line: geometric mean over
+    seeds · band: 95% interval' (geometric on a log-scale metric, as the tables); None when no
+    interval is drawn (every group has one seed), where it would describe nothing on the figure."""
+    if not shown:
+        return None
+    mean = "geometric mean" if scale_of(metric).log else "mean"
+    return f"{point}: {mean} over seeds · {mark}: 95% interval"
+
+
+def with_note(title: str, note: str | None) -> str:
+    """'Final val/ppl by encoding (point: … · bar: 95% interval)', or the title alone."""
+    return f"{title} ({note})" if note else title
+
+
+def _target_range(targets: Sequence[Target], lowest: float) -> list[float]:
+    """The val/loss targets a convergence figure draws: on its axis (not bpb) and not below every
+    group's curve (no group reached them: a line there only stretches the axis)."""
+    return [t.value for t in targets if not t.bpb and t.value >= lowest]
 
 
 def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: Sequence[Target] = (),
                      setup: str = "") -> Path:
-    """Validation loss against tokens seen: one line per group, its 95% interval shaded."""
+    """Validation loss against tokens seen: one line per group, its 95% interval shaded; the
+    targets as dotted lines, labelled inside the axes, whose y range holds every target drawn."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     styles = styles_for([g.label for g in groups])
-    lowest = np.inf
+    curves = {g.label: c for g in groups if (c := mean_curve(g)) is not None}
     for group in groups:
-        curve = mean_curve(group)
-        if curve is None:
+        if group.label not in curves:
             continue
-        tokens, mean, low, high = curve
+        tokens, mean, low, high = curves[group.label]
         n = len(group.completed)
         style = styles[group.label]
         ax.plot(tokens, mean, markersize=3, linewidth=1.6, label=f"{group.label} (n={n})", **style.line())
         if n > 1:
             ax.fill_between(tokens, low, high, color=style.color, alpha=0.2, linewidth=0)
-        lowest = min(lowest, float(mean.min()))
-    for target in targets:
-        if not target.bpb and target.value >= lowest:  # the axis is val/loss: bpb targets are not on it
-            ax.axhline(target.value, color="grey", linestyle=":", linewidth=0.8)
-            ax.annotate(f"target {target}", (1, target.value), xycoords=("axes fraction", "data"), ha="right",
-                        va="bottom", fontsize=7, color="grey")
+    lowest = min((float(c[1].min()) for c in curves.values()), default=np.inf)
+    drawn = _target_range(targets, lowest)
+    for value in drawn:
+        ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
+        ax.annotate(f"target {value:g}", (1, value), xycoords=("axes fraction", "data"), xytext=(-3, 1),
+                    textcoords="offset points", ha="right", va="bottom", fontsize=7, color="grey")
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
     titled(ax, title, setup)
     ax.grid(alpha=0.3)
-    # the first evaluation is far above the rest; zoom on where the groups differ
-    top = max((float(c[1][min(1, len(c[1]) - 1)]) for g in groups if (c := mean_curve(g)) is not None), default=None)
-    if top is not None and np.isfinite(lowest) and top > lowest:
-        ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
-    legend_outside(ax)
+    # the first evaluation is far above the rest: zoom on where the groups differ (from the
+    # second evaluation down), widened to every target drawn, with room above for its label
+    top = max((float(c[1][min(1, len(c[1]) - 1)]) for c in curves.values()), default=None)
+    if top is not None and np.isfinite(lowest):
+        top = max([top, *drawn])
+        if top > lowest:
+            ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
+    legend_below([ax], interval_note("val/loss", any(len(g.completed) > 1 for g in groups if g.label in curves)))
     return save_figure(fig, path)
 
 
@@ -117,7 +134,7 @@ def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], 
         ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
     if len(series) > 1:
-        legend_outside(ax)
+        legend_below([ax])  # what the points and bars are: the title says
 
 
 def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
@@ -155,7 +172,8 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         _final_over_categories(ax, stats, by)
         horizontal = _long([g.label for g, _ in stats])
     (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
-    titled(ax, f"{title} ({BAND})", setup)
+    titled(ax, with_note(title, interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")),
+           setup)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -188,9 +206,11 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     ax.set_ylim(bottom=0)
     ax.yaxis.set_major_formatter(EngFormatter())
     ax.set_ylabel("tokens to reach it (lower = faster)")
-    titled(ax, f"{title} ({BAND})", setup)
+    shown = any(table[(g.label, t)].low is not None for g in groups for t in targets)
+    note = interval_note(targets[0].tokens_key, shown, "bar", "error bar") if targets else None
+    titled(ax, with_note(title, note), setup)
     ax.grid(axis="y", alpha=0.3)
-    legend_outside(ax, title="")
+    legend_below([ax])
     return save_figure(fig, path)
 
 

@@ -15,8 +15,9 @@ import matplotlib.ticker
 import numpy as np
 
 from posenc.errors import UserError
+from posenc.figures import legend_below
 from posenc.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
-from posenc.report.plots import BAND, legend_outside, save_figure, titled  # selects the Agg backend first
+from posenc.report.plots import interval_note, save_figure, titled  # selects the Agg backend first
 from posenc.report.runs import Group, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line
 from posenc.report.stats import Stat, aggregate, scale_of
@@ -41,7 +42,7 @@ def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) 
     ax.set_ylabel("relative upper bound  (1/(d/2)) Σ_j |S_j|")
     ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}", fontsize=10)
     ax.grid(alpha=0.3)
-    legend_outside(ax, title="RoPE base")
+    legend_below([ax])
     return save_figure(fig, out)
 
 
@@ -79,6 +80,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     styles = styles_for([g.label for g in groups])
     plotted: list[int] = []
     y_range: list[float] = []
+    banded = False
     for group in groups:
         stats = length_stats(group)
         if not stats:
@@ -94,6 +96,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
         ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
         y_range += list(mean)
         if len(group.completed) > 1 and len(x):  # the interval of the tables: positive, so a log axis draws it whole
+            banded = True
             ax.fill_between(x, [s.mean if s.low is None else s.low for _, s in points],
                             [s.mean if s.high is None else s.high for _, s in points],
                             color=style.color, alpha=0.2, linewidth=0)
@@ -120,7 +123,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
         setup = setup_line([r for g in groups for r in g.runs])
     titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup)
     ax.grid(alpha=0.3, which="both")
-    legend_outside(ax, BAND)
+    legend_below([ax], interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1), banded))
     return save_figure(fig, out)
 
 
@@ -145,6 +148,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
     fig, ax = plt.subplots(figsize=(9, 4.8))
     styles = styles_for([g.label for g in groups])
     lengths: set[int] = set()
+    banded = False
     for group in groups:
         stats = accuracy_stats(group, task)
         points = [(n, s) for n, s in stats.items() if s.mean is not None]
@@ -159,6 +163,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
         style = styles[group.label]
         ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
         if len(group.completed) > 1:  # the tables' interval, inside [0, 100%]
+            banded = True
             ax.fill_between(x, [100 * (s.mean if s.low is None else s.low) for _, s in points],
                             [100 * (s.mean if s.high is None else s.high) for _, s in points],
                             color=style.color, alpha=0.2, linewidth=0)
@@ -179,5 +184,5 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
         setup = setup_line([r for g in groups for r in g.runs])
     titled(ax, title or f"{task}: accuracy beyond the training length", setup)
     ax.grid(alpha=0.3, which="both")
-    legend_outside(ax, BAND)
+    legend_below([ax], interval_note(TASK_ACCURACY.key(task=task, length=1), banded))
     return save_figure(fig, out)

@@ -10,7 +10,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from posenc.report.plots import legend_outside, save_figure, titled
+from posenc.figures import legend_below
+from posenc.report.plots import save_figure, titled
 from posenc.report.ranking import Ranking
 from posenc.report.style import styles_for
 
@@ -43,5 +44,6 @@ def plot_ranks(rankings: Mapping[str, Ranking], within: str, metric: str, out: P
     ax.set_ylabel(f"rank by {metric} (1 = best)")
     titled(ax, title, setup)
     ax.grid(alpha=0.3, axis="y")
-    legend_outside(ax, BARS)
+    seeds = any(r.n > 1 for ranking in rankings.values() for r in ranking.ranks)  # one seed each: no bars to name
+    legend_below([ax], BARS if seeds else None)
     return save_figure(fig, out)
