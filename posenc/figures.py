@@ -5,6 +5,7 @@ the axes, in as many columns as fit their width, so it covers no data and adds n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,6 +56,30 @@ def legend_below(axes: Sequence, title: str | None = None, fontsize: float = 8):
         legend.remove()
         legend = place(-(-len(entries) // rows))
     return legend
+
+
+def log2_positions(ax, longest: int, train_length: int | None = None) -> None:
+    """A position axis 0..longest on a log-2 scale (symlog, linear below 1 so position 0 is on
+    it): each doubling of the context gets the same width, so the positions up to the training
+    length are not squeezed into the first 1/16 of a 16x figure. Ticked at 0, the training length
+    (its label bold) and powers of two, every k-th one where the axes are too narrow for all."""
+    from matplotlib.ticker import FixedLocator, NullLocator
+
+    ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
+    ax.set_xlim(-0.2, longest)
+    powers = [2**k for k in range(int(math.log2(max(longest, 1))) + 1)]
+    inches = ax.get_position().width * ax.figure.get_figwidth()
+    step = math.ceil(len(powers) / max(3, int(inches / 0.3)))  # room for a label like "1024" per tick
+    powers = powers[::-step][::-1]  # the longest window always ticked
+    if train_length:  # no label crowding the training length's
+        powers = [p for p in powers if abs(math.log2(p / train_length)) >= step or p == train_length]
+    ticks = sorted({0, *powers, *([train_length] if train_length else [])})
+    ax.xaxis.set_major_locator(FixedLocator(ticks))
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.set_xticklabels([str(t) for t in ticks])
+    for tick, label in zip(ticks, ax.get_xticklabels()):
+        if tick == train_length:
+            label.set_fontweight("bold")
 
 
 def save_figure(fig, path: str | Path) -> Path:

@@ -30,7 +30,7 @@ from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.figures import legend_below, pyplot, save_figure
+from posenc.figures import legend_below, log2_positions, pyplot, save_figure
 from posenc.rundir import write_json_atomic
 
 BUCKETS = 64  # at most this many points per length
@@ -163,33 +163,13 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
             ax.plot(x, y, marker=".", markersize=3, linewidth=1, color=colour, zorder=3 + len(lengths) - i,
                     label=f"{r['length']} ({r['multiple']:g}×)")  # the shortest on top
         ax.axvline(train_length, color="black", linestyle="--", linewidth=1, label=f"training length {train_length}")
-        _log_positions(ax, max(r["length"] for r in record["lengths"]), train_length)
+        log2_positions(ax, max(r["length"] for r in record["lengths"]), train_length)
         ax.set_xlabel(f"{xlabel} (log scale)")
         ax.set_ylabel("loss (nats/token)")
         ax.set_title(title or "per-position loss")
     fig.tight_layout()
     legend_below(list(axes[0]), title="evaluation length (× training length)")
     return [json_path, save_figure(fig, png_path)]
-
-
-def _log_positions(ax, longest: int, train_length: int) -> None:
-    """Symlog base 2 from position 0 to the longest window, ticked at 0 and the powers of two
-    (every other one past 12 ticks) plus the training length, its tick label in bold."""
-    from matplotlib.ticker import FixedLocator, NullLocator
-
-    ax.set_xscale("symlog", base=2, linthresh=1, linscale=0.5)
-    ax.set_xlim(-0.2, longest)
-    powers = [2**k for k in range(int(math.log2(max(longest, 1))) + 1)]
-    if len(powers) > 12:
-        powers = powers[::-2][::-1]  # keep the largest
-    powers = [p for p in powers if p == train_length or not 0.7 < p / train_length < 1.4]  # no label on top of it
-    ticks = sorted({0, *powers, train_length})
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.set_xticklabels([str(t) for t in ticks])
-    for tick, label in zip(ticks, ax.get_xticklabels()):
-        if tick == train_length:
-            label.set_fontweight("bold")
 
 
 def log_to(tracker, record: dict, figure: Path, step: int, tokens: int) -> None:
