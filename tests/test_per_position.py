@@ -75,3 +75,23 @@ def test_written_as_json_and_png(tmp_path):
     json_path, png_path = write_per_position(record, tmp_path)
     assert json.loads(json_path.read_text()) == record
     assert png_path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_figure_gives_the_positions_up_to_the_training_length_room(tmp_path, monkeypatch):
+    """At 16x the training length a linear axis puts every position the model was trained on in
+    the first 1/16 of the plot; on the log-2 axis each doubling is as wide, and the training
+    length is ticked and drawn."""
+    import posenc.eval.per_position as module
+
+    kept = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: kept.append(fig) or path)
+    tokens = np.random.default_rng(0).integers(0, 256, 1025)
+    record = per_position(Constant(), {L: corpus_batches(tokens, L, 512) for L in (16, 256)}, train_length=16)
+    write_per_position(record, tmp_path)
+    [ax] = kept[0].axes
+    to_pixels = ax.transData.transform
+    assert to_pixels((16, 0))[0] - to_pixels((0, 0))[0] >= 0.3 * ax.get_window_extent().width
+    assert "16" in [t.get_text() for t in ax.get_xticklabels()]
+    assert any(list(line.get_xdata()) == [16, 16] for line in ax.get_lines())  # the dashed training length
+    legend_texts = [t.get_text() for legend in kept[0].legends for t in legend.get_texts()]
+    assert legend_texts[:2] == ["16 (1×)", "256 (16×)"]  # shortest first, as a reader counts

@@ -86,17 +86,64 @@ def test_each_encoding_is_told_apart_and_other_labels_keep_their_colour():
     assert len({s.color for s in first.values()}) == 3
 
 
-def test_legends_sit_outside_the_axes_and_titles_state_the_setup(tmp_path: Path, figures: list):
+def legends_of(fig) -> list:
+    return list(fig.legends) + [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+
+
+def test_legends_sit_under_the_axes_add_no_empty_column_and_titles_state_the_setup(tmp_path: Path, figures: list):
     compare([sweep_of(tmp_path / "s", {"rope": [2.0, 2.2, 2.4], "alibi": [2.1, 2.3, 2.5]})], metric="val/loss")
     assert len(figures) == 4
+    legends = 0
     for fig in figures:
         renderer = renderer_of(fig)
         ax = fig.axes[0]
-        legend = ax.get_legend()
-        if legend is not None:
-            assert legend.get_window_extent(renderer).x0 >= ax.get_window_extent(renderer).x1
+        plot = ax.get_tightbbox(renderer)  # the axes with their tick and axis labels
+        for legend in legends_of(fig):
+            legends += 1
+            box = legend.get_window_extent(renderer)
+            assert box.y1 <= plot.y0 + 1  # under the axes and their labels: it covers no data
+            assert plot.x0 - 1 <= box.x0 and box.x1 <= plot.x1 + 1  # no wider than the axes: no column of its own
+            rows = {round(t.get_window_extent(renderer).y0) for t in legend.get_texts()}
+            assert len(rows) == 1  # two groups and a line fit side by side: one row, not a column
+        saved = fig.get_tightbbox(renderer).width * fig.dpi  # inches -> pixels: the PNG's width
+        assert saved == pytest.approx(plot.width, abs=2)
         title = ax.get_title()
         assert "llama 2L×2H d=32" in title and "T=32" in title and "3k tokens" in title and "seeds 0,1,2" in title
+    assert legends == 3  # convergence, tokens to target, extrapolation (final: the points are labelled on the axis)
+
+
+def test_the_interval_is_named_only_when_one_is_drawn(tmp_path: Path, figures: list):
+    """One seed per group: no band, no error bar, so no legend title or title note about one;
+    two seeds: the legend says what the line and the band are."""
+    compare([sweep_of(tmp_path / "one", {"rope": [2.0], "alibi": [2.1]})], metric="val/loss")
+    single = list(figures)
+    assert single
+    for fig in single:
+        assert not any(legend.get_title().get_text() for legend in legends_of(fig))
+        assert "interval" not in fig.axes[0].get_title()
+    figures.clear()
+    compare([sweep_of(tmp_path / "two", {"rope": [2.0, 2.2], "alibi": [2.1, 2.3]})], metric="val/loss")
+    notes = {legend.get_title().get_text() for fig in figures for legend in legends_of(fig)}
+    assert "line: mean over seeds · band: 95% interval" in notes  # convergence: loss, arithmetic
+    assert "line: geometric mean over seeds · band: 95% interval" in notes  # extrapolation: perplexity
+
+
+def test_convergence_y_range_holds_every_target_and_its_label(tmp_path: Path, figures: list):
+    """A target crossed between the first and second evaluation lies above the zoomed range of
+    the later ones; its line and label must still be inside the axes."""
+    root = tmp_path / "fast"
+    for seed, final in enumerate([2.30, 2.35]):
+        make_run(root, f"rope_{seed}", {"name": "rope"}, seed, ["encoding=rope", f"seed={seed}"],
+                 [3.5, 2.42, final], config=SHAPE)
+    compare([root], metric="val/loss", targets=["2.5"])
+    [fig] = [f for f in figures if f.axes[0].get_title().startswith("Validation loss")]
+    ax = fig.axes[0]
+    renderer = renderer_of(fig)
+    low, high = ax.get_ylim()
+    [label] = [t for t in ax.texts if t.get_text() == "target 2.5"]
+    assert low < 2.5 < high
+    box, inside = label.get_window_extent(renderer), ax.get_window_extent(renderer)
+    assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1
 
 
 def test_long_group_labels_do_not_collide(tmp_path: Path, figures: list):

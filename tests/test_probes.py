@@ -152,7 +152,7 @@ def test_probe_figures_name_the_run_and_tick_the_probed_lengths(tmp_path, monkey
 
     def spy(fig, path, *args, **kwargs):
         texts = [fig._suptitle.get_text() if fig._suptitle else ""] + [ax.get_title() for ax in fig.axes]
-        seen.append((Path(path).name.removesuffix(".tmp"), texts, fig.axes))
+        seen.append((Path(path).name.removesuffix(".tmp"), texts, fig))
         return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
@@ -162,6 +162,29 @@ def test_probe_figures_name_the_run_and_tick_the_probed_lengths(tmp_path, monkey
     assert len(seen) >= 7
     for name, texts, _ in seen:
         assert any("run-7 · rope base=10000" in s for s in texts), name
-    (_, _, axes), = [s for s in seen if s[0] == "entropy_vs_length.png"]
-    assert [t.get_text() for t in axes[0].get_xticklabels()] == ["8", "16", "32"]
-    assert "training length 8" in [t.get_text() for t in axes[0].get_legend().get_texts()]
+    (_, _, fig), = [s for s in seen if s[0] == "entropy_vs_length.png"]
+    assert [t.get_text() for t in fig.axes[0].get_xticklabels()] == ["8", "16", "32"]
+    assert "training length 8" in [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+
+
+def test_entropy_figures_stay_readable_with_many_heads_at_long_lengths(tmp_path, monkeypatch):
+    """8 heads at 512 positions: each layer's panel draws the mean over heads and their range, a
+    bounded number of lines whatever the heads, on a log position axis where the training length
+    (ticked) gets the room its doublings deserve, not 1/16 of the panel."""
+    import posenc.eval.probes as probes_module
+
+    kept = []
+    monkeypatch.setattr(probes_module, "save_figure", lambda fig, path: kept.append((Path(path).name, fig)) or path)
+    torch.manual_seed(0)
+    model = GPT(256, RoPE(D, 8), n_layer=2, n_head=8, d_model=D)
+    write_probe_figures(attention_probes(model, torch.randint(0, 256, (1, 512))), tmp_path, train_length=32)
+    [fig] = [f for name, f in kept if name == "entropy_T512.png"]
+    assert len(fig.axes) == 2  # a panel per layer
+    for ax in fig.axes:
+        assert len(ax.get_lines()) <= 3  # mean over heads, a uniform row, the training length: not 8 heads
+        assert "32" in [t.get_text() for t in ax.get_xticklabels()]
+        to_pixels = ax.transData.transform
+        below = to_pixels((32, 0))[0] - to_pixels((0, 0))[0]
+        assert below >= 0.3 * ax.get_window_extent().width  # a linear axis would give it 1/16
+    labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
+    assert "mean over heads" in labels and "range over the 8 heads" in labels
