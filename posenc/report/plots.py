@@ -64,7 +64,7 @@ def with_note(title: str, note: str | None) -> str:
     return f"{title} ({note})" if note else title
 
 
-def _target_range(targets: Sequence[Target], lowest: float) -> list[float]:
+def _drawn_targets(targets: Sequence[Target], lowest: float) -> list[float]:
     """The val/loss targets a convergence figure draws: on its axis (not bpb) and not below every
     group's curve (no group reached them: a line there only stretches the axis)."""
     return [t.value for t in targets if not t.bpb and t.value >= lowest]
@@ -87,7 +87,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
         if n > 1:
             ax.fill_between(tokens, low, high, color=style.color, alpha=0.2, linewidth=0)
     lowest = min((float(c[1].min()) for c in curves.values()), default=np.inf)
-    drawn = _target_range(targets, lowest)
+    drawn = _drawn_targets(targets, lowest)
     for value in drawn:
         ax.axhline(value, color="grey", linestyle=":", linewidth=0.8)
         ax.annotate(f"target {value:g}", (1, value), xycoords=("axes fraction", "data"), xytext=(-3, 1),
