@@ -185,6 +185,8 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
     bias_worst, score_worst, biased, rotary = 0.0, 0.0, False, False
     g = torch.Generator().manual_seed(4)
     for _, encoding in layer_encodings(s):
+        if not (encoding.is_relative or encoding.offers("transform_qk")):
+            continue
         encoding.prepare(n)
         with torch.no_grad():
             if encoding.is_relative:
