@@ -20,7 +20,7 @@ FP32_TOLERANCE = 1e-3
 #: bf16 autocast against float32: absolute difference of the losses, in nats
 BF16_TOLERANCE = 0.05
 
-NAMES = ("CUDA: forward and backward = float64 CPU", "CUDA: bf16 autocast step")
+NAMES = ("CUDA forward+backward = float64 CPU", "CUDA bf16 autocast step")
 
 
 def loss_and_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, doc: torch.Tensor | None):

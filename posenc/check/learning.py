@@ -34,6 +34,6 @@ def every_parameter_learns(s: Subject) -> list[CheckResult]:
     ratios = relative_gradients(s)
     stuck = sorted((n for n, r in ratios.items() if r < NEGLIGIBLE), key=ratios.get)
     name, smallest = min(ratios.items(), key=lambda kv: kv[1])
-    return [holds("every parameter gets a gradient", not stuck, f"smallest {smallest:.0e}× median ({name})",
+    return [holds("every parameter can learn", not stuck, f"smallest {smallest:.0e}× median ({name})",
                   f"{', '.join(stuck)} cannot learn: its gradient is {ratios[stuck[0]]:.0e} of the median "
                   f"(softmax cancels a constant added to every logit of a row)" if stuck else "")]

@@ -116,11 +116,9 @@ def attention_paths(s: Subject) -> list[CheckResult]:
             why_not_flex = flex_offered(c.encoding, bias_ctx)
             if why_not_flex is None and label == FLEX_MASK:
                 errors["flex"].append(max_abs(flex_forward(c, bias_ctx), c.expected))
-    names = {"sdpa": "attention: SDPA is_causal = float64 reference",
-             "dense": "attention: dense mask = float64 reference",
-             "chunked": "attention: chunked (long eval) = float64 reference",
-             "flex": "attention: FlexAttention forward = float64 reference"}
-    why = {"sdpa": "the encoding adds logit terms: SDPA takes them as an explicit mask (dense row)",
+    names = {"sdpa": "SDPA is_causal = reference", "dense": "dense mask = reference",
+             "chunked": "chunked (long eval) = reference", "flex": "FlexAttention forward = reference"}
+    why = {"sdpa": "logit terms go through the dense mask",
            "flex": why_not_flex or ""}
     out = []
     for key, errs in errors.items():
@@ -128,7 +126,7 @@ def attention_paths(s: Subject) -> list[CheckResult]:
             out.append(not_offered(names[key], why.get(key, "")))
             continue
         worst = max(errs)
-        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e} over {len(errs)} masks",
+        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {len(errs)} mask{'s' if len(errs) > 1 else ''}",
                          "this path computes other attention than the encoding's hooks define"))
     return out
 
@@ -172,7 +170,7 @@ def bias_forms(s: Subject) -> list[CheckResult]:
     if not forms:
         return [not_offered(name, "no position bias" if not any(e.has_position_bias for _, e in layer_encodings(s))
                             else "position_bias has neither a score_mod nor a distance_bias")]
-    return [holds(name, worst <= TOLERANCE, f"max |Δ| {worst:.1e} ({', '.join(sorted(forms))})",
+    return [holds(name, worst <= TOLERANCE, f"max |Δ| {worst:.1e} ({', '.join(sorted(forms, reverse=True))})",
                   "the fused kernel's bias differs from position_bias")]
 
 
@@ -203,12 +201,12 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
                     scores.append(tq @ tk.transpose(-1, -2))
                 score_worst = max(score_worst, max_abs(*scores))
     rows = []
-    name = f"shift invariance: bias(i+{shift}, j+{shift}) = bias(i, j)"
-    rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e}",
+    name = "bias depends on i − j only"
+    rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e} (+{shift})",
                       "distance_bias is offered, so the bias must depend on i − j alone") if biased else
-                not_offered(name, "no distance_bias: the encoding does not say it is relative"))
-    name = "transform_qk: q·k depends on m − n only"
-    rows.append(holds(name, score_worst <= 1e-6, f"max |Δ| {score_worst:.1e}",
+                not_offered(name, "no distance_bias (not declared relative)"))
+    name = "rotary q·k depends on m − n only"
+    rows.append(holds(name, score_worst <= 1e-6, f"max |Δ| {score_worst:.1e} (+{shift})",
                       "scores change when every position shifts: transform_qk is not relative") if rotary else
                 not_offered(name, "no transform_qk"))
     return rows

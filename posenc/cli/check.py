@@ -71,12 +71,13 @@ def table(subject, rows):
 
     cfg = subject.cfg
     shape = f"d_model {cfg.model.d_model}, {cfg.model.n_head} heads, {cfg.model.n_layer} layers, T {subject.T}"
-    t = Table(title=f"posenc check: encoding {cfg.encoding.name}, layout {cfg.layout.name} ({shape})",
-              title_justify="left")
-    t.add_column("property", style="bold")
+    t = Table(title=f"encoding {cfg.encoding.name}, layout {cfg.layout.name} ({shape})",
+              title_justify="left", caption="reference: float64 attention written out from the encoding hooks; masks: "
+              "causal, documents, sliding 5, documents+sliding 5, documents+chunks of 4", caption_justify="left")
+    t.add_column("property", style="bold", no_wrap=True)
     t.add_column("measured")
-    t.add_column("", no_wrap=True)
-    t.add_column("note", ratio=1)
+    t.add_column("", no_wrap=True, min_width=1)
+    t.add_column("note", ratio=1, min_width=20)
     colour = {"PASS": "green", "FAIL": "bold red", "NOT_OFFERED": "dim"}
     for r in rows:
         t.add_row(escape(r.name), escape(r.measured), f"[{colour[r.status.name]}]{r.status.value}[/]", escape(r.note))
