@@ -125,8 +125,8 @@ def attention_paths(s: Subject) -> list[CheckResult]:
         if not errs:
             out.append(not_offered(names[key], why.get(key, "")))
             continue
-        worst = max(errs)
-        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {len(errs)} mask{'s' if len(errs) > 1 else ''}",
+        worst, masks = max(errs), f"{len(errs)} mask{'s' if len(errs) > 1 else ''}"
+        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}",
                          "this path computes other attention than the encoding's hooks define"))
     return out
 

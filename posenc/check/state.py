@@ -39,7 +39,8 @@ def round_trip(s: Subject) -> list[CheckResult]:
     x = s.tokens()
     with torch.no_grad():
         same = torch.equal(model(x)[0], fresh(x)[0])
-    return [holds("safetensors round trip", not differ and same, f"{len(original)} tensors" + (", same logits" if same else ""),
+    measured = f"{len(original)} tensors" + (", same logits" if same else "")
+    return [holds("safetensors round trip", not differ and same, measured,
                   f"{', '.join(differ[:3]) or 'the logits'} changed through safetensors")]
 
 
