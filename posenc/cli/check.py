@@ -6,12 +6,18 @@ Hydra's search path.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from posenc.cli.common import HYDRA_ARGS, console, run_guarded, user_wants_traceback, without_debug
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from posenc.check import CheckResult, Subject
 
 HELP_FLAGS = ("--help", "-h")
 
@@ -51,7 +57,7 @@ def run_check(overrides: list[str]) -> int:
     from posenc.check import compose_subject, run_checks
 
     subject = compose_subject(overrides)
-    with console.status("checking…") if console.is_terminal else _nothing():
+    with console.status("checking…") if console.is_terminal else contextlib.nullcontext():
         rows = run_checks(subject)
     console.print(table(subject, rows))
     failed = [r for r in rows if r.failed]
@@ -65,7 +71,8 @@ def run_check(overrides: list[str]) -> int:
     return len(failed)
 
 
-def table(subject, rows):
+def table(subject: Subject, rows: list[CheckResult]) -> Table:
+    """One row per property: name, measured, ✓/✗/—, and why where it fails or does not apply."""
     from rich.markup import escape
     from rich.table import Table
 
@@ -82,14 +89,6 @@ def table(subject, rows):
     for r in rows:
         t.add_row(escape(r.name), escape(r.measured), f"[{colour[r.status.name]}]{r.status.value}[/]", escape(r.note))
     return t
-
-
-class _nothing:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc) -> None:
-        return None
 
 
 def register(app: typer.Typer) -> None:
