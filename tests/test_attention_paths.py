@@ -1,10 +1,10 @@
-"""Every attention path computes the same attention: softmax(q·kᵀ/√d + bias + causal) v.
+"""Which attention path runs, and the paths `posenc check` does not run on a CPU.
 
-The reference is that formula written out in float64 with an explicit mask. The paths are
-SDPA is_causal (no bias), SDPA with the dense float mask, the query-chunked path (long
-sequences), and FlexAttention with the encoding's score_mod and a causal BlockMask (its
-forward runs eagerly on CPU; its backward and the compiled kernel only on CUDA). Document and
-window masks on every path: tests/test_masks.py.
+Every path (SDPA is_causal, the dense float mask, the query-chunked path of long sequences,
+FlexAttention's eager forward) against the float64 reference, under causal, document and window
+masks, and score_mod = position_bias = distance_bias, for every encoding: `posenc check`
+(posenc/check/paths.py), run on each in tests/test_check.py. Here: the compiled FlexAttention
+kernel (what CUDA runs, compiled on the CPU), the kernel choice, and RoPE's fast rotation.
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ import warnings
 import pytest
 import torch
 
-from attention_reference import causal
-from attention_reference import reference as masked_reference
 from posenc.nn import attention
 from posenc.config import compose, group_options
 from posenc.nn.encodings.base import Context, PositionalEncoding
@@ -63,62 +61,6 @@ def rotated_qkv(encoding: PositionalEncoding):
     return q, k, v, pos
 
 
-@pytest.mark.parametrize("name", ENCODINGS)
-def test_every_cpu_path_equals_the_masked_reference(name, monkeypatch):
-    """What the encoding gives (rotated and scaled q, k, its bias, content bias, decays, sink,
-    normaliser), attended on every CPU path, equals the float64 reference written out."""
-    encoding = tiny_model(name).encoding.double()
-    g = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(3))
-    x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64)  # the block's input (FoX's gates)
-    pos = torch.arange(T)
-    encoding.prepare(T)
-    ctx = Context.arange(T, dtype=torch.float64)
-    q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
-    bias = encoding.position_bias(pos, pos) if encoding.has_position_bias else None  # (H, T, T)
-    expected = masked_reference(q, k, v, causal(T), bias, terms)
-    chosen = attention.plan(encoding, ctx, 0, 0.0)
-    assert (chosen is None) == (not encoding.has_position_bias and terms.empty)
-    torch.testing.assert_close(attention.attend(q, k, v, chosen, terms=terms), expected)
-    if chosen is not None:  # the long-sequence path, in chunks that do not divide T
-        monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
-        monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
-        chunked = attention.plan(encoding, ctx, 0, 0.0)
-        assert chunked.dense is None
-        torch.testing.assert_close(attention.attend(q, k, v, chunked, terms=terms), expected)
-
-
-@pytest.mark.parametrize("shift", [0, 5])
-@pytest.mark.parametrize("name", BIASED)
-def test_score_mod_is_the_bias_computed_on_the_fly(name, shift):
-    """Every biased encoding offers FlexAttention a score_mod, and score_mod(0, h, i, j) is
-    bias[h, pos_i, pos_j] wherever key j is visible to query i: with the default positions
-    (closed forms on q_idx - kv_idx) and with shifted ones (a lookup through the positions)."""
-    encoding = tiny_model(name).encoding.double()
-    pos = torch.arange(T) + shift
-    ctx = Context.arange(T) if shift == 0 else Context.at(pos)
-    encoding.prepare(ctx.n_positions)
-    mod = encoding.score_mod(ctx)
-    assert mod is not None, f"{name} has a bias but offers no score_mod: it would fall back on CUDA"
-    h, i, j = torch.arange(H)[:, None, None], torch.arange(T)[None, :, None], torch.arange(T)[None, None, :]
-    on_the_fly = mod(torch.zeros(H, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
-    visible = (j <= i).expand(H, T, T)
-    torch.testing.assert_close(on_the_fly[visible].double(), encoding.position_bias(pos, pos)[visible].double())
-
-
-@pytest.mark.parametrize("name", BIASED)
-def test_flex_forward_equals_the_masked_reference(name):
-    from torch.nn.attention.flex_attention import flex_attention
-
-    encoding = tiny_model(name).encoding.double()
-    q, k, v, pos = rotated_qkv(encoding)
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
-        out = flex_attention(q, k, v, score_mod=encoding.score_mod(Context.arange(T)),
-                             block_mask=static_block_mask(T, GLOBAL, torch.device("cpu")))
-    torch.testing.assert_close(out, reference(q, k, v, encoding.position_bias(pos, pos)))
-
-
 @pytest.mark.parametrize("name", BIASED)
 def test_compiled_flex_kernel_equals_the_masked_reference(name):
     """The kernel CUDA runs, compiled by inductor (its forward also compiles on CPU): each
@@ -135,17 +77,6 @@ def test_compiled_flex_kernel_equals_the_masked_reference(name):
                                         block_mask=static_block_mask(128, GLOBAL, torch.device("cpu")))
         expected = reference(q.double(), k.double(), v.double(), encoding.position_bias(pos, pos).double())
     torch.testing.assert_close(out, expected.float(), atol=1e-5, rtol=1e-4)
-
-
-@pytest.mark.parametrize("name", BIASED)
-def test_model_dense_and_chunked_paths_agree(name, monkeypatch):
-    model = tiny_model(name).double()
-    idx = torch.randint(64, (2, 40), generator=torch.Generator().manual_seed(2))
-    dense, _ = model(idx)
-    monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
-    monkeypatch.setattr(attention, "QUERY_CHUNK", 7)
-    chunked, _ = model(idx)
-    torch.testing.assert_close(chunked, dense)
 
 
 class AbsoluteBias(PositionalEncoding):

@@ -2,8 +2,7 @@
 stick-breaking attention, SSMax, attention sinks, PoPE; and how they compose with the encodings.
 
 Every attention path with document and window masks, and "a packed document is computed as the
-document alone", run over every encoding (these included) in test_masks.py and
-test_attention_paths.py; the FlexAttention forms of the decays and the sink are checked here on
+document alone", run over every encoding (these included) by `posenc check` in test_check.py; the FlexAttention forms of the decays and the sink are checked here on
 CPU (eager forward), on CUDA in test_cuda.py.
 """
 
@@ -16,13 +15,13 @@ import warnings
 import pytest
 import torch
 
-from attention_reference import causal, reference
 from posenc.build import build_encoding, build_model
 from posenc.config import compose, encoding_catalogue
 from posenc.errors import UserError
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.stick_breaking import stick_breaking_weights
+from posenc.check.reference import causal, reference
 from posenc.nn.mask import AttentionMask, Window, document_positions
 
 V, T, B, H, HD = 64, 24, 2, 4, 8

@@ -201,10 +201,12 @@ def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: f
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float = 0.0,
-           terms: LayerTerms = NO_TERMS) -> Tensor:
+           terms: LayerTerms = NO_TERMS, query_chunk: int | None = None) -> Tensor:
     """Attention of one layer. q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev).
 
-    plan: the layer's plan for this forward; terms: what its encoding adds in this layer."""
+    plan: the layer's plan for this forward; terms: what its encoding adds in this layer;
+    query_chunk: rows per chunk of a plan without a dense mask (default QUERY_CHUNK; `posenc
+    check` takes chunks that do not divide a short T, to test the long-sequence path)."""
     if plan is None and terms.empty:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if isinstance(plan, FlexPlan):
@@ -213,7 +215,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
         T = q.shape[-2]
         plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype)
     T = q.shape[-2]
-    chunk = T if plan.dense is not None else QUERY_CHUNK
+    chunk = T if plan.dense is not None else (query_chunk or QUERY_CHUNK)
     out = v.new_empty(*v.shape[:-2], T, v.shape[-1]) if chunk < T else None
     for start in range(0, T, chunk):
         end = min(start + chunk, T)

@@ -49,13 +49,14 @@ class FlexPlan:
 
     score_mod: ScoreMod | None
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
+    eager: bool = False  # FlexAttention's eager forward (`posenc check` on CPU, where it has no backward)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
                sink: Tensor | None = None) -> Tensor:
         """q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev); decay: (B, H, T) cumulative
         log-decays of this layer; sink: (H,) its sink logits."""
         # inside a compiled model the outer compile fuses flex_attention; in eager, our compiled copy
-        attend = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+        attend = flex_attention if self.eager or torch.compiler.is_compiling() else compiled_flex_attention()
         score_mod = with_decay(self.score_mod, decay)
         if sink is None:
             return attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask)

@@ -1,0 +1,212 @@
+"""Every attention path equals the float64 reference (reference.py) built from the encoding's own
+hooks; the three forms of a position bias agree; a relative encoding is shift-invariant.
+
+Each layer kind's encoding (``for_layer``: a layout may give kinds their own) is checked on its
+own q, k, v, under five masks: causal, documents, a sliding window, documents and a window,
+documents and chunks. The paths are those posenc/nn/attention.py chooses between: SDPA's
+is_causal fast path, SDPA with a dense explicit mask (the bias and every logit term folded in),
+the chunked path of long evaluation (chunks of 5 queries, which do not divide T) and
+FlexAttention (its eager forward here, under one mask; compiled, with its backward, in cuda.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Iterator
+
+import torch
+from torch import Tensor
+
+from posenc.check import reference as ref
+from posenc.check.results import CheckResult, holds, max_abs, not_offered
+from posenc.check.subject import Subject
+from posenc.nn import attention, flex
+from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.mask import AttentionMask, Window, document_positions
+
+#: float64 attention outputs of two paths agree to this
+TOLERANCE = 1e-10
+#: the masks every path is checked under: (documents?, window)
+MASKS = {"causal": (False, Window()), "documents": (True, Window()), "sliding 5": (False, Window(5)),
+         "documents+sliding 5": (True, Window(5)), "documents+chunks of 4": (True, Window(4, chunked=True))}
+#: the one mask FlexAttention's eager forward is checked under on a CPU: each call traces the
+#: kernel anew (seconds), and this mask has all three pieces (causal, documents, window)
+FLEX_MASK = "documents+sliding 5"
+#: query rows per chunk in the chunked path: not a divisor of T, so a chunk ends mid-document
+CHUNK = 5
+#: heads and head dimension of the q, k, v the paths are fed
+H, B = 4, 2
+
+
+def layer_encodings(s: Subject) -> list[tuple[int, PositionalEncoding]]:
+    """(first layer, encoding) for each distinct encoding the model's layers use."""
+    model = s.model()
+    seen: dict[int, tuple[int, PositionalEncoding]] = {}
+    for layer in range(model.n_layer):
+        e = model.encoding.for_layer(layer)
+        seen.setdefault(id(e), (layer, e.double()))
+    return list(seen.values())
+
+
+@dataclasses.dataclass
+class Case:
+    """One encoding, one mask: the encoded q, k, terms and the reference output."""
+
+    encoding: PositionalEncoding
+    layer: int
+    ctx: Context
+    mask: AttentionMask
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    terms: attention.LayerTerms
+    expected: Tensor
+
+
+def cases(s: Subject) -> Iterator[tuple[str, Case]]:
+    T, doc = s.T, s.documents()
+    for layer, encoding in layer_encodings(s):
+        hd = encoding.head_dim
+        for label, (documents, window) in MASKS.items():
+            d = doc if documents else None
+            pos = document_positions(doc) if documents else torch.arange(T)
+            mask = AttentionMask(T, d, window)
+            ctx = Context.at(pos, torch.float64, d, (mask,) * (layer + 1), n_positions=T) if documents else \
+                Context.arange(T, dtype=torch.float64, masks=(mask,) * (layer + 1))
+            g = torch.Generator().manual_seed(1)
+            q, k, v = (torch.randn(B, encoding.n_head, T, hd, generator=g, dtype=torch.float64) for _ in range(3))
+            x = torch.randn(B, T, encoding.d_model, generator=g, dtype=torch.float64)  # the block's input (FoX)
+            encoding.prepare(T)
+            with torch.no_grad():
+                q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), layer)
+                extra = encoding.position_bias(pos, pos).double() if encoding.has_position_bias else None
+                expected = ref.reference(q, k, v, ref.visible(T, d, window, B), extra, terms)
+            yield label, Case(encoding, layer, ctx, mask, q, k, v, terms, expected)
+
+
+def flex_offered(encoding: PositionalEncoding, ctx: Context) -> str | None:
+    """Why FlexAttention does not run this encoding, or None where it does (attention.plan's rules)."""
+    if not flex.AVAILABLE:
+        return "this torch has no FlexAttention"
+    if encoding.has_content_bias:
+        return "a content bias joins the dense mask"
+    if encoding.has_normaliser:
+        return "the encoding replaces softmax"
+    if encoding.has_position_bias and encoding.score_mod(ctx) is None:
+        return "the position bias has no score_mod"
+    return None
+
+
+def attention_paths(s: Subject) -> list[CheckResult]:
+    """SDPA is_causal, the dense mask, the chunked path and FlexAttention's forward, each equal to
+    the reference, under every mask the encoding meets."""
+    errors: dict[str, list[float]] = {"sdpa": [], "dense": [], "chunked": [], "flex": []}
+    why_not_flex = None
+    for label, c in cases(s):
+        with torch.no_grad():
+            plan = attention.plan(c.encoding, c.ctx, c.layer, 0.0)
+            errors["sdpa" if plan is None else "dense"].append(
+                max_abs(attention.attend(c.q, c.k, c.v, plan, terms=c.terms), c.expected))
+            dense = attention.dense_plan(c.encoding, c.ctx, c.layer)
+            long = dataclasses.replace(dense, dense=None)  # rows computed chunk by chunk, as past DENSE_MAX_LEN
+            errors["chunked"].append(max_abs(attention.attend(c.q, c.k, c.v, long, terms=c.terms, query_chunk=CHUNK),
+                                             c.expected))
+            bias_ctx = c.ctx.at_indices() if c.ctx.doc is not None and c.encoding.is_relative else c.ctx
+            why_not_flex = flex_offered(c.encoding, bias_ctx)
+            if why_not_flex is None and label == FLEX_MASK:
+                errors["flex"].append(max_abs(flex_forward(c, bias_ctx), c.expected))
+    names = {"sdpa": "SDPA is_causal = reference", "dense": "dense mask = reference",
+             "chunked": "chunked (long eval) = reference", "flex": "FlexAttention forward = reference"}
+    why = {"sdpa": "logit terms go through the dense mask",
+           "flex": why_not_flex or ""}
+    out = []
+    for key, errs in errors.items():
+        if not errs:
+            out.append(not_offered(names[key], why.get(key, "")))
+            continue
+        worst, masks = max(errs), f"{len(errs)} mask{'s' if len(errs) > 1 else ''}"
+        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}",
+                         "this path computes other attention than the encoding's hooks define"))
+    return out
+
+
+def flex_forward(c: Case, bias_ctx: Context) -> Tensor:
+    """FlexAttention's eager forward with the encoding's score_mod and the mask's BlockMask."""
+    score_mod = c.encoding.score_mod(bias_ctx) if c.encoding.has_position_bias else None
+    plan = flex.FlexPlan(score_mod, c.mask.block_mask(torch.device("cpu")), eager=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
+        return plan.attend(c.q, c.k, c.v, c.terms.decay, c.terms.sink)
+
+
+def bias_forms(s: Subject) -> list[CheckResult]:
+    """score_mod(0, b, h, i, j) = position_bias[h, i, j] on every visible pair, with positions 0..T-1
+    and shifted by 5; a relative encoding's distance_bias table[h, i - j] = position_bias[h, i, j]."""
+    name = "score_mod = position_bias = distance_bias"
+    T = s.T
+    worst, forms = 0.0, set()
+    for _, encoding in layer_encodings(s):
+        if not encoding.has_position_bias:
+            continue
+        h, i, j = (torch.arange(n).view(*shape) for n, shape in
+                   ((encoding.n_head, (-1, 1, 1)), (T, (1, -1, 1)), (T, (1, 1, -1))))
+        seen = (j <= i).expand(encoding.n_head, T, T)
+        for shift in (0, 5):
+            pos = torch.arange(T) + shift
+            ctx = Context.arange(T, dtype=torch.float64) if shift == 0 else Context.at(pos, torch.float64)
+            encoding.prepare(ctx.n_positions)
+            with torch.no_grad():
+                bias = encoding.position_bias(pos, pos).double()  # (H, T, T)
+                mod = encoding.score_mod(ctx)
+                if mod is not None:
+                    forms.add("score_mod")
+                    fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
+                    worst = max(worst, max_abs(fly[seen], bias[seen]))
+                if encoding.is_relative:
+                    forms.add("distance_bias")
+                    table = encoding.distance_bias(torch.arange(T)).double()  # (H, T)
+                    worst = max(worst, max_abs(table[h, (i - j).clamp(min=0)].expand_as(bias)[seen], bias[seen]))
+    if not forms:
+        return [not_offered(name, "no position bias" if not any(e.has_position_bias for _, e in layer_encodings(s))
+                            else "position_bias has neither a score_mod nor a distance_bias")]
+    return [holds(name, worst <= TOLERANCE, f"max |Δ| {worst:.1e} ({', '.join(sorted(forms, reverse=True))})",
+                  "the fused kernel's bias differs from position_bias")]
+
+
+def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
+    """A relative bias (distance_bias offered) and rotary scores q·k after transform_qk depend on
+    positions only through i - j: shifting every position changes neither."""
+    T = s.T
+    pos = torch.arange(T)
+    n = T + shift  # one bound for both, so a length-dependent scaling sees the same length
+    bias_worst, score_worst, biased, rotary = 0.0, 0.0, False, False
+    g = torch.Generator().manual_seed(4)
+    for _, encoding in layer_encodings(s):
+        if not (encoding.is_relative or encoding.offers("transform_qk")):
+            continue
+        encoding.prepare(n)
+        with torch.no_grad():
+            if encoding.is_relative:
+                biased = True
+                bias_worst = max(bias_worst, max_abs(encoding.position_bias(pos + shift, pos + shift),
+                                                     encoding.position_bias(pos, pos)))
+            if encoding.offers("transform_qk"):
+                rotary = True
+                q, k = (torch.randn(B, encoding.n_head, T, encoding.head_dim, generator=g, dtype=torch.float64)
+                        for _ in range(2))
+                scores = []
+                for p in (pos, pos + shift):
+                    tq, tk = encoding.transform_qk(q, k, Context.at(p, torch.float64, n_positions=n), 0)
+                    scores.append(tq @ tk.transpose(-1, -2))
+                score_worst = max(score_worst, max_abs(*scores))
+    rows = []
+    name = "bias depends on i − j only"
+    rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e} (+{shift})",
+                      "distance_bias is offered, so the bias must depend on i − j alone") if biased else
+                not_offered(name, "no distance_bias (not declared relative)"))
+    name = "rotary q·k depends on m − n only"
+    rows.append(holds(name, score_worst <= 1e-6, f"max |Δ| {score_worst:.1e} (+{shift})",
+                      "scores change when every position shifts: transform_qk is not relative") if rotary else
+                not_offered(name, "no transform_qk"))
+    return rows

@@ -1,0 +1,42 @@
+"""What a check returns: one typed row per property."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Status(enum.Enum):
+    PASS = "✓"
+    FAIL = "✗"
+    NOT_OFFERED = "—"
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One property of one encoding: whether it holds, the number measured, and why where it does
+    not hold or does not apply (``note``)."""
+
+    name: str
+    status: Status
+    measured: str
+    note: str = ""
+
+    @property
+    def failed(self) -> bool:
+        return self.status is Status.FAIL
+
+
+def holds(name: str, ok: bool, measured: str, note: str = "") -> CheckResult:
+    """A row that passes when ok (the note says what failing means, shown on a ✗ only)."""
+    return CheckResult(name, Status.PASS if ok else Status.FAIL, measured, "" if ok else note)
+
+
+def not_offered(name: str, why: str) -> CheckResult:
+    return CheckResult(name, Status.NOT_OFFERED, "", f"not offered: {why}")
+
+
+def max_abs(a, b) -> float:
+    """max |a - b| over two tensors of one shape, as a float (0 for empty tensors)."""
+    diff = (a.double() - b.double()).abs()
+    return float(diff.max()) if diff.numel() else 0.0

@@ -1,0 +1,60 @@
+"""Run every property on one subject and return typed results, in the order of CHECKS.
+
+A property whose code raises (an IndexError past a table, a shape error in a hook) is a ✗ row
+naming the exception: the encoding broke the contract, the checker did not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from posenc.check import cuda, learning, model, paths, state
+from posenc.check.results import CheckResult, Status
+from posenc.check.subject import Subject
+
+Check = Callable[[Subject], list[CheckResult]]
+
+#: (what it checks, the property), in the order the table shows them
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("causality", model.causality),
+    ("loss at init", model.loss_at_init),
+    ("default positions", model.default_positions),
+    ("attention paths", paths.attention_paths),
+    ("bias forms", paths.bias_forms),
+    ("shift invariance", paths.shift_invariance),
+    ("documents packing", model.documents),
+    ("sliding windows", model.windows),
+    ("every parameter learns", learning.every_parameter_learns),
+    ("safetensors round trip", state.round_trip),
+    ("resume", state.resume),
+    ("past the training length", model.past_training),
+    ("CUDA", cuda.cuda_checks),
+)
+
+
+def run_checks(subject: Subject, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
+    """Every check of CHECKS on subject; on_result hears each row as it is measured. One CPU thread:
+    the tiny model's matmuls gain nothing from more, and on a busy machine the threads' spinning
+    makes them many times slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return [row for what, check in CHECKS for row in run_one(what, check, subject, on_result)]
+    finally:
+        torch.set_num_threads(threads)
+
+
+def run_one(what: str, check: Check, subject: Subject,
+            on_result: Callable[[CheckResult], None] | None) -> list[CheckResult]:
+    """One check's rows (one ✗ row naming the exception where it raises)."""
+    try:
+        rows = check(subject)
+    except Exception as e:  # noqa: BLE001 - a hook that raises fails its property, with the reason
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        rows = [CheckResult(what, Status.FAIL, "raised", f"{type(e).__name__}: {first}"[:200])]
+    for row in rows:
+        if on_result is not None:
+            on_result(row)
+    return rows

@@ -1,0 +1,79 @@
+"""What `posenc check` checks: the encoding a config describes, inside a tiny model.
+
+The config is composed as every command composes it (posenc.config.compose, with the user's
+overrides and any ``--config-dir``), on a shape small enough for seconds on a CPU: d_model 32,
+4 heads, 2 layers, T = 24 — placed before the user's overrides, so ``model.n_layer=3`` or a
+``layout=`` still applies. The model is built by posenc.build, as training builds it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from posenc.build import build_model
+from posenc.config import compose, validate
+from posenc.nn.model import GPT
+
+#: the tiny shape, before the user's overrides
+SHAPE = ["model.d_model=32", "model.n_head=4", "model.n_layer=2", "model.dropout=0.0", "trainer.seq_len=24"]
+#: the vocabulary of the random tokens the checks feed the model
+VOCAB = 64
+#: three documents in the first row (7 + 10 + 7 tokens), two in the second (15 + 9)
+DOCS = ((7, 10, 7), (15, 9))
+
+
+def compose_subject(overrides: list[str]) -> Subject:
+    """The user's overrides (Hydra syntax, ``hydra.searchpath=[...]`` included) on the tiny shape."""
+    cfg = compose([*SHAPE, *overrides], bench=False)
+    validate(cfg)
+    return Subject(cfg)
+
+
+@dataclass
+class Subject:
+    """The config under check and what every property builds from it."""
+
+    cfg: DictConfig
+
+    @property
+    def T(self) -> int:
+        return int(self.cfg.trainer.seq_len)
+
+    @property
+    def softmax(self) -> bool:
+        """Whether the model forms scores (documents and windows need a mask to act on)."""
+        return self.cfg.model.attention == "softmax"
+
+    def model(self, *, seed: int = 0, dtype: torch.dtype = torch.float64, visible: bool = True,
+              cfg: DictConfig | None = None) -> GPT:
+        """The model, in eval mode. visible: every encoding parameter moved by N(0, 0.5²) from its
+        initialisation, so that a table that starts at zero (T5's, CoPE's) takes part in what is
+        compared; the learning check uses the initialisation itself (visible=False)."""
+        torch.manual_seed(seed)
+        model = build_model(cfg if cfg is not None else self.cfg, vocab_size=VOCAB).to(dtype).eval()
+        if visible:
+            g = torch.Generator().manual_seed(seed + 1)
+            with torch.no_grad():
+                for p in model.encoding.parameters():
+                    p.add_(0.5 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        return model
+
+    def with_changes(self, **keys: object) -> DictConfig:
+        """A copy of the config with keys ('layout.window': 4) set."""
+        cfg = copy.deepcopy(self.cfg)
+        for key, value in keys.items():
+            OmegaConf.update(cfg, key, value, merge=False)
+        return cfg
+
+    def tokens(self, seed: int = 0, batch: int = 2, T: int | None = None) -> torch.Tensor:
+        """(batch, T) random token ids."""
+        return torch.randint(VOCAB, (batch, T or self.T), generator=torch.Generator().manual_seed(seed))
+
+    def documents(self) -> torch.Tensor:
+        """(2, T) document ids of DOCS, cut or padded to T with the last document."""
+        rows = [sum(([d] * n for d, n in enumerate(lengths)), []) for lengths in DOCS]
+        return torch.tensor([(row + [row[-1]] * self.T)[: self.T] for row in rows])

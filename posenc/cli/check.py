@@ -1,0 +1,95 @@
+"""`posenc check [overrides…]`: the encoding contract as properties (posenc/check), one table row
+each, exit 1 when one fails. The overrides are Hydra's, composed as every command composes them;
+``--config-dir DIR`` adds a directory of the user's own configs (a plug-in encoding's YAML) to
+Hydra's search path.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Optional
+
+import typer
+
+from posenc.cli.common import HYDRA_ARGS, console, run_guarded, user_wants_traceback, without_debug
+
+if TYPE_CHECKING:
+    from rich.table import Table
+
+    from posenc.check import CheckResult, Subject
+
+HELP_FLAGS = ("--help", "-h")
+
+
+def search_path(config_dir: Path | None) -> list[str]:
+    """The override that puts the user's config directory on Hydra's search path."""
+    if config_dir is None:
+        return []
+    if not config_dir.is_dir():
+        from posenc.errors import UserError
+
+        raise UserError(f"--config-dir {config_dir} is not a directory — give the directory that holds "
+                        f"encoding/<name>.yaml")
+    return [f"hydra.searchpath=[file://{config_dir.resolve()}]"]
+
+
+def check(ctx: typer.Context,
+          config_dir: Optional[Path] = typer.Option(None, "--config-dir", help="a directory of your own configs "
+                                                    "(encoding/<name>.yaml), searched after posenc's")) -> None:
+    """Check an encoding's contract: causality, every attention path against a float64 reference,
+    shift invariance, documents and windows, every parameter able to learn, checkpoints, long inputs.
+
+    The arguments are Hydra overrides. Examples: `posenc check encoding=rope`,
+    `posenc check encoding=fox encoding@encoding.inner=alibi`, `posenc check --config-dir mine encoding=logdist`.
+    """
+    if any(a in HELP_FLAGS for a in ctx.args):
+        console.print(ctx.get_help())
+        return
+    failed = run_guarded(lambda: run_check([*search_path(config_dir), *without_debug(ctx.args)]),
+                         user_wants_traceback(ctx.args))
+    if failed:
+        raise typer.Exit(1)
+
+
+def run_check(overrides: list[str]) -> int:
+    """Compose, check, print the table; the number of properties that fail."""
+    from posenc.check import compose_subject, run_checks
+
+    subject = compose_subject(overrides)
+    with console.status("checking…") if console.is_terminal else contextlib.nullcontext():
+        rows = run_checks(subject)
+    console.print(table(subject, rows))
+    failed = [r for r in rows if r.failed]
+    offered = [r for r in rows if r.status.name != "NOT_OFFERED"]
+    if failed:
+        console.print(f"{len(failed)} of {len(offered)} properties fail: {', '.join(r.name for r in failed)}",
+                      style="bold red", highlight=False)
+    else:
+        console.print(f"all {len(offered)} properties hold ({len(rows) - len(offered)} not offered)",
+                      style="bold green", highlight=False)
+    return len(failed)
+
+
+def table(subject: Subject, rows: list[CheckResult]) -> Table:
+    """One row per property: name, measured, ✓/✗/—, and why where it fails or does not apply."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    cfg = subject.cfg
+    shape = f"d_model {cfg.model.d_model}, {cfg.model.n_head} heads, {cfg.model.n_layer} layers, T {subject.T}"
+    t = Table(title=f"encoding {cfg.encoding.name}, layout {cfg.layout.name} ({shape})",
+              title_justify="left", caption="reference: float64 attention written out from the encoding hooks; masks: "
+              "causal, documents, sliding 5, documents+sliding 5, documents+chunks of 4", caption_justify="left")
+    t.add_column("property", style="bold", no_wrap=True)
+    t.add_column("measured")
+    t.add_column("", no_wrap=True, min_width=1)
+    t.add_column("note", ratio=1, min_width=20)
+    colour = {"PASS": "green", "FAIL": "bold red", "NOT_OFFERED": "dim"}
+    for r in rows:
+        t.add_row(escape(r.name), escape(r.measured), f"[{colour[r.status.name]}]{r.status.value}[/]", escape(r.note))
+    return t
+
+
+def register(app: typer.Typer) -> None:
+    app.command(**HYDRA_ARGS)(check)

@@ -1,0 +1,153 @@
+"""`posenc check`: the encoding contract as properties, run here on every shipped encoding (and on
+layouts and mechanisms), on plug-ins kept outside posenc, and through the command line.
+
+The generic properties every encoding must have (causality, loss at init, default positions,
+every attention path against the float64 reference, score_mod = bias, documents, windows) are
+tested only here, through the checker users run: one implementation. Each encoding's paper
+properties stay in its own test file.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from posenc.check import Status, compose_subject, run_checks
+from posenc.cli.check import search_path
+from posenc.config import group_options
+
+ENCODINGS = group_options("encoding")
+#: layouts (per-kind encodings, windows, chunks) and mechanisms around another encoding
+COMBINATIONS = [
+    ["encoding=rope", "layout=gemma3", "layout.window=8"],
+    ["encoding=rope", "layout=llama4", "layout.window=8"],
+    ["encoding=fox", "encoding@encoding.inner=alibi"],
+    ["encoding=sink", "encoding@encoding.inner=ssmax"],
+]
+#: shipped parameters the checker finds unable to learn (left for a decision: see the report)
+KNOWN_STUCK = {"fire": "FIRE's MLP ends in a per-head bias added to every logit: softmax cancels it"}
+
+PLUGIN = '''
+"""An additive log-distance bias b_h(n) = -softplus(a_h)·log(1 + n), a researcher's own encoding;
+with ``offset`` it also adds a learned per-head constant c_h, which softmax cancels."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from posenc.nn.encodings.base import PositionalEncoding
+
+
+class LogDistance(PositionalEncoding):
+    def __init__(self, d_model: int, n_head: int, name: str = "log_distance", offset: bool = False) -> None:
+        super().__init__(d_model, n_head, name)
+        self.slope = nn.Parameter(torch.zeros(n_head))
+        self.offset = nn.Parameter(torch.zeros(n_head)) if offset else None
+
+    def distance_bias(self, distance):  # (R,) -> (H, R)
+        b = -F.softplus(self.slope)[:, None] * torch.log1p(distance.to(self.slope.dtype))[None, :]
+        return b + self.offset[:, None] if self.offset is not None else b
+
+    def position_bias(self, q_pos, k_pos):  # (..., Tq), (..., Tk) -> (..., H, Tq, Tk)
+        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)
+        return self.distance_bias(torch.arange(int(n.max()) + 1, device=n.device))[:, n].movedim(0, -3)
+'''
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> Path:
+    """A plug-in kept outside posenc: a module and its YAMLs in a directory of their own."""
+    root = tmp_path_factory.mktemp("plugin")
+    (root / "logdist_plugin.py").write_text(PLUGIN)
+    (root / "conf" / "encoding").mkdir(parents=True)
+    for name, offset in (("logdist", "false"), ("logdist_offset", "true")):
+        (root / "conf" / "encoding" / f"{name}.yaml").write_text(textwrap.dedent(f"""\
+            # a log-distance bias{' with a per-head constant offset' if offset == 'true' else ''}
+            _target_: logdist_plugin.LogDistance
+            name: {name}
+            offset: {offset}
+            """))
+    return root
+
+
+def failures(overrides: list[str]) -> dict[str, str]:
+    rows = run_checks(compose_subject(overrides))
+    assert len(rows) >= 15 and all(r.measured or r.status is not Status.PASS for r in rows)
+    return {r.name: f"{r.measured}: {r.note}" for r in rows if r.failed}
+
+
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_every_shipped_encoding_keeps_the_contract(name):
+    failed = failures([f"encoding={name}"])
+    if name in KNOWN_STUCK:
+        assert list(failed) == ["every parameter can learn"], failed
+        pytest.xfail(KNOWN_STUCK[name])
+    assert not failed, failed
+
+
+@pytest.mark.parametrize("overrides", COMBINATIONS, ids=lambda o: " ".join(o))
+def test_layouts_and_mechanisms_keep_the_contract(overrides):
+    assert not failures(overrides)
+
+
+def test_the_checks_say_what_does_not_apply():
+    """RoPE has no position bias: those rows say so (—), they neither pass nor fail."""
+    rows = {r.name: r for r in run_checks(compose_subject(["encoding=rope"]))}
+    assert rows["score_mod = position_bias = distance_bias"].status is Status.NOT_OFFERED
+    assert "no position bias" in rows["score_mod = position_bias = distance_bias"].note
+    assert rows["rotary q·k depends on m − n only"].status is Status.PASS
+
+
+def test_a_learned_per_head_constant_is_flagged_and_a_learned_slope_is_not(plugin, monkeypatch):
+    """The plug-in's log-distance slope learns; its per-head offset, added to every logit of a row,
+    gets a gradient of ~1e-16 of the others (softmax cancels it): ✗, naming the parameter."""
+    monkeypatch.syspath_prepend(str(plugin))
+    assert not failures([*search_path(plugin / "conf"), "encoding=logdist"])
+    failed = failures([*search_path(plugin / "conf"), "encoding=logdist_offset"])
+    assert list(failed) == ["every parameter can learn"]
+    assert "encoding.offset cannot learn" in failed["every parameter can learn"]
+
+
+def test_a_hook_that_breaks_causality_fails_that_row(plugin, monkeypatch):
+    """An embedding that mixes in the mean of the whole window lets every token see its future."""
+    monkeypatch.syspath_prepend(str(plugin))
+    import logdist_plugin
+
+    class Leaky(logdist_plugin.LogDistance):
+        def embed(self, x, ctx):
+            return x + x.mean(dim=1, keepdim=True)  # (B, T, C) + (B, 1, C): the future leaks
+
+    monkeypatch.setattr(logdist_plugin, "LogDistance", Leaky)
+    failed = failures([*search_path(plugin / "conf"), "encoding=logdist"])
+    assert "a token sees the tokens after it" in failed["causal: the future reaches no past logit"]
+
+
+def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, monkeypatch):
+    """`posenc check --config-dir DIR encoding=NAME`, the plug-in's module importable (PYTHONPATH)."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    monkeypatch.syspath_prepend(str(plugin))
+    result = CliRunner().invoke(app, ["check", "--config-dir", str(plugin / "conf"), "encoding=logdist_offset"])
+    assert result.exit_code == 1, result.output
+    row = next(line for line in result.stdout.splitlines() if "every parameter can learn" in line)
+    assert "✗" in row and "encoding.offset" in result.stdout
+    assert result.stdout.splitlines()[-1] == "1 of 14 properties fail: every parameter can learn"
+    assert "causal:" in result.stdout and not result.stderr.strip()
+
+
+def test_the_command_exits_0_when_every_property_holds_and_one_line_on_a_config_mistake(tmp_path):
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    ok = CliRunner().invoke(app, ["check", "encoding=alibi"])
+    assert ok.exit_code == 0, ok.output
+    assert ok.stdout.splitlines()[-1].startswith("all 14 properties hold")
+    for argv in (["check", "encoding=alibx"], ["check", "model.n_head=5"],
+                 ["check", "--config-dir", str(tmp_path / "missing"), "encoding=rope"]):
+        bad = CliRunner().invoke(app, argv)
+        assert bad.exit_code == 1 and bad.stdout == "", bad.output
+        assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: "), bad.stderr
