@@ -51,7 +51,11 @@ def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None
 
 def at_first_eval(run: Run, target: Target) -> bool:
     """Whether the run's curve was already at or below the target at its first evaluation: its
-    tokens-to-target is then only the first evaluation's token count, no information."""
+    tokens-to-target is then only the first evaluation's token count, no information. The run's
+    summary flag says so (convergence/before_first_eval_*); runs written before it: the curve."""
+    flag = run.summary.get(target.first_eval_key)
+    if flag is not None:
+        return bool(flag)
     curve = val_curve(run.rows, target.curve_metric.name)
     return bool(curve) and curve[0][1] <= target.value
 
