@@ -91,10 +91,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     order = [n for n in BASELINES if n in names or (n == REFERENCE and b.reference)]
     order += [n for n in names if n not in order]
     presets = {**presets_of(overrides), chosen: preset(cfg)}
-    planned = sum(model_steps(order, BASELINES, b.warmup, b.steps, b.rounds))
-    other = "bench=default for the full bench" if chosen == QUICK else "bench=quick for a first look"
-    listener.note(f"bench={chosen}{' (the CPU default)' if defaulted else ''}: {len(order)} models, "
-                  f"{planned:,} training steps; an estimate follows the first model ({other})")
+    listener.note(plan_line(order, b, chosen, defaulted))
     baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
     try:
         for done, name in enumerate(order, 1):
@@ -115,6 +112,14 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
         baselines.clear()
         free(device)
     return result
+
+
+def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool) -> str:
+    """'bench=quick (the CPU default): 19 models, 446 training steps; an estimate follows …'."""
+    planned = sum(model_steps(order, BASELINES, b.warmup, b.steps, b.rounds))
+    other = "bench=default for the full bench" if chosen == QUICK else "bench=quick for a first look"
+    return (f"bench={chosen}{' (the CPU default)' if defaulted else ''}: {len(order)} models, "
+            f"{planned:,} training steps; an estimate follows the first model ({other})")
 
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
