@@ -224,3 +224,18 @@ def test_an_interval_wider_than_its_mean_is_no_number_and_the_seeds_are_shown_in
     accuracy = scale_of("tasks/flip_flop/accuracy@32")  # bounded both ways: wider than half of [0, 1] says nothing
     assert format_stat(aggregate([0.5, 0.3, 0.4], accuracy), "accuracy").startswith("40.0% [")
     assert format_stat(aggregate([0.9, 0.1], accuracy), "accuracy") == "n=2, too few to bound: 90.0% / 10.0%"
+
+
+def test_the_summary_flag_of_a_target_passed_before_the_first_evaluation_is_what_compare_reads(tmp_path: Path):
+    """summary.json says a tokens-to-target count is only a bound (convergence/before_first_eval_loss@x):
+    compare treats it as censored even where the run's metrics.jsonl is gone."""
+    from posenc.metrics import Target, convergence_metrics
+    from posenc.report.compare import at_first_eval
+    from posenc.report.runs import find_runs
+
+    rows = [{"step": 10, "tokens": 6656, "val/loss": 0.9}, {"step": 20, "tokens": 13312, "val/loss": 0.4}]
+    flags = convergence_metrics(rows, [2.0])
+    run = make_run(tmp_path / "r", "rope_0", {"name": "rope"}, 0, ["seed=0"], [0.9, 0.4], extra=flags)
+    (run / "metrics.jsonl").write_text("")  # the curve gone (copied without it, or trimmed)
+    [found] = find_runs([run])
+    assert found.rows == [] and at_first_eval(found, Target(2.0))  # no curve left: the flag decides
