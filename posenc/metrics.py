@@ -121,6 +121,14 @@ TOKENS_TO_BPB = Metric("convergence/tokens_to_bpb@{target}", "tokens", False, "l
                        "tokens until val/bpb first reaches target (interpolated between evaluations); null: never", "log")
 SECONDS_TO_BPB = Metric("convergence/seconds_to_bpb@{target}", "s", False, "lower",
                         "seconds of training until val/bpb first reaches target (interpolated); null: never", "log")
+# true where the curve was already at or below the target at the first evaluation: tokens_to_*@x is
+# then the first evaluation's token count, an upper bound (≤), not a crossing (a censored value)
+BEFORE_FIRST_EVAL_LOSS = Metric("convergence/before_first_eval_loss@{target}", "", False, None,
+                                "true: val/loss was at or below target at the first evaluation, so "
+                                "tokens_to_loss@target is only an upper bound (the first evaluation's tokens)")
+BEFORE_FIRST_EVAL_BPB = Metric("convergence/before_first_eval_bpb@{target}", "", False, None,
+                               "true: val/bpb was at or below target at the first evaluation, so "
+                               "tokens_to_bpb@target is only an upper bound (the first evaluation's tokens)")
 VAL_LOSS_AUC = Metric("convergence/val_loss_auc", "nats/token", False, "lower",
                       "area under val/loss(tokens) / token span: the token-weighted mean val/loss", bounds=(0, None))
 # --- the run (summary) ---------------------------------------------------------------------
@@ -143,7 +151,8 @@ METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,
     VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL,
     TASK_ACCURACY, TASK_LOW, TASK_HIGH, TASK_TOKEN_ACCURACY,
-    TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, VAL_LOSS_AUC,
+    TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, BEFORE_FIRST_EVAL_LOSS, BEFORE_FIRST_EVAL_BPB,
+    VAL_LOSS_AUC,
     TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS,
 )
 
@@ -179,6 +188,11 @@ class Target:
     @property
     def seconds_key(self) -> str:
         return (SECONDS_TO_BPB if self.bpb else SECONDS_TO_LOSS).key(target=self.value)
+
+    @property
+    def first_eval_key(self) -> str:
+        """The flag that tokens_key is only a bound: the target was reached before the first evaluation."""
+        return (BEFORE_FIRST_EVAL_BPB if self.bpb else BEFORE_FIRST_EVAL_LOSS).key(target=self.value)
 
     def __str__(self) -> str:
         return f"{self.value:g}" + ("bpb" if self.bpb else "")
@@ -258,9 +272,11 @@ def convergence_metrics(rows: Iterable[dict], targets: Sequence[float | str | Ta
     curves = {m: val_curve(rows, m) for m in (VAL_LOSS.name, VAL_BPB.name)}
     out: dict[str, float | int | None] = {}
     for target in (parse_target(t) for t in (targets if targets is not None else DEFAULT_TARGETS)):
-        reached = first_reaching(curves[target.curve_metric.name], target.value)
+        curve = curves[target.curve_metric.name]
+        reached = first_reaching(curve, target.value)
         out[target.tokens_key] = round(reached[0]) if reached else None  # a token count
         out[target.seconds_key] = reached[1] if reached else None
+        out[target.first_eval_key] = bool(curve) and curve[0][1] <= target.value  # the count is then only ≤
     out[VAL_LOSS_AUC.name] = loss_auc(curves[VAL_LOSS.name])
     return out
 

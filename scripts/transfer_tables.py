@@ -8,7 +8,7 @@ A formatter over posenc's own statistics, so every number is the one `posenc com
 (`posenc compare SWEEP --by encoding --within model` for one budget's ladder): perplexity means
 are geometric with the t-interval of the loss mapped back (posenc.report.stats.aggregate), a
 difference is "detectable" where Welch's 95% interval excludes none (compare_to_baseline), ranks
-and Kendall's τ with their bootstrap intervals and the flips come from posenc.report.ranking.
+and Kendall's τ with their intervals and the flips come from posenc.report.ranking.
 What compare does not do: the growth ppl@16T / ppl@T per seed (the recipe table), one table for
 all sizes × budgets (the ladder), accuracy with every seed's value (the budget table).
 """
@@ -98,7 +98,7 @@ def ladder_tables(runs: Sequence[Run], lengths: Sequence[int], sizes: Sequence[s
     lines = []
     for L in lengths:
         lines += [f"\n**ppl@{L}**: encodings ranked within each size and budget (geometric mean [95% interval], "
-                  "rank interval (95% bootstrap) in braces when it is not a single rank)\n",
+                  "rank interval (pairwise Welch 95%) in braces when it is not a single rank)\n",
                   "| budget | size | params | 1st | 2nd | 3rd | 4th | 5th |", "|---|---|---|---|---|---|---|---|"]
         for b, s in itertools.product(budgets, sizes):
             v = values(b, s, L)

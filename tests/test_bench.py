@@ -157,3 +157,57 @@ def test_a_loaded_machine_is_named_in_one_warning(monkeypatch):
               Console(file=err, width=300))
     warnings = [line for line in err.getvalue().splitlines() if line.startswith("warning:")]
     assert len(warnings) == 1 and "9.5 on 2 CPUs" in warnings[0] and "paired" in warnings[0]
+
+
+def test_a_ratio_shows_the_baselines_rate_in_the_same_rounds_so_the_row_is_self_consistent(monkeypatch):
+    """Issue 36: alibi at 270 tokens/s beside nope's row at 1,100, yet 'vs nope 0.936×': nope's row
+    was timed at another load. The ratio now names nope's rate in the paired rounds."""
+    from posenc.bench import render, timing
+
+    cost, calls = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, []
+
+    def fake_round(subject, steps):  # the machine 3× slower once rope is measured
+        calls.append(subject.name)
+        timing.run_steps(subject, steps)
+        return cost[subject.name] * (3.0 if "rope" in calls else 1.0)
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    result = bench([*TINY, "bench.steps=1", "bench.rounds=2", "bench.warmup=1", "bench.encodings=[nope,rope]"])
+    rows = {r["name"]: r for r in result["results"]}
+    rope, nope = rows["rope"], rows["nope"]
+    assert rope["vs_nope_of"] == pytest.approx(rope["tokens_per_s"] / rope["vs_nope"])  # 0.5 of nope's rate then
+    assert rope["vs_nope_of"] == pytest.approx(nope["tokens_per_s"] / 3)  # not nope's row: another load
+    line = render.line(rope)
+    assert f"vs nope 0.500× of {rope['vs_nope_of']:,.0f}" in line and "load " in line
+
+
+def test_the_bench_says_how_long_it_will_take_after_its_first_model(monkeypatch):
+    from posenc.bench import timing
+    from posenc.bench.run import Listener
+
+    notes: list[str] = []
+
+    class Notes(Listener):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    def fake_round(subject, steps):  # 10 s a step, whatever the model
+        timing.run_steps(subject, steps)
+        return 10.0 * steps
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    result = bench([*TINY, "bench=quick", "bench.encodings=[nope,rope]"], Notes())
+    # quick: warm-up 1, 2 rounds of 3 steps, a memory step; reference 1+6+1, nope 1+6·2+1, rope 1+6·3+1 steps
+    assert notes[0] == ("bench=quick: 3 models, 42 training steps; an estimate follows the first model "
+                        "(bench=default for the full bench)")
+    assert notes[1].startswith("estimate: about 6 min left (bench=quick, 2 more models at ~10.00 s/step")
+    # the full bench: warm-up 3, 3 rounds of 10 steps: 34 + 64 + 94 steps
+    assert notes[1].endswith("the full bench (bench=default): about 32 min") and result["estimate"] == notes[1]
+
+
+def test_on_a_cpu_the_bare_bench_is_the_quick_one_and_a_choice_or_timing_override_is_kept():
+    from posenc.bench.estimate import choose_preset
+
+    assert choose_preset(["device=cpu"]) == (["bench=quick", "device=cpu"], "quick")
+    assert choose_preset(["device=cpu", "bench=default"]) == (["device=cpu", "bench=default"], "default")
+    assert choose_preset(["device=cpu", "bench.rounds=5"])[1] == "default"  # the full preset, as asked

@@ -14,6 +14,9 @@ import pytest
 from matplotlib.collections import PolyCollection
 
 from posenc.report.compare import compare
+from posenc.metrics import TOKENS_PER_S
+from posenc.report.stats import aggregate, scale_of
+from posenc.report.tables import format_stat
 from test_compare import make_run, ppl_at
 from test_compare_verdicts import posenc
 from test_plots import SHAPE, figures  # noqa: F401  (a fixture)
@@ -53,14 +56,18 @@ def test_perplexity_intervals_are_positive_and_the_figures_draw_the_tables_inter
     compare([bases])
     report = (bases / "report.md").read_text()
     quality = table(report, "quality — mean")
-    mean, low, high = interval(cell(quality, "100", 3))  # val/ppl of base 100: seeds 9.79 and 12.09, n = 2
-    assert 0 < low < 9.79 and high > 12.09 and mean == pytest.approx(math.sqrt(9.79 * 12.09), abs=1e-3)
-    _, loss_low, loss_high = interval(cell(quality, "100", 2))  # the same interval on the loss scale
-    assert (low, high) == pytest.approx((math.exp(loss_low), math.exp(loss_high)), rel=1e-3)
+    # base 100, seeds 9.79 and 12.09: the interval [2.85, 41.6] is wider than its mean, no number (issue 36)
+    assert cell(quality, "100", 3) == "n=2, too few to bound: 9.790 / 12.090"
+    low, high = aggregate([9.79, 12.09], scale_of("val/ppl")).low, aggregate([9.79, 12.09], scale_of("val/ppl")).high
+    assert 0 < low < 9.79 and high > 12.09
+    mean, low_10k, high_10k = interval(cell(quality, "10000", 3))  # seeds 8.5 and 8.9: an interval that bounds
+    assert 0 < low_10k < 8.5 and high_10k > 8.9 and mean == pytest.approx(math.sqrt(8.5 * 8.9), abs=1e-3)
+    _, loss_low, loss_high = interval(cell(quality, "10000", 2))  # the same interval on the loss scale
+    assert (low_10k, high_10k) == pytest.approx((math.exp(loss_low), math.exp(loss_high)), rel=1e-3)
     for text in re.findall(r"\[(-?[\d.]+), ", report):
         assert float(text) > 0
-    at_32 = interval(cell(table(report, "perplexity at evaluation length (tokens) — mean"), "100", 2))
-    assert at_32 == pytest.approx((mean, low, high), rel=1e-4)  # the same seeds' perplexity, the same interval
+    at_32 = interval(cell(table(report, "perplexity at evaluation length (tokens) — mean"), "10000", 2))
+    assert at_32 == pytest.approx((mean, low_10k, high_10k), rel=1e-4)  # the same seeds' perplexity, the same interval
     extrapolation = next(f for f in figures if "Perplexity against length" in f.axes[0].get_title())
     bands = [c for c in extrapolation.axes[0].collections if isinstance(c, PolyCollection)]
     lowest = min(float(p.vertices[:, 1].min()) for band in bands for p in band.get_paths())
@@ -100,9 +107,13 @@ def test_per_seed_values_are_in_the_report_and_behind_a_flag_in_the_terminal(bas
 
 def test_the_ranking_and_its_rank_intervals_are_printed_and_reported(bases: Path, tmp_path: Path):
     result = posenc("compare", str(bases), "--by", "encoding.base", cwd=tmp_path)
-    assert "ranking by val/ppl (1 = best)" in result.stdout and "rank interval (95% bootstrap)" in result.stdout
+    assert "ranking by val/ppl (1 = best)" in result.stdout and "rank interval (Welch 95%)" in result.stdout
     report = (bases / "report.md").read_text()
-    assert re.search(r"\| 1 \| 10000 \| 2 \(0,1\) \| [\d.]+ \[[\d.]+, [\d.]+\] \| \[1, \d\] \|", report)
+    # 2 seeds each, tied (issue 36): both can be first or second, never a single rank
+    assert re.search(r"\| 1 \| 10000 \| 2 \(0,1\) \| [\d.]+ \[[\d.]+, [\d.]+\] \| \[1, 2\] \|", report)
+    assert re.search(r"\| 2 \| 100 \| 2 \(0,1\) \| n=2, too few to bound: 9.790 / 12.090 \| \[1, 2\] \|", report)
+    assert "verdict on val/ppl: no detectable best — 10000, 100 tied" in result.stdout
+    assert "add seeds: seed=2,3 with the same command (seed=0,1,2,3 in all)" in result.stdout
 
 
 def test_one_seed_per_group_gives_no_verdict_and_says_how_to_get_one(tmp_path: Path):
@@ -110,7 +121,8 @@ def test_one_seed_per_group_gives_no_verdict_and_says_how_to_get_one(tmp_path: P
     for enc, final in (("rope", 2.0), ("alibi", 2.5)):
         make_run(root, enc, {"name": enc}, 0, [f"encoding={enc}"], [3.0, final])
     result = posenc("compare", str(root), cwd=tmp_path)
-    assert "verdict on val/loss: none (1 seed per group" in result.stdout and "seed=0,1,2" in result.stdout
+    assert "verdict on val/loss: none (1 seed per group" in result.stdout
+    assert "add seeds: seed=1,2 with the same command (seed=0,1,2 in all)" in result.stdout
     assert "| 1 | rope | 1 (0) | 2.0000 | — (1 seed per group) |" in (root / "report.md").read_text()  # no fake certainty
     assert "**" not in table((root / "report.md").read_text(), "quality — mean")
 
@@ -201,3 +213,29 @@ def test_a_second_compare_removes_the_figures_only_the_first_showed(bases: Path,
     posenc("compare", str(bases), "--metric", "val/ppl", cwd=tmp_path)
     assert not (bases / "final_val_loss.png").exists() and (bases / "final_val_ppl.png").exists()
     assert (bases / "mine.png").exists()
+
+
+def test_an_interval_wider_than_its_mean_is_no_number_and_the_seeds_are_shown_instead():
+    """Issue 36: tokens/s of 2 seeds printed as `1,301 [6, 272,431]`."""
+    wild = aggregate([300.0, 5640.0], scale_of(TOKENS_PER_S.name))
+    assert wild.high - wild.low > wild.mean and format_stat(wild, "rate") == "n=2, too few to bound: 300 / 5,640"
+    steady = aggregate([1290.0, 1310.0], scale_of(TOKENS_PER_S.name))  # two seeds that agree do bound it
+    assert not steady.says_nothing and re.fullmatch(r"1,300 \[[\d,]+, [\d,]+\]", format_stat(steady, "rate"))
+    accuracy = scale_of("tasks/flip_flop/accuracy@32")  # bounded both ways: wider than half of [0, 1] says nothing
+    assert format_stat(aggregate([0.5, 0.3, 0.4], accuracy), "accuracy").startswith("40.0% [")
+    assert format_stat(aggregate([0.9, 0.1], accuracy), "accuracy") == "n=2, too few to bound: 90.0% / 10.0%"
+
+
+def test_the_summary_flag_of_a_target_passed_before_the_first_evaluation_is_what_compare_reads(tmp_path: Path):
+    """summary.json says a tokens-to-target count is only a bound (convergence/before_first_eval_loss@x):
+    compare treats it as censored even where the run's metrics.jsonl is gone."""
+    from posenc.metrics import Target, convergence_metrics
+    from posenc.report.compare import at_first_eval
+    from posenc.report.runs import find_runs
+
+    rows = [{"step": 10, "tokens": 6656, "val/loss": 0.9}, {"step": 20, "tokens": 13312, "val/loss": 0.4}]
+    flags = convergence_metrics(rows, [2.0])
+    run = make_run(tmp_path / "r", "rope_0", {"name": "rope"}, 0, ["seed=0"], [0.9, 0.4], extra=flags)
+    (run / "metrics.jsonl").write_text("")  # the curve gone (copied without it, or trimmed)
+    [found] = find_runs([run])
+    assert found.rows == [] and at_first_eval(found, Target(2.0))  # no curve left: the flag decides

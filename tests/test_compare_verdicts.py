@@ -148,7 +148,10 @@ def test_the_report_states_what_was_held_fixed_and_what_varied(sweep: Path, tmp_
     assert "model.n_layer=2" in fixed and "trainer.seq_len=32" in fixed and "model.flavor=llama" in fixed
     assert "encoding.name ∈ {alibi, learned, nope, rope}" in varied and "seed ∈ {0, 1, 2}" in varied
     assert "encoding.name" not in fixed
-    assert "held fixed: " in result.stdout and "model.n_layer=2" in result.stdout
+    assert "held fixed (" in result.stdout and "model.n_layer=2" in result.stdout
+    # what varied and the result first, the keys every run shared last (issue 36)
+    assert result.stdout.index("varied: ") < result.stdout.index("verdict on") < result.stdout.index("held fixed (")
+    assert report.index("**Varied:**") < report.index("**verdict on") < report.index("**Held fixed:**")
     assert "Held fixed:" in (sweep / "report.html").read_text()
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -103,6 +104,10 @@ def test_posenc_eval_at_16x_and_plot(workdir):
     r = run_cli("eval", str(rope_dir), "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=workdir)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "512" in r.stdout and "yarn" in r.stdout  # the table
+    # no terminal (a pipe): a line as each length starts and ends, not minutes of silence (issue 36)
+    for what in ("per-position loss", "ppl"):
+        assert f"{what} at length 512 (16×): started" in r.stdout
+    assert re.search(r"ppl at length 512 \(16×\): ppl [\d.]+ over [\d,]+ windows  \(", r.stdout)
     record = json.loads(next(rope_dir.glob("eval_*yarn*.json")).read_text())
     assert record["encoding"]["scaling"] == "yarn"
     assert record["extrapolation/ppl@512"] != pytest.approx(at_16x, rel=1e-3)  # other frequencies, other ppl

@@ -4,6 +4,7 @@ import json
 import math
 
 import numpy as np
+import pytest
 import torch
 from torch import nn
 
@@ -95,3 +96,52 @@ def test_the_figure_gives_the_positions_up_to_the_training_length_room(tmp_path,
     assert any(list(line.get_xdata()) == [16, 16] for line in ax.get_lines())  # the dashed training length
     legend_texts = [t.get_text() for legend in kept[0].legends for t in legend.get_texts()]
     assert legend_texts[:2] == ["16 (1×)", "256 (16×)"]  # shortest first, as a reader counts
+
+
+class NextIsPlusOne(nn.Module):
+    """Predicts x + 1 with certainty: loss 0 where the text counts up, ~100 nats elsewhere."""
+
+    def forward(self, x):
+        return 100.0 * torch.nn.functional.one_hot((x + 1) % 256, 256).float(), None
+
+
+def test_a_stride_places_overlapping_windows_and_changes_the_curve_where_the_text_changes():
+    """Issue 36: eval.stride=64 gave per-position files identical to the non-overlapping ones.
+    The text counts up for its first 64 tokens, then is random: non-overlapping windows of 64
+    see one of each at every position (a flat curve); windows every 32 tokens also see the one
+    starting at 32, whose first half counts up and second half does not."""
+    rng = np.random.default_rng(0)
+    tokens = np.concatenate([np.arange(64), rng.integers(0, 256, 65)])  # 129 tokens: 128 targets
+    flat = per_position(NextIsPlusOne(), {64: corpus_batches(tokens, 64, 128)}, train_length=64, buckets=2)
+    strided = per_position(NextIsPlusOne(), {64: corpus_batches(tokens, 64, 128, stride=32)}, train_length=64,
+                           buckets=2)
+    (f,), (s,) = flat["lengths"], strided["lengths"]
+    assert (f["windows"], s["windows"], flat["stride"], strided["stride"]) == (2, 3, None, 32)
+    assert f["count"] == [64, 64] and s["count"] == [96, 96]  # every position of every window scored
+    assert f["loss"][0] == pytest.approx(50, abs=2) == f["loss"][1]  # 1 of 2 windows right at every position
+    assert s["loss"][0] == pytest.approx(100 / 3, abs=2) and s["loss"][1] == pytest.approx(200 / 3, abs=2)  # 2 of 3, 1 of 3
+    same = per_position(NextIsPlusOne(), {64: corpus_batches(tokens, 64, 128, stride=64)}, train_length=64, buckets=2)
+    assert same["lengths"][0]["loss"] == f["loss"]  # a stride of a whole window is the non-overlapping cut
+
+
+def test_each_length_prints_its_start_its_progress_and_its_result():
+    from rich.console import Console
+    import io
+
+    from posenc.train.progress import StageLines
+
+    out, now = io.StringIO(), [0.0]
+
+    def clock() -> float:
+        now[0] += 20.0  # each batch takes 20 s
+        return now[0]
+
+    tokens = np.random.default_rng(0).integers(0, 256, 4097)
+    progress = StageLines(Console(file=out, width=200), every_s=30.0, clock=clock)
+    per_position(Constant(), {64: corpus_batches(tokens, 64, 4096, batch_tokens=512)}, train_length=32,
+                 progress=progress)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "per-position loss at length 64 (2×): started"
+    assert any(line.startswith("per-position loss at length 64 (2×): 16/64 windows") and "ETA" in line
+               for line in lines[1:-1])  # 8 windows a batch; a line at most every 30 s
+    assert lines[-1].startswith("per-position loss at length 64 (2×): done  (")

@@ -9,6 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conftest import TINY, run_cli, run_dirs
+from posenc.metrics import convergence_metrics
 from posenc.report.console import print_summary
 from posenc.train.progress import TrainProgress, eval_line, step_line
 
@@ -58,3 +59,23 @@ def test_the_summary_says_how_val_ppl_and_ppl_at_1x_differ(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "val/*: the last in-training evaluation" in out and "seq_len=32, validation split" in out
     assert "ppl @ L: the extrapolation evaluator (eval.tokens" in out
+
+
+def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_first_eval_is_a_bound(capsys):
+    """Issue 36: a flip-flop run's table had no accuracy, and 'tokens to val/loss x' said 6,656 for
+    every target because all were below at the first evaluation (6,656 tokens)."""
+    rows = [{"step": 13, "tokens": 6656, "val/loss": 0.9}, {"step": 26, "tokens": 13312, "val/loss": 0.4}]
+    summary = {"val/loss": 0.4, "seq_len": 32, "encoding": {"name": "rope"},
+               **convergence_metrics(rows, [2.0, 0.5]),
+               "tasks": {"task": "flip_flop", "lengths": [
+                   {"length": 32, "multiple": 1.0, "accuracy": 0.975, "low": 0.96, "high": 0.985, "n": 512},
+                   {"length": 64, "multiple": 2.0, "accuracy": 0.5, "low": 0.46, "high": 0.54, "n": 512}]}}
+    assert summary["convergence/before_first_eval_loss@2"] is True  # summary.json marks the bound
+    assert summary["convergence/before_first_eval_loss@0.5"] is False  # crossed between evaluations
+    print_summary(summary, Path("run"))
+    lines = [line.strip("│┃ ") for line in capsys.readouterr().out.splitlines() if "│" in line or "┃" in line]
+    assert lines[0].startswith("metric") and lines[1].startswith("flip_flop accuracy @ 32 (1×)") and "97.5% [96.0%, 98.5%], n=512" in lines[1]
+    assert lines[2].startswith("flip_flop accuracy @ 64 (2×)")  # the headline first, then val/loss
+    assert any("tokens to val/loss 2 " in line and "before the first evaluation (≤ 6,656)" in line for line in lines)
+    crossed = next(line for line in lines if "tokens to val/loss 0.5" in line)
+    assert "before" not in crossed and "11,9" in crossed  # interpolated: 6,656 + 0.8·6,656 = 11,981

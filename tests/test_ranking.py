@@ -26,9 +26,25 @@ def test_groups_far_apart_have_point_rank_intervals_and_overlapping_ones_share_r
     assert reversed_["c"][0] == 1 and reversed_["a"][0] == 3
 
 
-def test_the_bootstrap_is_seeded_so_a_report_is_the_same_every_time():
-    assert rank_groups(NOISY, False) == rank_groups(NOISY, False)
-    assert rank_groups(NOISY, False, resamples=200, seed=1).resamples == 200
+def test_two_seeds_that_tie_never_get_a_single_rank_and_the_ranks_agree_with_the_verdict():
+    """Issue 36: 2 seeds each, 'alibi, rope tied' beside a rank table of alibi [1, 1], rope [2, 2]."""
+    two = {"alibi": [2.30, 2.31], "rope": [2.33, 2.35]}  # alibi always lower, but n = 2: Welch cannot tell
+    ranking = rank_groups(two, higher_is_better=False)
+    assert ranking.leader.best is None and ranking.leader.tied == ("alibi", "rope")
+    assert intervals(ranking) == {"alibi": (1, 1, 2), "rope": (2, 1, 2)}
+    rng = np.random.default_rng(1)
+    for _ in range(30):  # whatever the data: tied for best <=> the interval starts at 1; best <=> [1, 1]
+        values = {k: list(rng.normal(rng.uniform(0, 1), rng.uniform(0.01, 0.3), size=rng.integers(2, 5)))
+                  for k in "abcd"}
+        r = rank_groups(values, higher_is_better=False)
+        assert {x.label for x in r.ranks if x.low == 1} == set(r.leader.tied)
+        assert (r.leader.best is not None) == (r.ranks[0].high == 1)
+        assert all(x.low <= x.rank <= x.high for x in r.ranks)
+
+
+def test_a_group_with_one_seed_can_take_any_rank():
+    ranking = rank_groups({"a": [1.0, 1.01, 1.02], "b": [3.0, 3.01, 3.02], "c": [2.0]}, higher_is_better=False)
+    assert intervals(ranking)["c"] == (2, 1, 3) and intervals(ranking)["b"] == (3, 2, 3)
 
 
 def test_a_perplexity_ranks_by_its_geometric_mean():

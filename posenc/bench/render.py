@@ -6,7 +6,15 @@ import math
 
 from rich.table import Table
 
-COLUMNS = ("model", "tokens/s", "ms/step", "MFU", "peak mem", "warm-up", "vs nope", "vs reference")
+from posenc.metrics import MACHINE_CPUS, MACHINE_LOAD
+
+#: "vs nope": the median of paired round-by-round ratios, their range, and nope's own tokens/s in
+#: those rounds ("of 1,083"): the rate the ratio is of, taken under the same load as the row's own
+#: tokens/s, whereas nope's row was measured at another time (and load: the "load" column)
+COLUMNS = ("model", "tokens/s", "ms/step", "MFU", "peak mem", "warm-up", "load", "vs nope", "vs reference")
+LEGEND = ("vs nope / vs reference: the median of round-by-round ratios to the baseline run alternately with the "
+          "model (range), 'of N': the baseline's tokens/s in those same rounds, under the same load as the row's "
+          "tokens/s; load: 1-min load average / CPUs when the row was done (a row's absolute figures depend on it)")
 
 
 def _fmt(v, spec: str, suffix: str = "") -> str:
@@ -47,15 +55,25 @@ def cells(r: dict) -> list[str]:
         return [r["name"], *["—"] * (len(COLUMNS) - 1)]
     return [r["name"], _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["ms_per_step"], ".1f"),
             _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "%"), _fmt(r["peak_mem_mb"], ",.0f", " MB"),
-            _fmt(r.get("warmup_s"), ".1f", " s"), ratio(r, "vs_nope"), ratio(r, "vs_reference")]
+            _fmt(r.get("warmup_s"), ".1f", " s"), load_cell(r.get("load")), ratio(r, "vs_nope"),
+            ratio(r, "vs_reference")]
+
+
+def load_cell(load: dict | None) -> str:
+    """The 1-minute load average when the row was done, over the CPUs: '3.2/2'."""
+    if not load:
+        return "—"
+    return f"{load[MACHINE_LOAD.name]:.1f}/{load[MACHINE_CPUS.name]}"
 
 
 def ratio(r: dict, key: str) -> str:
-    """'0.912×' and, where rounds were paired, the range of the per-round ratios: '0.912× (0.90–0.93)'."""
-    spread = r.get(f"{key}_range")
-    if r.get(key) is None or not spread or spread[0] == spread[1]:
+    """'0.912×' and, where rounds were paired, the range of the per-round ratios and the baseline's
+    tokens/s in those rounds: '0.912× (0.90–0.93) of 1,083'."""
+    spread, of = r.get(f"{key}_range"), r.get(f"{key}_of")
+    if r.get(key) is None or not spread:
         return _fmt(r.get(key), ".3f", "×")
-    return f"{r[key]:.3f}× ({spread[0]:.2f}–{spread[1]:.2f})"
+    text = f"{r[key]:.3f}×" + ("" if spread[0] == spread[1] else f" ({spread[0]:.2f}–{spread[1]:.2f})")
+    return text + (f" of {of:,.0f}" if of is not None else "")
 
 
 def table(result: dict) -> Table:
@@ -63,7 +81,7 @@ def table(result: dict) -> Table:
     rows = result["results"]
     long = any("eval" in r for r in rows)
     failed = any(r.get("status") == "failed" for r in rows)
-    t = Table(title=title(result), title_justify="left")
+    t = Table(title=title(result), title_justify="left", caption=LEGEND, caption_justify="left")
     for col in COLUMNS:
         t.add_column(col, justify="left" if col == "model" else "right")
     if long:

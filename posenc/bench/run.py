@@ -25,6 +25,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.bench.estimate import QUICK, choose_preset, estimate_line, model_steps, preset, presets_of
 from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
 from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
@@ -47,6 +48,9 @@ class Listener:
     def progress(self, what: str) -> None:
         """What is being done now: 'warming up rope'."""
 
+    def note(self, text: str) -> None:
+        """A line to keep: the plan, and after the first model the estimate of the rest."""
+
     def row(self, result: dict) -> None:
         """A row was appended to result['results'] (the last one)."""
 
@@ -54,6 +58,9 @@ class Listener:
 def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     """Time every encoding (and the reference) at one shape; return the JSON-ready results."""
     listener = listener or Listener()
+    asked = len(overrides)
+    overrides, chosen = choose_preset(overrides)  # on a CPU, bench=quick unless the user chose
+    defaulted = len(overrides) != asked
     names, overrides, cfg = select_encodings(overrides)
     b = cfg.bench
     validate(b)
@@ -74,7 +81,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
                           if device.type == "cuda" else
                           "params + grads + optimizer state + tensors saved for backward (CPU estimate)"),
         "process_max_rss_mb": None,
-        "config": OmegaConf.to_container(b, resolve=True),
+        "config": OmegaConf.to_container(b, resolve=True), "preset": chosen,
         # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
         "masks": mask_summary(cfg, batch.batch, device),
         "load": [machine_load()],  # at the start, then after each row: {machine/load_1min, machine/cpus}
@@ -83,9 +90,11 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     listener.started(result)
     order = [n for n in BASELINES if n in names or (n == REFERENCE and b.reference)]
     order += [n for n in names if n not in order]
+    presets = {**presets_of(overrides), chosen: preset(cfg)}
+    listener.note(plan_line(order, b, chosen, defaulted))
     baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
     try:
-        for name in order:
+        for done, name in enumerate(order, 1):
             config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
             row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines)
             if subject is not None:
@@ -94,11 +103,23 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
             add_ratios(result["results"])
             result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
             result["load"].append(machine_load())
+            row["load"] = result["load"][-1]  # the load its rounds ran under: absolute figures depend on it
             listener.row(result)
+            if "estimate" not in result and row["status"] == "ok" and done < len(order):
+                result["estimate"] = estimate_line(order, BASELINES, done, row["ms_per_step"] / 1e3, chosen, presets)
+                listener.note(result["estimate"])
     finally:
         baselines.clear()
         free(device)
     return result
+
+
+def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool) -> str:
+    """'bench=quick (the CPU default): 19 models, 446 training steps; an estimate follows …'."""
+    planned = sum(model_steps(order, BASELINES, b.warmup, b.steps, b.rounds))
+    other = "bench=default for the full bench" if chosen == QUICK else "bench=quick for a first look"
+    return (f"bench={chosen}{' (the CPU default)' if defaulted else ''}: {len(order)} models, "
+            f"{planned:,} training steps; an estimate follows the first model ({other})")
 
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
@@ -151,18 +172,22 @@ def reason(e: Exception) -> str:
 
 def add_ratios(rows: list[dict]) -> None:
     """Throughput relative to nope and to the reference, for every row measured so far: the
-    median of the round-by-round ratios (``vs_nope``) and their range (``vs_nope_range``) where
-    the rounds were paired, the ratio of the two medians otherwise (a baseline against itself;
-    the reference's vs_nope, filled in once nope is measured, from nope's pairing)."""
+    median of the round-by-round ratios (``vs_nope``), their range (``vs_nope_range``) and the
+    baseline's tokens/s in those rounds (``vs_nope_of``) where the rounds were paired, the ratio of
+    the two medians otherwise (a baseline against itself; the reference's vs_nope, filled in once
+    nope is measured, from nope's pairing)."""
     by_name = {r["name"]: r for r in rows if r["status"] == "ok"}
     for row in rows:
         for other, key in (("nope", "vs_nope"), (REFERENCE, "vs_reference")):
-            row[key], row[f"{key}_range"] = None, None
+            row[key], row[f"{key}_range"], row[f"{key}_of"] = None, None, None
             if row["status"] != "ok" or other not in by_name:
                 continue
-            ratios = row.get("paired", {}).get(other) or \
-                [1 / r for r in by_name[other].get("paired", {}).get(row["name"], [])]
+            mine, theirs = row.get("paired", {}).get(other), by_name[other].get("paired", {}).get(row["name"])
+            ratios = mine or [1 / r for r in theirs or []]
             if ratios:
                 row[key], row[f"{key}_range"] = statistics.median(ratios), [min(ratios), max(ratios)]
+                # the baseline's tokens/s in those same rounds (its own median where it was the one paired)
+                row[f"{key}_of"] = (row["paired_tokens_per_s"][other] if mine
+                                    else by_name[other]["tokens_per_s"])
             else:
                 row[key] = row["tokens_per_s"] / by_name[other]["tokens_per_s"]

@@ -127,4 +127,7 @@ def rate(timing: Timing, steps: int, flops_per_token: float, peak: float | None)
         "first_step_s": timing.first_step_s, "warmup_s": timing.warmup_s,
         # throughput relative to each baseline, round by round (the same batch, so a ratio of times)
         "paired": {name: [b / a for a, b in zip(timing.round_s, other)] for name, other in timing.paired_s.items()},
+        # each baseline's own rate in the rounds paired with ours: what a ratio is "of", under the same load
+        "paired_tokens_per_s": {name: timing.tokens_per_step * steps / statistics.median(other)
+                                for name, other in timing.paired_s.items() if other},
     }

@@ -42,6 +42,10 @@ class LinePrinter(Listener):
 
     def started(self, result: dict) -> None:
         self.console.print(render.title(result), highlight=False, soft_wrap=True)
+        self.console.print(render.LEGEND, highlight=False, soft_wrap=True)
+
+    def note(self, text: str) -> None:
+        self.console.print(text, highlight=False, soft_wrap=True)
 
     def row(self, result: dict) -> None:
         if self.json_file:  # first the file, then the line: a row seen is a row saved

@@ -46,20 +46,21 @@ def eval_packing(cfg) -> str:
 
 @singledispatch
 def evaluate(data, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-             on_result: Callable[[object], None] | None = None) -> Evaluation:
-    """Evaluate ``model`` on ``data`` as cfg says; ``on_result`` is called after each length."""
+             on_result: Callable[[object], None] | None = None, progress=None) -> Evaluation:
+    """Evaluate ``model`` on ``data`` as cfg says; ``on_result`` is called after each length, and
+    progress (posenc.train.progress.StageLines) hears of each length as it runs."""
     raise TypeError(f"no evaluation for {type(data).__name__}")
 
 
 @evaluate.register
 def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-      on_result=None) -> Evaluation:
+      on_result=None, progress=None) -> Evaluation:
     def each(r: extrapolation.LengthResult) -> None:
         log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
         if on_result is not None:
             on_result(r)
 
-    results = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=each)
+    results = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=each, progress=progress)
 
     def log_to(tracker, step: int, tokens: int) -> None:
         tracker.log(extrapolation.metrics(results), step=step, tokens=tokens)
@@ -80,10 +81,10 @@ def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nul
 
 @evaluate.register
 def _(data: SyntheticTask, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-      on_result=None) -> Evaluation:
+      on_result=None, progress=None) -> Evaluation:
     # the same instances (seed 0) for every run of a comparison, whatever the run's own seed
     results = tasks.evaluate_task(model, data, int(cfg.trainer.seq_len), seed=0,
-                                  batch_tokens=int(cfg.eval.batch_tokens), device=device)
+                                  batch_tokens=int(cfg.eval.batch_tokens), device=device, progress=progress)
     for r in results:
         log.info("task %s: length %d (%g×): %s", data.task, r["length"], r["multiple"],
                  f"accuracy {r['accuracy']:.3f}" if r["accuracy"] is not None else r["skipped"])
@@ -96,9 +97,10 @@ def _(data: SyntheticTask, model: nn.Module, cfg, device: torch.device, autocast
 
 @singledispatch
 def evaluation_batches(data, cfg) -> dict[int, Iterable[Batch]]:
-    """The batches the evaluation scores, by length: a corpus's fixed validation span cut into
-    non-overlapping windows at eval.lengths × T (as eval.packing says), or a task's evaluation
-    instances (seed 0) at dataset.eval_multiples × T."""
+    """The batches the per-position loss scores, by length: a corpus's fixed validation span in
+    windows of eval.lengths × T (as eval.packing says) starting every eval.stride tokens
+    (non-overlapping without one), or a task's evaluation instances (seed 0) at
+    dataset.eval_multiples × T."""
     raise TypeError(f"no evaluation batches for {type(data).__name__}")
 
 
@@ -110,15 +112,16 @@ def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
     lengths = extrapolation.eval_lengths(T, list(cfg.eval.lengths))
     span = extrapolation.eval_span(len(data.validation), lengths, int(cfg.eval.tokens))
     windows = data.validation_windows(cfg.eval.packing)
-    return {L: corpus_batches(windows, L, span, batch_tokens) for L in lengths}
+    return {L: corpus_batches(windows, L, span, batch_tokens, cfg.eval.stride) for L in lengths}
 
 
 @evaluation_batches.register
 def _(data: SyntheticTask, cfg) -> dict[int, Iterable[Batch]]:
-    from posenc.eval.per_position import task_batches
+    from posenc.eval.per_position import Batches, task_batches
 
     T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.batch_tokens)
-    return {L: task_batches(data, L, 0, batch_tokens) for L in tasks.task_lengths(T, data.eval_multiples)}
+    return {L: Batches(task_batches(data, L, 0, batch_tokens), data.eval_instances)
+            for L in tasks.task_lengths(T, data.eval_multiples)}
 
 
 @singledispatch

@@ -86,9 +86,11 @@ def evaluate_extrapolation(
     autocast=nullcontext,
     stride: int | None = None,
     on_result: Callable[[LengthResult], None] | None = None,
+    progress=None,
 ) -> list[LengthResult]:
     """Perplexity at each multiple of seq_len over the same validation span (see module doc),
-    each through the one evaluator, score_windows."""
+    each through the one evaluator, score_windows; progress (posenc.train.progress.StageLines)
+    hears of each length and its batches."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")
     lengths = eval_lengths(seq_len, multiples)
@@ -97,18 +99,24 @@ def evaluate_extrapolation(
     for multiple, length in zip(multiples, lengths):
         started = time.time()
         result = LengthResult(multiple, length, None, None, 0, 0, 0.0)
+        if progress is not None:
+            progress.begin(f"ppl at length {length:,} ({multiple:g}×)")
         max_len = model.encoding.max_len
         if max_len is not None and length > max_len:
             result.reason = f"not defined: {model.encoding.name} has no positions beyond {max_len - 1}"
         else:
             try:
                 scored = score_windows(model, tokens, length, span, batch_size=batch_tokens // length,
-                                       device=device, stride=stride, autocast=autocast)
+                                       device=device, stride=stride, autocast=autocast,
+                                       on_batch=progress.advance if progress is not None else None)
                 result.loss, result.ppl = scored.loss, scored.ppl
                 result.scored_tokens, result.windows = scored.scored_tokens, scored.windows
             except PositionOutOfRange as e:
                 result.reason = f"not defined: {e}"
         result.seconds = time.time() - started
+        if progress is not None:
+            progress.end(f"ppl {result.ppl:.3f} over {result.windows:,} windows" if result.ppl is not None
+                         else str(result.reason))
         results.append(result)
         if on_result is not None:
             on_result(result)
@@ -130,7 +138,7 @@ def summary(results: list[LengthResult], stride: int | None, packing: str = "con
 
 
 def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullcontext,
-                    on_result: Callable[[LengthResult], None] | None = None) -> list[LengthResult]:
+                    on_result: Callable[[LengthResult], None] | None = None, progress=None) -> list[LengthResult]:
     """evaluate_extrapolation of a corpus's validation split with the settings of cfg.eval
     (its windows cut as eval.packing says, by default as training's dataset.packing) and
     cfg.trainer.seq_len."""
@@ -138,7 +146,7 @@ def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullco
     return evaluate_extrapolation(
         model, data.validation_windows(e.packing), cfg.trainer.seq_len, list(e.lengths),
         int(e.tokens), int(e.batch_tokens), device, autocast, stride=e.stride,
-        on_result=on_result,
+        on_result=on_result, progress=progress,
     )
 
 

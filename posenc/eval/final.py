@@ -34,9 +34,9 @@ def evaluate_run(model: nn.Module, data, cfg, run_dir: Path, tracker: Tracker, s
 
 
 def per_position_files(model: nn.Module, data, cfg, out_dir: Path, device: torch.device, autocast=nullcontext,
-                       stem: str = per_position.STEM) -> tuple[dict, Path]:
+                       stem: str = per_position.STEM, progress=None) -> tuple[dict, Path]:
     """The per-position record of a model, written as <stem>.json and <stem>.png in out_dir."""
     record = per_position.per_position(model, evaluation.evaluation_batches(data, cfg), int(cfg.trainer.seq_len),
-                                       device=device, autocast=autocast)
+                                       device=device, autocast=autocast, progress=progress)
     _, figure = per_position.write_per_position(record, out_dir, f"{model.encoding.name}: per-position loss", stem)
     return record, figure

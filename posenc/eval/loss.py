@@ -72,21 +72,24 @@ def score_windows(
     stride: int | None = None,
     autocast=nullcontext,
     bytes_per_token: float | None = None,
+    on_batch: Callable[[int, int], None] | None = None,
 ) -> WindowLoss:
     """Mean next-token cross-entropy over targets [0, span) of a split, read in windows of
     ``length`` (non-overlapping, or sliding by ``stride``; cut as the split's packing says),
-    ``batch_size`` windows per forward. A bare token array is read as concat."""
+    ``batch_size`` windows per forward. A bare token array is read as concat. on_batch(windows
+    just scored, windows in all) after each forward, for progress."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")
     windows = tokens if isinstance(tokens, Windows) else Windows(np.asarray(tokens), Packing.concat())
     starts = windows.starts(span, length, stride)
     return score_batches(model, windows.batches(starts, length, max(1, batch_size)), device, autocast,
-                         bytes_per_token, windows=len(starts))
+                         bytes_per_token, windows=len(starts), on_batch=on_batch)
 
 
 @torch.no_grad()
 def score_batches(model: nn.Module, batches: Iterable[tuple[Batch, int]], device: torch.device,
-                  autocast=nullcontext, bytes_per_token: float | None = None, windows: int | None = None) -> WindowLoss:
+                  autocast=nullcontext, bytes_per_token: float | None = None, windows: int | None = None,
+                  on_batch: Callable[[int, int | None], None] | None = None) -> WindowLoss:
     """Mean cross-entropy over the scored targets of (batch, first scored position) pairs: every
     target from ``first`` on that is not IGNORE_INDEX (a task scores its answers only). The
     model is evaluated in eval mode and handed back in the mode it came in."""
@@ -104,6 +107,8 @@ def score_batches(model: nn.Module, batches: Iterable[tuple[Batch, int]], device
                                      ignore_index=IGNORE_INDEX).double()
             count += (y != IGNORE_INDEX).sum()
             n += y.shape[0]
+            if on_batch is not None:
+                on_batch(y.shape[0], windows)
     finally:
         model.train(was_training)
     scored_tokens = int(count)

@@ -7,11 +7,17 @@ thing against the evaluation length). For each evaluation length the loss at pos
 0..length-1 is summed over the windows and cut into at most ``buckets`` equal-width buckets
 of positions, so the record stays small at 16× the training length.
 
-The windows are what the rest of the evaluator scores: the fixed validation span of a corpus
-(non-overlapping windows cut as the packing says, as ``posenc.eval.loss.score_windows``), or a
-synthetic task's evaluation instances, where only the answer positions are targets (IGNORE_INDEX
-elsewhere, so a bucket without answers is null). Under documents packing the loss is also
-reported against the position inside the document (``document``), the position the model sees.
+The windows cover what the rest of the evaluator scores: the fixed validation span of a corpus
+(cut as the packing says, as ``posenc.eval.loss.score_windows``), or a synthetic task's
+evaluation instances, where only the answer positions are targets (IGNORE_INDEX elsewhere, so a
+bucket without answers is null). Under documents packing the loss is also reported against the
+position inside the document (``document``), the position the model sees.
+
+With ``eval.stride=S`` the corpus windows start every S tokens, as the sliding perplexity's do,
+but every position of every window is scored: a curve against the position needs each window's
+early positions too (the sliding perplexity scores only a window's last S targets, which would
+leave positions below length − S with the first window alone). The curve then averages over
+length/S times more (overlapping) windows; without a stride the windows do not overlap.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +46,8 @@ STEM = "per_position"  # per_position.json and per_position.png in the run dir
 
 @torch.no_grad()
 def position_loss_sums(model: nn.Module, batches: Iterable[Batch], length: int, device: torch.device | str = "cpu",
-                       autocast=nullcontext) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
+                       autocast=nullcontext, progress=None
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Summed loss and target count at each position 0..length-1 of the window over batches of
     (b, length), and, for batches that carry positions inside documents, the same against those
     positions (else None); targets equal to IGNORE_INDEX are not counted. (length,) arrays."""
@@ -57,6 +65,8 @@ def position_loss_sums(model: nn.Module, batches: Iterable[Batch], length: int, 
             loss = F.cross_entropy(logits.float().transpose(1, 2), batch.y, reduction="none",
                                    ignore_index=IGNORE_INDEX).double().cpu()  # (b, length), 0 where ignored
             scored = (batch.y != IGNORE_INDEX).cpu()
+            if progress is not None:
+                progress.advance(loss.shape[0], getattr(batches, "windows", None))
             total += loss.sum(0)
             count += scored.sum(0)
             if batch.pos is not None:  # positions restart in each document: the position the model sees
@@ -85,32 +95,58 @@ def bucket(total: np.ndarray, count: np.ndarray, buckets: int = BUCKETS) -> dict
 
 def per_position(model: nn.Module, batches_by_length: dict[int, Iterable[tuple[Tensor, Tensor]]],
                  train_length: int, buckets: int = BUCKETS, device: torch.device | str = "cpu",
-                 autocast=nullcontext) -> dict:
-    """The per-position record of a model: for each length its bucketed curve, or None with the
-    reason when the encoding has no positions there (learned beyond max_len)."""
+                 autocast=nullcontext, progress=None) -> dict:
+    """The per-position record of a model: for each length its bucketed curve (and how many
+    windows it averages, where known), or None with the reason when the encoding has no positions
+    there (learned beyond max_len); progress (posenc.train.progress.StageLines) hears of each."""
     lengths = []
     for length, batches in batches_by_length.items():
         record = {"length": length, "multiple": length / train_length}
+        if getattr(batches, "windows", None) is not None:
+            record["windows"] = batches.windows
+        if progress is not None:
+            progress.begin(f"per-position loss at length {length:,} ({length / train_length:g}×)")
         max_len = getattr(getattr(model, "encoding", None), "max_len", None)
         try:
             if max_len is not None and length > max_len:
                 raise PositionOutOfRange(f"{model.encoding.name} has no positions beyond {max_len - 1}")
-            total, count, doc_total, doc_count = position_loss_sums(model, batches, length, device, autocast)
+            total, count, doc_total, doc_count = position_loss_sums(model, batches, length, device, autocast,
+                                                                    progress)
             record.update(bucket(total, count, buckets))
             if doc_total is not None:
                 record["document"] = bucket(doc_total, doc_count, buckets)
         except PositionOutOfRange as e:
             record.update(start=None, end=None, loss=None, count=None, skipped=f"not defined: {e}")
+        if progress is not None:
+            progress.end(record.get("skipped") or "done")
         lengths.append(record)
-    return {"train_length": train_length, "buckets": buckets, "lengths": lengths}
+    stride = getattr(next(iter(batches_by_length.values()), None), "stride", None)
+    return {"train_length": train_length, "buckets": buckets, "stride": stride, "lengths": lengths}
 
 
-def corpus_batches(tokens: Windows | np.ndarray, length: int, span: int, batch_tokens: int = 16384) -> Iterator[Batch]:
-    """Non-overlapping windows over targets [0, span) of a validation split (cut as its packing
-    says; a bare token array as concat): batches."""
+@dataclass(frozen=True)
+class Batches:
+    """The batches of one length, and how many windows they hold and how they were placed (the
+    stride between window starts, None: non-overlapping): for progress and the record."""
+    batches: Iterable[Batch]
+    windows: int
+    stride: int | None = None
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.batches)
+
+
+def corpus_batches(tokens: Windows | np.ndarray, length: int, span: int, batch_tokens: int = 16384,
+                   stride: int | None = None) -> Batches:
+    """Windows of ``length`` over targets [0, span) of a validation split (cut as its packing says;
+    a bare token array as concat): non-overlapping, or starting every ``stride`` tokens with every
+    position scored (module doc)."""
     windows = tokens if isinstance(tokens, Windows) else Windows(np.asarray(tokens), Packing.concat())
-    for batch, _ in windows.batches(windows.starts(span, length, None), length, max(1, batch_tokens // length)):
-        yield batch
+    starts = windows.starts(span, length, stride)  # refuses a stride the packing cannot honour
+    if stride is not None and stride < length:
+        starts = [(s, 0) for s in range(0, span - length + 1, stride)]
+    batches = (batch for batch, _ in windows.batches(starts, length, max(1, batch_tokens // length)))
+    return Batches(batches, len(starts), stride if stride is not None and stride < length else None)
 
 
 def task_batches(spec: SyntheticTask, length: int, seed: int = 0, batch_tokens: int = 16384) -> Iterator[Batch]:

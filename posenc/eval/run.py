@@ -62,10 +62,9 @@ def load_trained(run_dir: Path, overrides: list[str]):
 
 def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
-    from rich.progress import Progress
-
     from posenc.build import encoding_summary
     from posenc.eval import evaluation, final
+    from posenc.train.progress import StageLines
 
     run_dir = Path(run_dir)
     cfg, data, model, state, autocast = load_trained(run_dir, overrides)
@@ -73,11 +72,11 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     out = run_dir / output_name(overrides)
     header = {"run_dir": str(run_dir), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
+    progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
-    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}")
-    with Progress(console=console, transient=True) as progress:
-        task = progress.add_task("evaluating lengths", total=None)
-        result = evaluation.evaluate(data, model, cfg, device, autocast, on_result=lambda r: progress.advance(task))
+    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}",
+                             progress=progress)
+    result = evaluation.evaluate(data, model, cfg, device, autocast, progress=progress)
     record = {**header, **result.summary}
     write_json_atomic(out, record)
     result.show(record)

@@ -80,23 +80,32 @@ def task_lengths(train_length: int, multiples: Sequence[float]) -> list[int]:
 
 def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[float] = MULTIPLES,
                     n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
-                    **options) -> list[dict]:
-    """``task_accuracy`` at every multiple of the training length, each dict with its multiple.
+                    progress=None, **options) -> list[dict]:
+    """``task_accuracy`` at every multiple of the training length, each dict with its multiple;
+    progress (posenc.train.progress.StageLines) hears of each length.
 
     Metric names for metrics.jsonl / W&B: ``tasks/<task>/accuracy@<length>`` (see ``as_metrics``).
     """
-    return [{"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, **options)}
-            for m, length in zip(multiples, task_lengths(train_length, multiples))]
+    results = []
+    for m, length in zip(multiples, task_lengths(train_length, multiples)):
+        if progress is not None:
+            progress.begin(f"{task} accuracy at length {length:,} ({m:g}×)", n)
+        results.append({"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, **options)})
+        if progress is not None:
+            r = results[-1]
+            progress.end(f"accuracy {r['accuracy']:.3f} over {n:,} instances" if r["accuracy"] is not None
+                         else f"not defined: {r['skipped']}")
+    return results
 
 
 def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed: int = 0,
-                  batch_tokens: int = 16384, device: torch.device | str = "cpu") -> list[dict]:
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu", progress=None) -> list[dict]:
     """A run's task evaluation as its config says (dataset=synthetic): ``length_accuracy`` at
     spec.eval_multiples × train_length on spec.eval_instances instances. The seed picks the
     evaluation set; every run of a comparison should pass the same one (e.g. 0), so all
     encodings answer the same instances."""
     return length_accuracy(model, spec.task, train_length, spec.eval_multiples, spec.eval_instances, seed,
-                           batch_tokens, device, **spec.options)
+                           batch_tokens, device, progress, **spec.options)
 
 
 _FIELDS = {"accuracy": TASK_ACCURACY, "low": TASK_LOW, "high": TASK_HIGH, "token_accuracy": TASK_TOKEN_ACCURACY}

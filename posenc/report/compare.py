@@ -4,7 +4,7 @@ Fully offline: everything is read from the run directories (no W&B). Groups are 
 combinations of the swept keys (auto-detected from the runs' overrides, or --by); seeds are
 aggregated as the mean with its 95% interval on the metric's scale (report/stats.py). Failed and
 unfinished runs are listed, never averaged in; a (config, seed) run twice is counted once. The
-groups are ranked on the headline metric with bootstrap rank intervals and a verdict (the best
+groups are ranked on the headline metric with rank intervals and a verdict from the same tests (the best
 only where detectable); --baseline adds each group's difference to one group; --within ranks the
 groups per value of another key and measures how well those rankings agree. A mistaken --by,
 --metric, --baseline or --within is refused before anything is written.
@@ -51,7 +51,11 @@ def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None
 
 def at_first_eval(run: Run, target: Target) -> bool:
     """Whether the run's curve was already at or below the target at its first evaluation: its
-    tokens-to-target is then only the first evaluation's token count, no information."""
+    tokens-to-target is then only the first evaluation's token count, no information. The run's
+    summary flag says so (convergence/before_first_eval_*); runs written before it: the curve."""
+    flag = run.summary.get(target.first_eval_key)
+    if flag is not None:
+        return bool(flag)
     curve = val_curve(run.rows, target.curve_metric.name)
     return bool(curve) and curve[0][1] <= target.value
 
@@ -193,14 +197,14 @@ def relative(path: Path, root: Path) -> str:
 
 
 def print_comparison(c: Comparison, console: Console, title: str, root: Path, seeds: bool) -> None:
-    """The terminal's view: setup, the tables (per-seed values with seeds), ranking, verdict, warnings."""
+    """The terminal's view: what varied, the tables (per-seed values with seeds), ranking, warnings,
+    verdict, and last what was held fixed."""
     say = lambda text, style="": console.print(f"[{style}]{escape(text)}[/]" if style else escape(text),  # noqa: E731
                                                highlight=False)
     for line in duplicate_lines(c, root):
         say(f"warning: {line}", "bold yellow")
     say(f"{title}, grouped by {', '.join(c.keys) or 'nothing varies'} · {setup_line(c.runs)}", "bold")
     say(f"varied: {describe_varied(c.varied) or 'nothing'}")
-    say(f"held fixed: {describe(c.fixed) or 'nothing'}", "dim")
     for table in text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c):
         console.print(rich_table(table))
     for line in failed_lines(c, root):
@@ -209,6 +213,8 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
         say(f"warning: {line}", "yellow")
     for line in verdict_lines(c):
         say(line, "bold")
+    # what varied and the result first: the (often ~50) keys every run shared close the report, on one line
+    say(f"held fixed ({len(c.fixed)} keys): {describe(c.fixed)}" if c.fixed else "held fixed: nothing", "dim")
 
 
 def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str | None = None,

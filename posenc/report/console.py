@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posenc.metrics import (LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
+from posenc.metrics import (BEFORE_FIRST_EVAL_LOSS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
                             TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
 from posenc.terminal import make_console
 
@@ -17,14 +17,39 @@ def _fmt(value, fmt: str) -> str:
     return "not defined" if value is None else fmt.format(value)
 
 
+def _task_rows(table: Table, summary: dict) -> None:
+    """A task run's headline: exact-match accuracy at each evaluated length, with its Wilson interval."""
+    tasks = summary.get("tasks") or {}
+    for r in tasks.get("lengths", []):
+        label = f"{tasks.get('task', 'task')} accuracy @ {r['length']}" + (f" ({r['multiple']:g}×)" if "multiple" in r else "")
+        if r.get("accuracy") is None:
+            table.add_row(label, "not defined" + (f" ({r['skipped']})" if r.get("skipped") else ""))
+        else:
+            table.add_row(label, f"{100 * r['accuracy']:.1f}% [{100 * r['low']:.1f}%, {100 * r['high']:.1f}%], n={r['n']:,}")
+
+
+def _target_rows(table: Table, summary: dict) -> None:
+    """Tokens to each val/loss target; one reached before the first evaluation is only bounded by it."""
+    targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))}
+    for key, target in sorted(targets.items(), key=lambda kv: -float(kv[1])):
+        value = summary[key]
+        if value is not None and summary.get(BEFORE_FIRST_EVAL_LOSS.key(target=target)):
+            text = f"before the first evaluation (≤ {value:,})"
+        else:
+            text = _fmt(value, "{:,}").replace("not defined", "not reached")
+        table.add_row(f"tokens to {VAL_LOSS.name} {target}", text)
+
+
 def print_summary(summary: dict, run_dir: Path) -> None:
-    """Quality, extrapolation, convergence and cost of one finished run, in one table."""
+    """Quality, extrapolation, convergence and cost of one finished run, in one table; a task run
+    (dataset=synthetic) leads with its accuracy at each evaluated length."""
     enc = summary.get("encoding", {})
     opts = "  ".join(f"{k}={v}" for k, v in enc.items() if k != "name")
     console.print(f"[bold]{enc.get('name', '?')}[/]  {opts}", highlight=False)
     table = Table(show_header=True, title_justify="left")
     table.add_column("metric")
     table.add_column("value", justify="right")
+    _task_rows(table, summary)
     for name, fmt in ((VAL_LOSS.name, "{:.4f}"), (VAL_PPL.name, "{:.3f}"), (VAL_BPB.name, "{:.4f}")):
         if name in summary:
             table.add_row(name, fmt.format(summary[name]))
@@ -33,9 +58,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
     for r in lengths:
         label = f"ppl @ {r['length']}" + (f" ({r['multiple']:g}×)" if seq_len else "")
         table.add_row(label, _fmt(r["ppl"], "{:.3f}"))
-    targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))}
-    for key, target in sorted(targets.items(), key=lambda kv: -float(kv[1])):
-        table.add_row(f"tokens to {VAL_LOSS.name} {target}", _fmt(summary[key], "{:,}").replace("not defined", "not reached"))
+    _target_rows(table, summary)
     for name, key, fmt in (("steps", STEPS.name, "{:,}"), ("tokens", TOKENS_SEEN.name, "{:,}"), ("params", PARAMS.name, "{:,}"),
                            ("tokens/s", TOKENS_PER_S.name, "{:,.0f}"), ("wall time", WALL_TIME.name, "{:.1f} s")):
         if summary.get(key) is not None:

@@ -53,11 +53,12 @@ def write_markdown(path: Path, doc: Document) -> None:
     parts = [f"# {doc.title}", "", doc.setup, ""]
     if doc.sweep:
         parts += [f"Command: `{doc.sweep['command']}` (started {doc.sweep['started']})", ""]
-    parts += [f"**Varied:** {doc.varied or 'nothing'}", "", f"**Held fixed:** {doc.fixed or 'nothing'}", ""]
+    parts += [f"**Varied:** {doc.varied or 'nothing'}", ""]
     parts += [line for verdict in doc.verdicts for line in (f"**{_md_cell(verdict)}**", "")]
     for table in doc.tables:
         parts += [markdown_table(table), ""]
     parts += [line for note in doc.notes for line in (note, "")]  # one paragraph each
+    parts += [f"**Held fixed:** {doc.fixed or 'nothing'}", ""]  # after the result: often ~50 keys
     if doc.duplicates:
         parts += ["## Duplicate runs (counted once)", "", *[f"- {line}" for line in doc.duplicates], ""]
     if doc.failed:
@@ -80,11 +81,11 @@ def write_html(path: Path, doc: Document) -> None:
     if doc.sweep:
         body.append(f"<p>Command: <code>{html.escape(doc.sweep['command'])}</code> "
                     f"(started {html.escape(doc.sweep['started'])})</p>")
-    body += [f"<p><b>Varied:</b> {html.escape(doc.varied or 'nothing')}</p>",
-             f"<p class=note><b>Held fixed:</b> {html.escape(doc.fixed or 'nothing')}</p>"]
+    body += [f"<p><b>Varied:</b> {html.escape(doc.varied or 'nothing')}</p>"]
     body += [f"<p><b>{html.escape(verdict)}</b></p>" for verdict in doc.verdicts]
     body += [html_table(t) for t in doc.tables]
     body += [f"<p class=note>{html.escape(note)}</p>" for note in doc.notes]
+    body.append(f"<p class=note><b>Held fixed:</b> {html.escape(doc.fixed or 'nothing')}</p>")
     for heading, lines in (("Duplicate runs (counted once)", doc.duplicates),
                            ("Failed or unfinished (not averaged in)", doc.failed)):
         if lines:

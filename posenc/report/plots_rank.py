@@ -1,6 +1,6 @@
 """Rank against another key (--within): does the encoding ranking hold across model size, recipe
-or budget? One line per group, its rank at each value of the key, the 95% bootstrap rank
-interval as a bar (report/ranking.py); rank 1 at the top."""
+or budget? One line per group, its rank at each value of the key, the rank
+interval (pairwise Welch 95%) as a bar (report/ranking.py); rank 1 at the top."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from posenc.report.plots import save_figure, titled
 from posenc.report.ranking import Ranking
 from posenc.report.style import styles_for
 
-BARS = "rank, 95% bootstrap interval over seeds"
+BARS = "rank, interval from pairwise Welch 95% tests"
 
 
 def plot_ranks(rankings: Mapping[str, Ranking], within: str, metric: str, out: Path, title: str,

@@ -3,20 +3,37 @@ one ranking per value of the key, Kendall's τ between them and the pairs whose 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from posenc.report.comparison import Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number
 from posenc.report.ranking import Agreement, Rank, Ranking
 from posenc.report.tables import format_stat, runs_cell
 
-RANK_NOTE = ("Rank interval: the 2.5th-97.5th percentile of a group's rank when every group's seeds are "
-             "resampled with replacement ({resamples} resamples, seeded: the same every time). With 2-3 seeds a "
-             "bootstrap sees only a few distinct means and is optimistic; 'best' and 'tied' come from Welch's "
-             "95% interval, not from the ranks. A group with 1 seed never moves in a resample.")
+RANK_NOTE = ("Rank interval: the ranks a group can take given the pairwise Welch 95% tests the verdict uses: "
+             "from 1 + the groups detectably ahead of it to the number of groups minus those detectably behind "
+             "it. So a tie is never shown as a single rank: [1, 1] means detectably best. A group with 1 seed is "
+             "detectably different from none.")
+INTERVAL_HEADER = "rank interval (Welch 95%)"
 
 
-def verdict(ranking: Ranking | None, metric: str) -> str:
-    """A ranking's answer in one line: the detectable best group, the tied ones, or why none."""
+def more_seeds(seeds: Sequence[Any]) -> str:
+    """The next step where seeds cannot decide: at least 3 seeds and twice as many as now, the new
+    ones the next integers not yet used. From seeds 0,1: 'add seeds: seed=2,3 with the same command
+    (seed=0,1,2,3 in all)'."""
+    present = sorted({int(s) for s in seeds if isinstance(s, (int, float))})
+    total = max(3, 2 * len(present))
+    new = [s for s in range(total + (max(present) + 1 if present else 0)) if s not in present][:total - len(present)]
+    every = sorted(present + new)
+    join = lambda xs: ",".join(map(str, xs))  # noqa: E731
+    return f"add seeds: seed={join(new)} with the same command (seed={join(every)} in all)"
+
+
+def verdict(ranking: Ranking | None, metric: str, seeds: Sequence[Any] = ()) -> str:
+    """A ranking's answer in one line: the detectable best group, the tied ones, or why none; where
+    more seeds could decide (1 seed per group, a tie), the seeds to add."""
     if ranking is None or not ranking.ranks:
         return f"verdict on {metric}: none — no group has {metric} in every seed"
     lead = ranking.leader
@@ -24,22 +41,26 @@ def verdict(ranking: Ranking | None, metric: str) -> str:
         return (f"verdict on {metric}: {lead.best} is best, ahead of every other group by a detectable margin "
                 "(Welch 95% interval of each difference excludes 0)")
     if lead.reason:
-        hint = " — run seeds (e.g. seed=0,1,2) for intervals and a verdict" if "1 seed" in lead.reason else ""
+        hint = f" — for intervals and a verdict, {more_seeds(seeds)}" if "1 seed" in lead.reason else ""
         return f"verdict on {metric}: none ({lead.reason}){hint}"
+    if len(lead.tied) == 1:  # behind nobody, yet not detectably ahead of everybody (Welch is not transitive)
+        return (f"verdict on {metric}: no detectable best — {lead.tied[0]} leads but is not detectably ahead of "
+                f"every group — {more_seeds(seeds)}")
     return (f"verdict on {metric}: no detectable best — {', '.join(lead.tied)} tied "
-            "(the leader's difference to each is inside Welch's 95% interval)")
+            f"(no group is detectably ahead of any of them, Welch 95%) — {more_seeds(seeds)}")
 
 
 def verdict_lines(c: Comparison) -> list[str]:
     """The comparison's answer: one line, or with --within one per value of the key."""
+    seeds = [s for g in c.groups for s in g.seeds]
     if not c.rankings:
-        return [verdict(c.ranking, c.metric)]
-    return [verdict(ranking, f"{c.metric} at {c.within}={value}") for value, ranking in c.rankings.items()]
+        return [verdict(c.ranking, c.metric, seeds)]
+    return [verdict(ranking, f"{c.metric} at {c.within}={value}", seeds) for value, ranking in c.rankings.items()]
 
 
 def rank_interval(r: Rank, ranking: Ranking) -> str:
-    """'[1, 2]'; a group with one seed is flagged (it never moves in a resample), and where every
-    group has one seed there is no interval at all."""
+    """'[1, 2]'; a group with one seed is flagged (no test can place it), and where every group has
+    one seed there is no interval at all."""
     if all(other.n == 1 for other in ranking.ranks):
         return "— (1 seed per group)"
     return f"[{r.low:g}, {r.high:g}]" + (" (1 seed)" if r.n == 1 else "")
@@ -53,7 +74,7 @@ def ranking_table(c: Comparison) -> TextTable:
              rank_interval(r, c.ranking)] for r in c.ranking.ranks]
     rows += [["—", label, runs_cell(by_label[label]), "not in every seed", ""] for label in c.ranking.unranked]
     return TextTable(f"ranking by {c.metric} (1 = best)", ["rank", c.group_header, "n (seeds)",
-                     f"{c.metric} [95% interval]", "rank interval (95% bootstrap)"], rows, label_column=1)
+                     f"{c.metric} [95% interval]", INTERVAL_HEADER], rows, label_column=1)
 
 
 def within_table(c: Comparison, value: str, ranking: Ranking) -> TextTable:
@@ -61,7 +82,7 @@ def within_table(c: Comparison, value: str, ranking: Ranking) -> TextTable:
             for r in ranking.ranks]
     rows += [["—", label, "", "not in every seed", ""] for label in ranking.unranked]
     return TextTable(f"{c.within} = {value}: ranking by {c.metric} (1 = best)",
-                     ["rank", c.group_header, "n (seeds)", c.metric, "rank interval (95% bootstrap)"], rows, label_column=1)
+                     ["rank", c.group_header, "n (seeds)", c.metric, INTERVAL_HEADER], rows, label_column=1)
 
 
 def _tau(a: Agreement) -> str:
@@ -98,5 +119,4 @@ def rank_text_tables(c: Comparison) -> list[TextTable]:
 
 
 def rank_note(c: Comparison) -> str:
-    ranking = c.ranking or next(iter(c.rankings.values()), None)
-    return RANK_NOTE.format(resamples=ranking.resamples if ranking else 0)
+    return RANK_NOTE

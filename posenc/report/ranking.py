@@ -1,5 +1,6 @@
-"""How sure is a ranking? The leader (best only where detectable), each group's rank with a
-bootstrap interval, and whether a ranking holds across another key (Kendall's τ and the flips).
+"""How sure is a ranking? The leader (best only where detectable), each group's rank with an
+interval from the same pairwise tests, and whether a ranking holds across another key (Kendall's τ
+and the flips).
 
 Plain functions over plain data — {group label: per-seed values} — returning dataclasses, so a
 script can build a README table from them without the report:
@@ -7,11 +8,15 @@ script can build a README table from them without the report:
     ranking = rank_groups({"rope": [9.8, 12.1], "alibi": [8.0, 8.3]}, higher_is_better=False, log=True)
     ranking.ranks[0].label, ranking.ranks[0].low, ranking.ranks[0].high, ranking.leader.best
 
-Resampling (Efron's bootstrap): each group's seeds are drawn with replacement, the groups' means
-recomputed (on the metric's scale, report/stats.py) and ranked; the 2.5th and 97.5th percentiles
-of a group's resampled ranks are its rank interval. A numpy Generator seeded with `seed` makes it
-deterministic. A group with one seed never moves in a resample: its interval reflects only the
-others' noise (the tables say "1 seed").
+Rank intervals come from the pairwise Welch tests the verdict uses (the "pairwise comparison"
+confidence set for ranks of Klein, Wright & Wieczorek, 2020, without their multiplicity correction):
+a group's best possible rank is 1 + the number of groups detectably ahead of it, its worst the
+number of groups minus those detectably behind it. So the ranks and the verdict cannot disagree:
+the leader's interval is [1, 1] exactly when it is named best, and every group tied for best has an
+interval starting at 1. A group with one seed is detectably different from none ([1, n groups]).
+A bootstrap of 2-3 seeds, as used before, sees only a few distinct means and printed [1, 1] beside
+a tie. Kendall's τ between rankings keeps Efron's bootstrap (seeds resampled in every cell, a
+seeded numpy Generator: deterministic).
 """
 
 from __future__ import annotations
@@ -43,8 +48,8 @@ class Leader:
 class Rank:
     label: str
     rank: float             # of the group's mean among the groups, 1 = best (ties share the average rank)
-    low: float              # 95% bootstrap interval of the rank
-    high: float
+    low: float              # 1 + the groups detectably ahead (Welch 95%)
+    high: float             # the groups' count - the groups detectably behind
     n: int                  # seeds
     mean: float             # on the metric's own scale (the geometric mean on a log scale)
 
@@ -54,7 +59,6 @@ class Ranking:
     ranks: list[Rank]       # best first
     leader: Leader
     unranked: list[str]     # groups without a mean (a seed lacks the value, or none finished)
-    resamples: int
 
 
 @dataclass(frozen=True)
@@ -94,18 +98,36 @@ def scaled(values: Values, log: bool) -> tuple[dict[str, np.ndarray], bool]:
     return {k: np.log(x) if log else x for k, x in full.items()}, log
 
 
-def leader(values: Values, higher_is_better: bool, log: bool = False) -> Leader:
-    """Who is best on this metric, and only where Welch's 95% interval says so."""
-    x, _ = scaled(values, log)
+def behind(x: Mapping[str, np.ndarray], higher_is_better: bool) -> dict[str, set[str]]:
+    """{group: the groups detectably ahead of it} by Welch's 95% interval on the values as given (a
+    group with one seed is detectably behind or ahead of none)."""
+    sign = -1 if higher_is_better else 1
+    ahead: dict[str, set[str]] = {k: set() for k in x}
+    for a, b in itertools.combinations(x, 2):
+        if len(x[a]) > 1 and len(x[b]) > 1 and detectable(x[a], x[b]):
+            first, second = (a, b) if sign * x[a].mean() < sign * x[b].mean() else (b, a)
+            ahead[second].add(first)
+    return ahead
+
+
+def _leader(x: Mapping[str, np.ndarray], ahead: Mapping[str, set[str]], higher_is_better: bool) -> Leader:
     if len(x) < 2:
         return Leader(None, tuple(x), "a single group: nothing to rank against")
     sign = -1 if higher_is_better else 1
     order = sorted(x, key=lambda k: sign * x[k].mean())
-    top = order[0]
     if all(len(v) < 2 for v in x.values()):
         return Leader(None, tuple(order), "1 seed per group: no intervals, no verdict")
-    tied = [top] + [k for k in order[1:] if len(x[k]) < 2 or len(x[top]) < 2 or not detectable(x[k], x[top])]
-    return Leader(top if len(tied) == 1 else None, tuple(tied))
+    # tied for best: every group no other is detectably ahead of (the leader always is one)
+    tied = [k for k in order if not ahead[k]]
+    top = order[0]
+    best = top if len(tied) == 1 and all(top in ahead[k] for k in order[1:]) else None
+    return Leader(best, tuple(tied))
+
+
+def leader(values: Values, higher_is_better: bool, log: bool = False) -> Leader:
+    """Who is best on this metric, and only where Welch's 95% interval says so."""
+    x, _ = scaled(values, log)
+    return _leader(x, behind(x, higher_is_better), higher_is_better)
 
 
 def _bootstrap_means(scaled: Mapping[str, np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -114,23 +136,26 @@ def _bootstrap_means(scaled: Mapping[str, np.ndarray], resamples: int, rng: np.r
     return np.stack(columns, axis=1)
 
 
-def rank_groups(values: Values, higher_is_better: bool, log: bool = False, resamples: int = RESAMPLES,
-                seed: int = 0) -> Ranking:
-    """The groups ranked by their mean, each with its 95% bootstrap rank interval, and the leader."""
+def rank_groups(values: Values, higher_is_better: bool, log: bool = False) -> Ranking:
+    """The groups ranked by their mean, each with the interval of ranks the pairwise Welch tests
+    allow, and the leader from the same tests."""
     x, logged = scaled(values, log)
     unranked = complete(values)[1]
+    ahead = behind(x, higher_is_better)
+    lead = _leader(x, ahead, higher_is_better)
     if not x:
-        return Ranking([], leader(values, higher_is_better, log), unranked, resamples)
+        return Ranking([], lead, unranked)
     sign = -1.0 if higher_is_better else 1.0
     labels = list(x)
     point = stats.rankdata([sign * x[k].mean() for k in labels])
-    boot = stats.rankdata(sign * _bootstrap_means(x, resamples, np.random.default_rng(seed)), axis=1)
-    low, high = np.percentile(boot, [2.5, 97.5], axis=0)
     back = np.exp if logged else float
-    ranks = [Rank(k, float(point[i]), float(low[i]), float(high[i]), len(x[k]), float(back(x[k].mean())))
-             for i, k in enumerate(labels)]
+    ranks = []
+    for i, k in enumerate(labels):
+        below = sum(k in ahead[j] for j in labels)  # groups detectably behind k
+        ranks.append(Rank(k, float(point[i]), float(1 + len(ahead[k])), float(len(labels) - below), len(x[k]),
+                          float(back(x[k].mean()))))
     ranks.sort(key=lambda r: (r.rank, r.label))
-    return Ranking(ranks, leader(values, higher_is_better, log), unranked, resamples)
+    return Ranking(ranks, lead, unranked)
 
 
 def _tau(x: np.ndarray, y: np.ndarray) -> float | None:

@@ -56,6 +56,7 @@ class Stat:
     low: float | None = None
     high: float | None = None
     log: bool = False
+    span: float | None = None  # the width of the values the metric can take, where bounded both ways (accuracy: 1)
 
     @property
     def n(self) -> int:
@@ -65,6 +66,16 @@ class Stat:
     def reached(self) -> int:
         """How many seeds have a value."""
         return sum(v is not None for v in self.values)
+
+    @property
+    def says_nothing(self) -> bool:
+        """An interval wider than the value it bounds (high - low > |mean|: the seeds cannot tell the
+        mean from half or twice it; two seeds: t₀.₉₇₅,₁ = 12.7 times their standard error), or, for a
+        metric bounded both ways (accuracy), wider than half its range. Text prints the seeds'
+        values instead of such an interval (report/tables.py)."""
+        if self.low is None or self.high is None or self.mean is None:
+            return False
+        return self.high - self.low > (self.span / 2 if self.span is not None else abs(self.mean))
 
     @property
     def errors(self) -> tuple[float, float]:
@@ -105,7 +116,8 @@ def aggregate(values: Sequence[float | None], scale: Scale = Scale(), confidence
         low = max(low, scale.low)
     if scale.high is not None:
         high = min(high, scale.high)
-    return Stat(cleaned, centre, std, low, high, log)
+    span = scale.high - scale.low if scale.low is not None and scale.high is not None else None
+    return Stat(cleaned, centre, std, low, high, log, span)
 
 
 @dataclass(frozen=True)

@@ -21,16 +21,20 @@ from posenc.report.verdicts import Versus, higher_is_better
 
 INTERVAL = "mean [95% interval over seeds]"
 EARLY = "≤ first eval"
+TOO_FEW = "too few to bound"
 
 
 def format_stat(stat: Stat, fmt: str) -> str:
     """'2.2000 [1.7032, 2.6968]': the mean over seeds and its 95% interval (report/stats.py); one
-    seed: the value alone; '—' where no seed got there, 'k/n seeds' where only some did."""
+    seed: the value alone; '—' where no seed got there, 'k/n seeds' where only some did; an
+    interval wider than its mean (Stat.says_nothing) is no number: 'n=2, too few to bound: 1,250 / 1,353'."""
     if stat.mean is None:
         return "—" if stat.reached == 0 else f"{stat.reached}/{stat.n} seeds"
     text = format_number(stat.mean, fmt)
     if stat.low is None:
         return text
+    if stat.says_nothing:
+        return f"n={stat.n}, {TOO_FEW}: " + " / ".join(format_number(v, fmt) for v in stat.values if v is not None)
     return f"{text} [{format_number(stat.low, fmt)}, {format_number(stat.high, fmt)}]"
 
 

@@ -2,7 +2,7 @@
 
 `--baseline rope`: each group's difference to the baseline group on the headline metric, with
 Welch's 95% interval on the metric's scale and a verdict read through its direction
-(report/stats.py). Without options: the groups ranked with bootstrap rank intervals and the
+(report/stats.py). Without options: the groups ranked with rank intervals from pairwise Welch tests and the
 leader (report/ranking.py). `--within model.flavor`: the groups ranked separately for each value
 of another key, and Kendall's τ between those rankings ("does the encoding ranking hold across
 model flavours?").
@@ -71,7 +71,7 @@ def values_by_group(groups: Sequence[Group], metric: str) -> dict[str, list]:
 
 
 def ranking_of(groups: Sequence[Group], metric: str, values: dict[str, list] | None = None) -> Ranking:
-    """The groups ranked on metric (its own scale and direction), with bootstrap rank intervals;
+    """The groups ranked on metric (its own scale and direction), with rank intervals from the pairwise Welch tests;
     values: {label: per-seed values} where the caller already has them."""
     values = values if values is not None else values_by_group(groups, metric)
     return rank_groups(values, higher_is_better(metric), scale_of(metric).log)
