@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
+from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod, ScoreRows
 
 
 class Mechanism(PositionalEncoding):
@@ -71,6 +71,9 @@ class Mechanism(PositionalEncoding):
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
         return self.inner.content_bias(q, k, ctx, layer)
+
+    def qk_scores(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> ScoreRows:
+        return self.inner.qk_scores(q, k, ctx, layer)
 
     def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
         return self.inner.decay(ctx, layer)
