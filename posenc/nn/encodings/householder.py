@@ -60,9 +60,9 @@ class PathScores:
     q, k, w: (B, H, T, d); β: (B, H, T). The chunks' representations are computed once here
     (O(T·(C + d)) memory); ``rows`` computes the scores of a block of queries."""
 
-    def __init__(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int = CHUNK) -> None:
+    def __init__(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, chunk: int | None = None) -> None:
         self.T = q.shape[-2]
-        self.C = C = min(chunk, self.T)
+        self.C = C = min(chunk or CHUNK, self.T)
         pad = (-self.T) % C  # zero w and β at the end: H = I there, and nothing earlier sees them
         q, k, w = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, w))
         beta = torch.nn.functional.pad(beta, (0, pad))
