@@ -14,7 +14,7 @@ chunk's transforms in order is
 
     x -> x - Wᵀ D y,   y = (I + L)⁻¹ W x          (y_t = w_t·(x after H_0..H_{t-1}))
 
-so the chunk's whole product is P = I - Wᵀ D (I + L)⁻¹ W, and a unit-lower-triangular solve per
+so the chunk's whole product is P = I - Wᵀ D (I + L)⁻¹ W, and one unit-lower-triangular inverse per
 chunk gives everything else:
 
     b_j = key j carried to its chunk's end          K - Yᵀ D W,   Y = (I + L)⁻¹ strict_lower(W Kᵀ)
@@ -40,18 +40,38 @@ CHUNK = 64
 
 def householder_chunks(w: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
     """The UT representation of each chunk's transforms: w (..., N, C, d), β (..., N, C) ->
-    I + L (..., N, C, C), unit lower triangular, and Z = (I + L)⁻¹ W (..., N, C, d)."""
+    (I + L)⁻¹ (..., N, C, C), unit lower triangular, and Z = (I + L)⁻¹ W (..., N, C, d)."""
     C = w.shape[-2]
     strict = torch.ones(C, C, dtype=torch.bool, device=w.device).tril(-1)
     eye = torch.eye(C, dtype=w.dtype, device=w.device)
     # L_ts = β_s w_t·w_s for s < t
     system = eye + (w @ w.transpose(-1, -2) * beta[..., None, :]).masked_fill(~strict, 0.0)
-    return system, solve_unit_lower(system, w)
+    inverse = unit_lower_inverse(system)
+    return inverse, inverse @ w
 
 
-def solve_unit_lower(system: Tensor, rhs: Tensor) -> Tensor:
-    """(I + L)⁻¹ rhs for a unit lower triangular I + L: (..., C, C), (..., C, m) -> (..., C, m)."""
-    return torch.linalg.solve_triangular(system, rhs, upper=False, unitriangular=True)
+def unit_lower_inverse(system: Tensor) -> Tensor:
+    """(I + L)⁻¹ of a unit lower triangular (..., C, C), by doubling blocks: with the inverses A⁻¹,
+    D⁻¹ of two adjacent diagonal blocks, [[A, 0], [E, D]]⁻¹ = [[A⁻¹, 0], [-D⁻¹ E A⁻¹, D⁻¹]]. Every
+    intermediate is the inverse of a sub-chunk (bounded, unlike a Neumann series), log₂ C batched
+    steps; torch's batched triangular solve is far slower on CPU for many small systems."""
+    *lead, C, _ = system.shape
+    size = 1 << max(C - 1, 0).bit_length()  # the next power of two: pad with the identity
+    if size != C:
+        padded = torch.eye(size, dtype=system.dtype, device=system.device).expand(*lead, size, size).clone()
+        padded[..., :C, :C] = system
+        system = padded
+    inverse = torch.ones(*lead, size, 1, 1, dtype=system.dtype, device=system.device)  # (..., n, b, b): b = 1
+    b = 1
+    while b < size:
+        n = size // (2 * b)
+        blocks = system.reshape(*lead, n, 2 * b, n, 2 * b).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # (..., n, 2b, 2b)
+        a_inv, d_inv = inverse[..., 0::2, :, :], inverse[..., 1::2, :, :]  # (..., n, b, b)
+        off = -d_inv @ blocks[..., b:, :b] @ a_inv
+        top = torch.cat((a_inv, torch.zeros_like(a_inv)), dim=-1)
+        inverse = torch.cat((top, torch.cat((off, d_inv), dim=-1)), dim=-2)  # (..., n, 2b, 2b)
+        b *= 2
+    return inverse[..., 0, :C, :C]
 
 
 class PathScores:
@@ -69,11 +89,11 @@ class PathScores:
         *lead, Tp, d = q.shape
         q, k, w = (t.reshape(*lead, Tp // C, C, d) for t in (q, k, w))  # (B, H, N, C, d)
         beta = beta.reshape(*lead, Tp // C, C)  # (B, H, N, C)
-        system, z = householder_chunks(w, beta)
+        inverse, z = householder_chunks(w, beta)
         incl = torch.ones(C, C, dtype=torch.bool, device=q.device).tril()  # [i, t]: t <= i
         qw = (q @ w.transpose(-1, -2)).masked_fill(~incl, 0.0)  # (B, H, N, C, C): q_i·w_t, t <= i
         wk = (w @ k.transpose(-1, -2)).masked_fill(incl.T, 0.0)  # w_t·k_j for t > j: the transforms after key j
-        y = solve_unit_lower(system, wk)  # (B, H, N, C, C): y_tj, zero for t <= j
+        y = inverse @ wk  # (B, H, N, C, C): y_tj, zero for t <= j
         bw = beta[..., None] * w  # D W
         self.local = (q @ k.transpose(-1, -2)).masked_fill(~incl, 0.0) - qw @ (beta[..., None] * y)  # (B, H, N, C, C)
         self.b = k - y.transpose(-1, -2) @ bw  # (B, H, N, C, d): keys carried to their chunk's end
