@@ -83,6 +83,13 @@ def test_chunked_scores_are_the_papers_products_of_householder_transforms(chunk)
         torch.testing.assert_close(scores.rows(start, end, lo), expected[..., start:end, lo:end])
 
 
+@pytest.mark.parametrize("C", [1, 5, 8, 13])
+def test_the_chunks_unit_lower_inverse_is_the_inverse(C):
+    g = torch.Generator().manual_seed(C)
+    system = torch.randn(3, C, C, generator=g, dtype=torch.float64).tril(-1) + torch.eye(C, dtype=torch.float64)
+    torch.testing.assert_close(householder.unit_lower_inverse(system), torch.linalg.inv(system))
+
+
 def test_with_beta_zero_every_transform_is_the_identity_and_path_is_nope():
     """β = 0: H_t = I, so s_ij = q_i·k_j; and a model whose β are all 0 is the NoPE model."""
     g = torch.Generator().manual_seed(0)
