@@ -37,9 +37,10 @@ def test_every_encoding_in_every_flavor_is_causal_and_starts_at_ln_vocab(encodin
         b, _ = model(changed)
     torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-5, rtol=1e-5)
     assert not torch.allclose(a[:, t + 1], b[:, t + 1])
-    # an untrained model knows nothing: cross-entropy ≈ ln(vocab), the uniform guess (logits of
-    # std s add about s²/2 nats; llama's fan-in head starts at s ≈ 1/√3)
-    assert abs(loss.item() - math.log(VOCAB)) < 0.25
+    # an untrained model knows nothing: cross-entropy ≈ ln(vocab), the uniform guess, plus about
+    # s²/2 nats for logits of std s (llama's fan-in head starts at s ≈ 1/√3: 0.17 nats, ±0.1 from
+    # seed to seed, so the bound is on the excess beyond s²/2, not on 0.17 ± 0.1 itself)
+    assert abs(loss.item() - math.log(VOCAB) - a.var().item() / 2) < 0.15
 
 
 def test_llama_has_no_biases_and_an_untied_head():

@@ -84,17 +84,19 @@ def documents(s: Subject) -> list[CheckResult]:
 
 
 def windows(s: Subject, window: int = 4) -> list[CheckResult]:
-    """Every layer sliding with a window w: through L layers the token L·(w-1) back reaches the
-    last logit, the one before it does not."""
+    """Every layer sliding with a window w: through L layers the token L·(w-1+r) back reaches the
+    last logit, the one before it does not (r: the encoding's declared ``reach`` behind the oldest
+    key, 0 unless a hook reads tokens outside the window, as PaTH's short convolution does)."""
     if not s.softmax:
         return [not_offered("windows: nothing beyond L·(w−1)", "linear attention has no mask to limit to a window")]
-    L = int(s.cfg.model.n_layer)
-    name = f"windows: nothing beyond L·(w−1) = {L * (window - 1)}"
     kinds = {f"layout.kinds.{k}.window": window for k in s.cfg.layout.kinds}
     chunks = {f"layout.kinds.{k}.chunked": False for k in s.cfg.layout.kinds}
     model = s.model(cfg=s.with_changes(**kinds, **chunks))
+    L, reach = int(s.cfg.model.n_layer), model.encoding.reach
+    span = L * (window - 1 + reach)
+    name = f"windows: nothing beyond L·(w−1{f'+{reach}' if reach else ''}) = {span}"
     x, i = s.tokens(), s.T - 1
-    edge = i - L * (window - 1)
+    edge = i - span
     diffs = []
     for where in (edge - 1, edge):
         changed = x.clone()

@@ -93,6 +93,8 @@ def flex_offered(encoding: PositionalEncoding, ctx: Context) -> str | None:
         return "a content bias joins the dense mask"
     if encoding.has_normaliser:
         return "the encoding replaces softmax"
+    if encoding.has_qk_scores:
+        return "the encoding replaces q·k, which no fused kernel computes"
     if encoding.has_position_bias and encoding.score_mod(ctx) is None:
         return "the position bias has no score_mod"
     return None

@@ -1,7 +1,8 @@
 """The attention every path must compute, written out in float64 from its definition, from the
 encoding's own hooks (what `posenc check` and posenc's tests compare each kernel against):
 
-    z_ij = q_i·k_j/√E + b(i, j) + content_ij + (c_i - c_j),   -inf where key j is hidden
+    z_ij = s_ij/√E + b(i, j) + content_ij + (c_i - c_j),   -inf where key j is hidden
+    s_ij = q_i·k_j, unless the encoding replaces it (PaTH's scores, as one whole block)
     o_i = Σ_j w_ij v_j,   w = softmax_j(z_i·) — with a sink: exp(z_ij) / (Σ_k exp(z_ik) + exp(s_h))
                               — with a replaced normaliser: that normaliser of z
 
@@ -27,7 +28,8 @@ def reference(q: Tensor, k: Tensor, v: Tensor, visible: Tensor, extra: Tensor | 
     """q, k (B, H, T, E), v (B, H, T, Ev), visible (B|1, 1, T, T) bool, extra: the position bias
     (broadcastable to (B, H, T, T)) -> (B, H, T, Ev)."""
     T = q.shape[-2]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    s = terms.scores(0, T, 0) if terms.scores is not None else q @ k.transpose(-1, -2)
+    scores = s / math.sqrt(q.shape[-1])
     if extra is not None:
         scores = scores + extra
     if terms.content is not None:

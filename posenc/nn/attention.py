@@ -19,8 +19,8 @@ never from the encoding's name (docs/mechanisms.md):
   far beyond the training length) compute it for a chunk of queries at a time, and a window
   limits each chunk's keys, so memory grows as H · chunk · keys, never H · T²;
 - per layer, a content bias (CoPE) or decays (FoX) join those rows, a sink is one more key
-  with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) gets the
-  rows' logits written out (``explicit_weights``) instead of SDPA.
+  with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) or scores
+  that replace q·k (PaTH) get the rows' logits written out (``explicit_weights``) instead of SDPA.
 
 Under document masking a bias that depends on positions only through i - j is computed at window
 indices (``Context.at_indices``): inside a document i - j is the difference of the indices and
@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn import flex
-from posenc.nn.encodings.base import Context, Normaliser, PositionalEncoding
+from posenc.nn.encodings.base import Context, Normaliser, PositionalEncoding, ScoreRows
 from posenc.nn.flex import FlexPlan
 from posenc.nn.mask import AttentionMask
 
@@ -123,17 +123,25 @@ Plan = DensePlan | FlexPlan | None
 class LayerTerms:
     """What one layer's encoding adds to its attention in one forward, beside the shared plan.
 
-    content: (B, H, T, T) content bias; decay: (B, H, T) cumulative log-decays c (the logit of
-    query i and key j gains c_i - c_j); sink: (H,) sink logits; normalise: replaces softmax."""
+    content: (B, H, T, T) content bias; scores: replaces q·k, in row blocks; decay: (B, H, T)
+    cumulative log-decays c (the logit of query i and key j gains c_i - c_j); sink: (H,) sink
+    logits; normalise: replaces softmax."""
 
     content: Tensor | None = None
+    scores: ScoreRows | None = None
     decay: Tensor | None = None
     sink: Tensor | None = None
     normalise: Normaliser | None = None
 
     @property
     def empty(self) -> bool:
-        return self.content is None and self.decay is None and self.sink is None and self.normalise is None
+        return (self.content is None and self.scores is None and self.decay is None and self.sink is None
+                and self.normalise is None)
+
+    @property
+    def explicit(self) -> bool:
+        """The weights must be written out: softmax is replaced, or q·k is."""
+        return self.normalise is not None or self.scores is not None
 
 
 NO_TERMS = LayerTerms()
@@ -143,8 +151,9 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
            ) -> tuple[Tensor, Tensor, LayerTerms]:
     """What an encoding does to one layer's attention, in the contract's order: rotate q and k;
     the content bias from the rotated q, k; the logit scale τ on q (so it multiplies q·k/√d
-    alone, on every kernel); the decays, the sink and the normaliser. ctx carries the block's
-    input x (``Context.with_input``). q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
+    alone, on every kernel); scores replacing q·k from the rotated, scaled q and k; the decays,
+    the sink and the normaliser. ctx carries the block's input x (``Context.with_input``).
+    q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
     q, k = encoding.transform_qk(q, k, ctx, layer)
     content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
     scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
@@ -152,6 +161,7 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
         q = q * scale.to(q.dtype)  # (B, H, T, hd) x (B|1, H|1, T, 1): query i's logits x τ_i
     return q, k, LayerTerms(
         content=content,
+        scores=encoding.qk_scores(q, k, ctx, layer) if encoding.has_qk_scores else None,
         decay=encoding.decay(ctx, layer) if encoding.has_decay else None,
         sink=encoding.sink_logit(layer) if encoding.has_sink else None,
         normalise=encoding.normalise if encoding.has_normaliser else None,
@@ -162,10 +172,16 @@ def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: floa
     """How block ``layer`` attends in this forward, from what its encoding offers, its mask and
     the device (one warning when a CUDA run falls back from FlexAttention)."""
     mask = ctx.mask(layer)
-    per_layer = encoding.has_content_bias or encoding.has_decay or encoding.has_sink or encoding.has_normaliser
+    per_layer = (encoding.has_content_bias or encoding.has_qk_scores or encoding.has_decay or encoding.has_sink
+                 or encoding.has_normaliser)
     if not encoding.has_position_bias and not per_layer and mask.causal_only:
         return None
     if encoding.has_content_bias:  # its (B, H, T, T) term joins the explicit mask, so the bias does too
+        return dense_plan(encoding, ctx, layer)
+    if encoding.has_qk_scores:  # no fused kernel computes another q·k: the logits are written out
+        if ctx.device.type == "cuda":
+            warn_once(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
+                      f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel is wired")
         return dense_plan(encoding, ctx, layer)
     if ctx.device.type == "cuda":
         bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
@@ -234,7 +250,7 @@ def attend_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, terms: LayerTerms
     mask (B|1, 1|H, rows, keys) boolean or float -> (B, H, rows, Ev). SDPA, unless the encoding
     replaces softmax; a sink joins as one more key with a zero value and the sink's logit."""
     mask = with_terms(mask, terms, start, lo)
-    if terms.normalise is not None:
+    if terms.explicit:
         w = explicit_weights(q, k, mask, terms, start, lo)
         return F.dropout(w, dropout_p).to(v.dtype) @ v
     if terms.sink is not None:
@@ -263,13 +279,16 @@ def with_terms(mask: Tensor, terms: LayerTerms, start: int, lo: int) -> Tensor:
 def explicit_weights(q: Tensor, k: Tensor, mask: Tensor, terms: LayerTerms = NO_TERMS, start: int = 0,
                      lo: int = 0) -> Tensor:
     """The attention weights written out: the encoding's normaliser (softmax unless replaced,
-    with the sink in the denominator) of q·kᵀ/√E + mask, where ``mask`` already holds the
-    layer's terms (``with_terms``). q (B, H, rows, E), k (B, H, keys, E) -> (B, H, rows, keys)
-    in at least float32."""
+    with the sink in the denominator) of s/√E + mask, s = q·kᵀ unless the encoding replaces it
+    (``terms.scores``), where ``mask`` already holds the layer's terms (``with_terms``).
+    q (B, H, rows, E), k (B, H, keys, E) -> (B, H, rows, keys) in at least float32."""
     dtype = torch.promote_types(q.dtype, torch.float32)
-    scores = (q.to(dtype) @ k.to(dtype).transpose(-1, -2)) / math.sqrt(q.shape[-1]) + float_mask(mask, dtype)
+    rows = q.shape[-2]
+    qk = terms.scores(start, start + rows, lo).to(dtype) if terms.scores is not None \
+        else q.to(dtype) @ k.to(dtype).transpose(-1, -2)
+    scores = qk / math.sqrt(q.shape[-1]) + float_mask(mask, dtype)
     if terms.normalise is not None:
-        rows, keys = scores.shape[-2:]
+        keys = scores.shape[-1]
         return terms.normalise(scores, torch.arange(start, start + rows, device=q.device),
                                torch.arange(lo, lo + keys, device=q.device))
     if terms.sink is None:

@@ -14,7 +14,10 @@ has one hook for each, a no-op by default:
   that depends on positions only through i - j: what a fused kernel looks up, and what makes the
   encoding *relative* (shift-invariant, computed at window indices under document packing);
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
-  (CoPE's contextual positions), computed in each layer.
+  (CoPE's contextual positions), computed in each layer;
+- ``qk_scores(q, k, ctx, layer)``: replaces the bilinear form q_i·k_j itself, for a position
+  that cannot be written as a map of q and k alone (PaTH's data-dependent product of
+  Householder transforms between key j and query i), computed in each layer as row blocks.
 
 Position also enters through the attention itself (the 2024-25 mechanisms), each one more
 optional hook, computed in each layer:
@@ -48,6 +51,7 @@ Vocabulary, one name per concept:
                    depends on positions only through i - j (what a fused kernel looks up);
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
     content_bias   a logit term computed from q and k in each layer;
+    qk_scores      s_ij replacing q_i·k_j (before the 1/√d and every additive term), in row blocks;
     decay          cumulative log forget gates c, a logit term c_i - c_j in each layer;
     logit scale    τ_i multiplying q_i·k_j/√d (additive terms are added unscaled);
     sink           a logit s_h of a key with zero value that every query sees;
@@ -71,8 +75,13 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 #: k_idx (Tk,) window indices of those queries and keys) -> weights (B, H, Tq, Tk)
 Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
+#: a layer's scores s_ij in row blocks: rows(start, end, lo) -> (B, H, end - start, end - lo), the
+#: queries start..end-1 over the keys lo..end-1 (window indices), so that long sequences never hold T x T
+ScoreRows = Callable[[int, int, int], Tensor]
+
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
-HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
+HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "qk_scores", "decay",
+         "logit_scale", "sink_logit", "normalise")
 
 
 @dataclass(frozen=True)
@@ -154,6 +163,11 @@ class PositionalEncoding(nn.Module):
 
     #: longest sequence it can encode (positions 0..max_len-1); None means any length.
     max_len: int | None = None
+    #: how many tokens before the oldest key a query sees its hooks read from the block's input
+    #: (PaTH's short convolution reaches conv_size - 2 tokens behind key j through the transform
+    #: at j + 1); 0 for an encoding that reads only the tokens of the window. It widens a sliding
+    #: window's reach: through L layers a logit sees L·(w - 1 + reach) tokens back.
+    reach: int = 0
 
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
@@ -186,6 +200,14 @@ class PositionalEncoding(nn.Module):
         """q, k: (B, H, T, head_dim) after ``transform_qk`` -> (B, H, T, T) additive logit term.
         Only called when a subclass overrides it (``has_content_bias``). ``ctx.mask(layer)``
         says which keys each query sees (a term that sums over keys must respect it)."""
+        raise NotImplementedError
+
+    def qk_scores(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> ScoreRows:
+        """Replaces q_i·k_j: q, k (B, H, T, head_dim) after ``transform_qk`` (q scaled by any logit
+        scale) -> ``ScoreRows``, the scores s_ij that attention divides by √d and adds the other
+        terms to. Attention then writes each row block's logits out (dense, or a block of queries
+        at a time for long sequences); entries of hidden keys are ignored. Computed in each layer
+        (ctx.x is the block's input). Only called when a subclass overrides it (``has_qk_scores``)."""
         raise NotImplementedError
 
     def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
@@ -254,6 +276,11 @@ class PositionalEncoding(nn.Module):
         return self.offers("content_bias")
 
     @property
+    def has_qk_scores(self) -> bool:
+        """Whether this encoding replaces the bilinear form q_i·k_j: it overrides ``qk_scores``."""
+        return self.offers("qk_scores")
+
+    @property
     def has_decay(self) -> bool:
         """Whether this encoding adds cumulative log-decays c_i - c_j: it overrides ``decay``."""
         return self.offers("decay")
@@ -276,8 +303,8 @@ class PositionalEncoding(nn.Module):
 
     @property
     def needs_scores(self) -> bool:
-        """Whether it acts on the score matrix itself (a bias, a logit term, a scale, a sink or a
-        normaliser), which linear attention never forms."""
+        """Whether it acts on the score matrix itself (a bias, a logit term, its own q·k, a scale, a
+        sink or a normaliser), which linear attention never forms."""
         return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk"))
 
     @property

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod
+from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod, ScoreRows
 
 
 class Mechanism(PositionalEncoding):
@@ -38,6 +38,7 @@ class Mechanism(PositionalEncoding):
             raise ValueError(f"model.n_layer must be positive, got {n_layer}")
         self.inner = inner
         self.max_len = inner.max_len
+        self.reach = inner.reach
 
     def parameter_scale(self, key: str, value: float | None) -> float:
         """A factor a learned logit enters with (``encoding.<key>``): so that one Adam step of
@@ -71,6 +72,9 @@ class Mechanism(PositionalEncoding):
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
         return self.inner.content_bias(q, k, ctx, layer)
+
+    def qk_scores(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> ScoreRows:
+        return self.inner.qk_scores(q, k, ctx, layer)
 
     def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
         return self.inner.decay(ctx, layer)
