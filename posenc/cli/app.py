@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from posenc.cli.benchmark import register as add_benchmark
 from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.plot import plot_app
@@ -23,6 +24,7 @@ app = typer.Typer(
 add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert
 add_catalogue(app)             # encodings
+add_benchmark(app)             # benchmark: the protocol, the shipped baselines
 app.add_typer(plot_app, name="plot")  # plot decay | extrapolation
 
 
