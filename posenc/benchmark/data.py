@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
 
+from posenc.benchmark.protocol import Protocol
 from posenc.errors import UserError
 
 
@@ -28,9 +29,12 @@ class Row:
     errors: list[str] = field(default_factory=list)
 
 
-def baselines_path(protocol: str) -> Path:
-    """Where the package keeps a protocol's shipped data (inside the source tree of an editable install)."""
-    return Path(str(files("posenc.benchmark").joinpath("baselines", f"{protocol}.json")))
+def baselines_path(protocol: Protocol) -> Path:
+    """Where a protocol's baselines are kept: a shipped protocol's in the package (inside the source
+    tree of an editable install), one given as a YAML file's beside it (<file>.json)."""
+    if protocol.source.endswith((".yaml", ".yml")):
+        return Path(protocol.source).with_suffix(".json")
+    return Path(str(files("posenc.benchmark").joinpath("baselines", f"{protocol.name}.json")))
 
 
 def versions() -> dict[str, str]:
@@ -85,10 +89,10 @@ class Baselines:
     raw: dict          # the whole file, for the page and the provenance lines
 
 
-def load_baselines(protocol: str, path: Path | None = None) -> Baselines:
-    path = path or baselines_path(protocol)
+def load_baselines(protocol: Protocol) -> Baselines:
+    path = baselines_path(protocol)
     if not path.is_file():
-        raise UserError(f"no shipped baselines for protocol '{protocol}' at {path} — "
+        raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
                         f"run `posenc benchmark --regenerate` to measure them")
     raw = json.loads(path.read_text())
     rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []))

@@ -7,7 +7,7 @@ from statistics import median
 
 from posenc.benchmark.data import Baselines
 from posenc.benchmark.place import ranking_only
-from posenc.benchmark.protocol import load_protocol
+from posenc.benchmark.protocol import Protocol
 from posenc.report.format import format_number
 from posenc.report.stats import Stat
 
@@ -77,8 +77,7 @@ def seeds_table(b: Baselines, metrics: dict[str, str]) -> list[str]:
     return lines
 
 
-def render(b: Baselines) -> str:
-    protocol = load_protocol(b.protocol)
+def render(b: Baselines, protocol: Protocol) -> str:
     metrics, seeds = protocol.metrics, protocol.seeds
     minutes = [sum(t or 0 for ts in r.wall_time_s.values() for t in ts) / 60 for r in b.rows]
     errors = [f"- {r.label}: {e}" for r in b.rows for e in r.errors]

@@ -11,8 +11,11 @@ import hashlib
 import json
 from dataclasses import dataclass
 from importlib.resources import files
+from pathlib import Path
 
 from omegaconf import OmegaConf
+
+from posenc.errors import UserError
 
 DEFAULT_PROTOCOL = "posenc-pe-v1"
 #: the keys of a composed arm that are not the protocol: what is benchmarked, which seed, where it logs
@@ -24,6 +27,7 @@ class Arm:
     name: str
     experiment: str                  # conf/experiment/<experiment>.yaml
     metrics: dict[str, str]          # summary key -> column label
+    overrides: tuple[str, ...] = ()  # Hydra overrides after the experiment (a smaller test protocol)
 
 
 @dataclass(frozen=True)
@@ -35,6 +39,7 @@ class Protocol:
     relative_tolerance: float        # log-scale metrics (perplexity)
     absolute_tolerance: float        # the others (accuracy)
     rationale: str = ""              # why these settings (markdown, on the leaderboard page; not hashed)
+    source: str = DEFAULT_PROTOCOL   # what --protocol named: a shipped protocol's name or a YAML file
 
     @property
     def metrics(self) -> dict[str, str]:
@@ -45,16 +50,28 @@ class Protocol:
         return next(arm for arm in self.arms if metric in arm.metrics)
 
 
-def protocol_text(name: str = DEFAULT_PROTOCOL) -> str:
-    return files("posenc.benchmark").joinpath(f"{name}.yaml").read_text()
+def protocol_file(name: str = DEFAULT_PROTOCOL) -> Path:
+    """A shipped protocol's file (posenc/benchmark/<name>.yaml), or a protocol kept elsewhere, given
+    as a path to its YAML file (its baselines then live beside it, <file>.json)."""
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name)
+        if not path.is_file():
+            raise UserError(f"--protocol {name}: no such file — give a protocol YAML file or a shipped protocol's name")
+        return path
+    path = Path(str(files("posenc.benchmark").joinpath(f"{name}.yaml")))
+    if not path.is_file():
+        shipped = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise UserError(f"--protocol {name}: no such protocol — one of {', '.join(shipped)}, or a YAML file")
+    return path
 
 
 def load_protocol(name: str = DEFAULT_PROTOCOL) -> Protocol:
-    raw = OmegaConf.to_container(OmegaConf.create(protocol_text(name)))
-    arms = tuple(Arm(arm, spec["experiment"], dict(spec["metrics"])) for arm, spec in raw["arms"].items())
+    raw = OmegaConf.to_container(OmegaConf.create(protocol_file(name).read_text()))
+    arms = tuple(Arm(arm, spec["experiment"], dict(spec["metrics"]), tuple(spec.get("overrides") or ()))
+                 for arm, spec in raw["arms"].items())
     tol = raw["tolerance"]
     return Protocol(raw["name"], " ".join(raw["description"].split()), tuple(raw["seeds"]), arms,
-                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""))
+                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""), name)
 
 
 def arm_config(arm: Arm) -> dict:
@@ -62,7 +79,7 @@ def arm_config(arm: Arm) -> dict:
     resolved, without the keys that are not the protocol (NOT_PROTOCOL)."""
     from posenc.config import compose
 
-    cfg = OmegaConf.to_container(compose([f"experiment={arm.experiment}"], bench=False), resolve=True)
+    cfg = OmegaConf.to_container(compose([f"experiment={arm.experiment}", *arm.overrides], bench=False), resolve=True)
     return {k: v for k, v in cfg.items() if k not in NOT_PROTOCOL}
 
 
@@ -71,7 +88,8 @@ def resolved(protocol: Protocol) -> dict:
     arm's composed config."""
     return {"name": protocol.name, "seeds": list(protocol.seeds),
             "tolerance": {"relative": protocol.relative_tolerance, "absolute": protocol.absolute_tolerance},
-            "arms": {arm.name: {"experiment": arm.experiment, "metrics": arm.metrics, "config": arm_config(arm)}
+            "arms": {arm.name: {"experiment": arm.experiment, "metrics": arm.metrics, "config": arm_config(arm),
+                                **({"overrides": list(arm.overrides)} if arm.overrides else {})}
                      for arm in protocol.arms}}
 
 

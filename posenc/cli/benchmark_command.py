@@ -27,11 +27,13 @@ def leaderboard_path() -> Path:
     return docs / "leaderboard.md"
 
 
-def write_page(baselines: Baselines, console: Console) -> Path:
+def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Path:
+    """docs/leaderboard.md for a shipped protocol; <file>.md beside a protocol given as a file."""
     from posenc.benchmark.leaderboard import render
 
-    path = leaderboard_path()
-    path.write_text(render(baselines))
+    is_file = protocol.source.endswith((".yaml", ".yml"))
+    path = Path(protocol.source).with_suffix(".md") if is_file else leaderboard_path()
+    path.write_text(render(baselines, protocol))
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return path
 
@@ -39,7 +41,7 @@ def write_page(baselines: Baselines, console: Console) -> Path:
 def checked_baselines(protocol: Protocol) -> tuple[Baselines, str]:
     """The shipped data, refused when it was measured under another protocol hash."""
     current = protocol_hash(resolved(protocol))
-    baselines = load_baselines(protocol.name)
+    baselines = load_baselines(protocol)
     if baselines.hash != current:
         raise UserError(f"the shipped baselines of {protocol.name} were measured under protocol hash {baselines.hash}, "
                         f"but this posenc's protocol hashes to {current} (a default the protocol inherits changed) — "
@@ -62,11 +64,11 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
                       lambda line: console.print(line, highlight=False, soft_wrap=True))
     command = "posenc benchmark --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
     doc = document(config, hash_, protocol.description, rows, command)
-    path = baselines_path(protocol.name)
+    path = baselines_path(protocol)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_json_atomic(path, doc)
     console.print(f"wrote {path} ({len(rows)} encodings, {time.monotonic() - started:.0f} s)", highlight=False)
-    write_page(load_baselines(protocol.name), console)
+    write_page(load_baselines(protocol), protocol, console)
 
 
 def main(args: list[str], config_dir: str | None, reproduce: str | None, regenerate: bool, write_docs: bool,
@@ -74,20 +76,21 @@ def main(args: list[str], config_dir: str | None, reproduce: str | None, regener
     modes = [m for m, on in (("--reproduce", reproduce), ("--regenerate", regenerate), ("--write-docs", write_docs)) if on]
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be given together — pick one")
-    if modes and modes[0] != "--reproduce" and args:
-        raise UserError(f"{modes[0]} takes no overrides (it runs the shipped encodings as the protocol defines them)")
+    if modes and args:
+        raise UserError(f"{modes[0]} takes no overrides (the shipped encodings run as the protocol defines them)")
+    if config_dir and modes:
+        raise UserError(f"--config-dir is for a new encoding; {modes[0]} runs the shipped ones")
     protocol = load_protocol(protocol_name or DEFAULT_PROTOCOL)
     if regenerate:
         return regenerate_all(protocol, jobs, console)
     if write_docs:
-        write_page(checked_baselines(protocol)[0], console)
+        write_page(checked_baselines(protocol)[0], protocol, console)
         return
     from posenc.cli.benchmark_place import place_new, reproduce_row
 
     if reproduce:
-        if args or config_dir:
-            raise UserError("--reproduce re-runs a shipped encoding as shipped: it takes no overrides or --config-dir")
         return reproduce_row(protocol, *checked_baselines(protocol), reproduce, console)
     from posenc.cli.benchmark import encoding_overrides
 
-    place_new(protocol, *checked_baselines(protocol), encoding_overrides(args), config_dir, console)
+    overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
+    place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console)

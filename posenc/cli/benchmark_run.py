@@ -27,7 +27,7 @@ def arm_argv(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_
              sweep_dir: Path) -> list[str]:
     """The `posenc train` argv of one arm: a sweep over the seeds, into sweep_dir."""
     flags = ["--config-dir", config_dir] if config_dir else []
-    return [*flags, "-m", f"experiment={arm.experiment}", *encoding_args, f"seed={','.join(map(str, seeds))}",
+    return [*flags, "-m", f"experiment={arm.experiment}", *arm.overrides, *encoding_args, f"seed={','.join(map(str, seeds))}",
             f"hydra.sweep.dir={sweep_dir}"]
 
 
@@ -77,44 +77,53 @@ def stamp() -> str:
 
 
 # --- regenerating the shipped rows ---------------------------------------------------------------
-def _worker(protocol_name: str, arm_name: str, encoding: str, sweep_dir: str, part_file: str, hash_: str) -> str:
-    """One (encoding, arm) in a worker process; its result written to part_file."""
+def _worker(protocol_source: str, arm_name: str, encoding: str, seed: int, sweep_dir: str, part_file: str,
+            hash_: str) -> str:
+    """One (encoding, arm, seed) in a worker process; its result written to part_file."""
     from posenc.benchmark.protocol import load_protocol
 
-    protocol = load_protocol(protocol_name)
+    protocol = load_protocol(protocol_source)
     arm = next(a for a in protocol.arms if a.name == arm_name)
-    part = run_arm(arm, protocol.seeds, [f"encoding={encoding}"], None, Path(sweep_dir))
-    write_json_atomic(Path(part_file), {"hash": hash_, "encoding": encoding, "arm": arm_name, **part})
+    part = run_arm(arm, (seed,), [f"encoding={encoding}"], None, Path(sweep_dir))
+    write_json_atomic(Path(part_file), {"hash": hash_, "encoding": encoding, "arm": arm_name, "seed": seed, **part})
     return part_file
 
 
+def join_seeds(parts: list[dict]) -> dict:
+    """One arm's result from its single-seed parts, in seed order."""
+    return {"values": {m: [p["values"][m][0] for p in parts] for m in parts[0]["values"]},
+            "wall_time_s": [p["wall_time_s"][0] for p in parts], "load_1m": [p["load_1m"][0] for p in parts],
+            "errors": [e for p in parts for e in p["errors"]]}
+
+
 def regenerate(protocol: Protocol, hash_: str, encodings: list[str], jobs: int, work: Path, echo: Echo) -> list[Row]:
-    """Every (encoding, arm) not already done under work/parts/ with this protocol hash, `jobs` at a
-    time (one torch thread each: the runs are bit-identical at any thread count, and two one-thread
-    processes use two cores better than one two-thread one); then the rows, in `encodings` order."""
+    """Every (encoding, arm, seed) not already done under work/parts/ with this protocol hash, `jobs`
+    at a time (one torch thread each: the runs are bit-identical at any thread count, and on a shared
+    machine more one-thread processes get more of it); then the rows, in `encodings` order."""
     parts_dir = work / "parts"
     parts_dir.mkdir(parents=True, exist_ok=True)
 
-    def part_file(enc: str, arm: Arm) -> Path:
-        return parts_dir / f"{enc}__{arm.name}.json"
+    def part_file(enc: str, arm: Arm, seed: int) -> Path:
+        return parts_dir / f"{enc}__{arm.name}__{seed}.json"
 
     def done(path: Path) -> bool:
         return path.is_file() and json.loads(path.read_text()).get("hash") == hash_
 
-    todo = [(enc, arm) for enc in encodings for arm in protocol.arms if not done(part_file(enc, arm))]
-    echo(f"regenerating {protocol.name}: {len(todo)} of {len(encodings) * len(protocol.arms)} (encoding, arm) "
-         f"sweeps to run, {jobs} at a time; parts in {parts_dir}")
+    every = [(enc, arm, seed) for enc in encodings for arm in protocol.arms for seed in protocol.seeds]
+    todo = [job for job in every if not done(part_file(*job))]
+    echo(f"regenerating {protocol.name}: {len(todo)} of {len(every)} runs to do, {jobs} at a time; parts in {parts_dir}")
     now = stamp().replace("/", "_")
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the spawned workers before torch loads
     with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_worker, protocol.name, arm.name, enc, str(work / "runs" / enc / arm.name / now),
-                               str(part_file(enc, arm)), hash_): (enc, arm.name) for enc, arm in todo}
+        futures = {pool.submit(_worker, protocol.source, arm.name, enc, seed,
+                               str(work / "runs" / enc / arm.name / f"{now}_seed{seed}"),
+                               str(part_file(enc, arm, seed)), hash_): (enc, arm.name, seed) for enc, arm, seed in todo}
         for n, future in enumerate(as_completed(futures), 1):
-            enc, arm_name = futures[future]
             future.result()
-            echo(f"done {n}/{len(todo)}: {enc} {arm_name}")
+            echo(f"done {n}/{len(todo)}: {' '.join(map(str, futures[future]))}")
     rows = []
     for enc in encodings:
-        parts = {arm.name: json.loads(part_file(enc, arm).read_text()) for arm in protocol.arms}
+        parts = {arm.name: join_seeds([json.loads(part_file(enc, arm, s).read_text()) for s in protocol.seeds])
+                 for arm in protocol.arms}
         rows.append(merge(enc, parts))
     return rows
