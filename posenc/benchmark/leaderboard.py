@@ -36,6 +36,11 @@ def cell(stat: Stat, fmt: str, rank: tuple[float, float] | None, best: bool) -> 
     return text
 
 
+def sort_key(metrics) -> str:
+    """The metric rows are sorted by: the last perplexity (the longest length), else the last metric."""
+    return ([k for k in metrics if not k.startswith(ACCURACY)] or list(metrics))[-1]
+
+
 def header(b: Baselines) -> list[str]:
     raw, protocol = b.raw, b.raw["protocol"]
     m, v = raw["machine"], raw["versions"]
@@ -52,7 +57,7 @@ def header(b: Baselines) -> list[str]:
 def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) -> list[str]:
     """One row per encoding, sorted by the last perplexity metric (the one whose ranking transfers)."""
     placed = {metric: ranking_only(b.rows, metric, seeds) for metric in metrics}
-    sort_metric = [k for k in metrics if not k.startswith(ACCURACY)][-1]
+    sort_metric = sort_key(metrics)
     order = {r.label: i for i, r in enumerate(placed[sort_metric][1].ranks)}
     rows = sorted(b.rows, key=lambda r: (order.get(r.label, len(order)), r.label))
     lines = ["| encoding | " + " | ".join(metrics.values()) + " | minutes (all runs) |",
@@ -89,7 +94,7 @@ def render(b: Baselines, protocol: Protocol) -> str:
         f"Mean over seeds {', '.join(map(str, seeds))} and its 95% interval ([statistics.md](statistics.md): perplexity "
         "on the log scale, accuracy in %), the rank interval (95% bootstrap) in braces where it is not a single rank, "
         "the best in bold only where it is ahead of every other row by a detectable margin (Welch 95%). Sorted by "
-        "the last perplexity column. —: the encoding has no such positions (learned positions past their table).", "",
+        f"{metrics[sort_key(metrics)]}. —: the encoding has no such positions (learned positions past their table).", "",
         *main_table(b, metrics, seeds), "",
         f"Run wall time per encoding (both arms, {len(seeds)} seeds, on the loaded machine above): median "
         f"{median(minutes):.1f} min, {min(minutes):.1f}–{max(minutes):.1f} min.", "",

@@ -40,6 +40,7 @@ class Protocol:
     absolute_tolerance: float        # the others (accuracy)
     rationale: str = ""              # why these settings (markdown, on the leaderboard page; not hashed)
     source: str = DEFAULT_PROTOCOL   # what --protocol named: a shipped protocol's name or a YAML file
+    encodings: tuple[str, ...] = ()  # the rows --regenerate measures; () = every encoding posenc ships (not hashed)
 
     @property
     def metrics(self) -> dict[str, str]:
@@ -71,7 +72,8 @@ def load_protocol(name: str = DEFAULT_PROTOCOL) -> Protocol:
                  for arm, spec in raw["arms"].items())
     tol = raw["tolerance"]
     return Protocol(raw["name"], " ".join(raw["description"].split()), tuple(raw["seeds"]), arms,
-                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""), name)
+                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""), name,
+                    tuple(raw.get("encodings") or ()))
 
 
 def arm_config(arm: Arm) -> dict:

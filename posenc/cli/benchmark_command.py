@@ -60,7 +60,7 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     config = resolved(protocol)
     hash_ = protocol_hash(config)
     started = time.monotonic()
-    rows = regenerate(protocol, hash_, group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
+    rows = regenerate(protocol, hash_, list(protocol.encodings) or group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
                       lambda line: console.print(line, highlight=False, soft_wrap=True))
     command = "posenc benchmark --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
     doc = document(config, hash_, protocol.description, rows, command)

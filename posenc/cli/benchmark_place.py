@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from posenc.benchmark.data import Baselines, Row, row_to_json, versions
-from posenc.benchmark.leaderboard import cell, fmt_of
+from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
 from posenc.benchmark.match import DIFFERENT, EXACT, match, overall
 from posenc.benchmark.place import Placement, place
 from posenc.benchmark.protocol import Protocol
@@ -40,12 +40,13 @@ def announce(protocol: Protocol, baselines: Baselines, label: str, console: Cons
 
 def placement_table(placements: list[Placement], protocol: Protocol, new: str) -> Table:
     """Every row (the new one marked), per metric: mean [95% interval] {rank interval}."""
+    key = sort_key([p.metric for p in placements])
     table = Table(title=f"{new} among the shipped rows of {protocol.name} (mean [95% interval] {{rank interval}}, "
-                  "sorted by the last perplexity column)", title_justify="left")
+                  f"sorted by {protocol.metrics[key]})", title_justify="left")
     table.add_column("encoding", style="bold cyan")
     for p in placements:
         table.add_column(protocol.metrics[p.metric], justify="right")
-    last_ppl = [p for p in placements if fmt_of(p.metric) == "ppl"][-1]
+    last_ppl = next(p for p in placements if p.metric == key)
     order = [r.label for r in last_ppl.ranking.ranks]
     order += [label for label in last_ppl.stats if label not in order]
     for label in order:

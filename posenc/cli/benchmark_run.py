@@ -18,6 +18,7 @@ from pathlib import Path
 
 from posenc.benchmark.data import Row
 from posenc.benchmark.protocol import Arm, Protocol
+from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
 
 Echo = Callable[[str], None]
@@ -79,14 +80,55 @@ def stamp() -> str:
 # --- regenerating the shipped rows ---------------------------------------------------------------
 def _worker(protocol_source: str, arm_name: str, encoding: str, seed: int, sweep_dir: str, part_file: str,
             hash_: str) -> str:
-    """One (encoding, arm, seed) in a worker process; its result written to part_file."""
+    """One (encoding, arm, seed) in a worker process; its result written to part_file. Skipped when
+    another regeneration sharing the directory has done it or is doing it (a live process's claim)."""
     from posenc.benchmark.protocol import load_protocol
 
+    if not claim(Path(part_file), hash_):
+        return part_file
     protocol = load_protocol(protocol_source)
     arm = next(a for a in protocol.arms if a.name == arm_name)
-    part = run_arm(arm, (seed,), [f"encoding={encoding}"], None, Path(sweep_dir))
+    try:
+        part = run_arm(arm, (seed,), [f"encoding={encoding}"], None, Path(sweep_dir))
+    except Exception as e:  # noqa: BLE001 - recorded in the row (and retried by the next regeneration)
+        from posenc.cli.explain import explain
+
+        part = {"values": {m: [None] for m in arm.metrics}, "wall_time_s": [None], "load_1m": [None],
+                "errors": [f"{arm.name} seed {seed}: {explain(e)}"]}
     write_json_atomic(Path(part_file), {"hash": hash_, "encoding": encoding, "arm": arm_name, "seed": seed, **part})
     return part_file
+
+
+def is_done(part: Path, hash_: str) -> bool:
+    """Measured under this hash without an error (a failed part is run again)."""
+    if not part.is_file():
+        return False
+    saved = json.loads(part.read_text())
+    return saved.get("hash") == hash_ and not saved.get("errors")
+
+
+def claim(part: Path, hash_: str) -> bool:
+    """Whether this process may run the part: not done, and not claimed by another live process
+    (part.claim holds its pid). Lets two regenerations share a directory without running a part twice."""
+    if is_done(part, hash_):
+        return False
+    claim_file = part.with_suffix(".claim")
+    try:
+        owner = int(claim_file.read_text())
+        os.kill(owner, 0)            # raises if that process is gone
+        if owner != os.getpid():
+            return False
+    except (OSError, ValueError):
+        pass
+    claim_file.write_text(str(os.getpid()))
+    return True
+
+
+def _own_session() -> None:
+    try:
+        os.setsid()
+    except OSError:  # already a session leader (or not allowed): the worker runs all the same
+        pass
 
 
 def join_seeds(parts: list[dict]) -> dict:
@@ -106,21 +148,30 @@ def regenerate(protocol: Protocol, hash_: str, encodings: list[str], jobs: int, 
     def part_file(enc: str, arm: Arm, seed: int) -> Path:
         return parts_dir / f"{enc}__{arm.name}__{seed}.json"
 
-    def done(path: Path) -> bool:
-        return path.is_file() and json.loads(path.read_text()).get("hash") == hash_
-
     every = [(enc, arm, seed) for enc in encodings for arm in protocol.arms for seed in protocol.seeds]
-    todo = [job for job in every if not done(part_file(*job))]
+    todo = [job for job in every if not is_done(part_file(*job), hash_)]
     echo(f"regenerating {protocol.name}: {len(todo)} of {len(every)} runs to do, {jobs} at a time; parts in {parts_dir}")
     now = stamp().replace("/", "_")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the spawned workers before torch loads
-    with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn")) as pool:
-        futures = {pool.submit(_worker, protocol.source, arm.name, enc, seed,
-                               str(work / "runs" / enc / arm.name / f"{now}_seed{seed}"),
-                               str(part_file(enc, arm, seed)), hash_): (enc, arm.name, seed) for enc, arm, seed in todo}
-        for n, future in enumerate(as_completed(futures), 1):
-            future.result()
-            echo(f"done {n}/{len(todo)}: {' '.join(map(str, futures[future]))}")
+    calls = [(protocol.source, arm.name, enc, seed, str(work / "runs" / enc / arm.name / f"{now}_seed{seed}"),
+              str(part_file(enc, arm, seed)), hash_) for enc, arm, seed in todo]
+    if jobs == 1:  # in this process, one after another
+        for n, call in enumerate(calls, 1):
+            _worker(*call)
+            echo(f"done {n}/{len(todo)}: {' '.join(map(str, call[2:4]))} {call[1]}")
+    else:
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # inherited by the spawned workers before torch loads
+        # each worker its own session: where the kernel groups CPU time by session (autogroup), `jobs`
+        # workers get `jobs` shares, not one between them
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=get_context("spawn"), initializer=_own_session) as pool:
+            futures = {pool.submit(_worker, *call): call for call in calls}
+            for n, future in enumerate(as_completed(futures), 1):
+                future.result()
+                call = futures[future]
+                echo(f"done {n}/{len(todo)}: {' '.join(map(str, call[2:4]))} {call[1]}")
+    missing = [str(part_file(*job)) for job in every if not part_file(*job).is_file()]
+    if missing:
+        raise UserError(f"{len(missing)} runs have no result yet (another regeneration sharing {parts_dir} is "
+                        f"running them, or they were stopped), e.g. {missing[0]} — run the same command again")
     rows = []
     for enc in encodings:
         parts = {arm.name: join_seeds([json.loads(part_file(enc, arm, s).read_text()) for s in protocol.seeds])
