@@ -32,7 +32,7 @@ def cell(stat: Stat, fmt: str, rank: tuple[float, float] | None, best: bool) -> 
     if stat.low is not None:
         text += f" [{short(stat.low, fmt)}, {short(stat.high, fmt)}]"
     if rank is not None and rank[0] != rank[1]:
-        text += f" {{{rank[0]:g}–{rank[1]:g}}}"
+        text += f" {{{round(rank[0], 1):g}–{round(rank[1], 1):g}}}"  # a percentile of ranks: 5.9875 reads 6
     return text
 
 
@@ -86,6 +86,7 @@ def render(b: Baselines, protocol: Protocol) -> str:
     metrics, seeds = protocol.metrics, protocol.seeds
     minutes = [sum(t or 0 for ts in r.wall_time_s.values() for t in ts) / 60 for r in b.rows]
     errors = [f"- {r.label}: {e}" for r in b.rows for e in r.errors]
+    loads = [x for r in b.rows for x in r.load_1m if x is not None] or [0.0]
     lines = [
         *header(b),
         "Place an encoding among these rows (the protocol, 3 seeds, then the table below with it in it), "
@@ -96,8 +97,10 @@ def render(b: Baselines, protocol: Protocol) -> str:
         "the best in bold only where it is ahead of every other row by a detectable margin (Welch 95%). Sorted by "
         f"{metrics[sort_key(metrics)]}. —: the encoding has no such positions (learned positions past their table).", "",
         *main_table(b, metrics, seeds), "",
-        f"Run wall time per encoding (both arms, {len(seeds)} seeds, on the loaded machine above): median "
-        f"{median(minutes):.1f} min, {min(minutes):.1f}–{max(minutes):.1f} min.", "",
+        f"Run wall time per encoding (both arms, {len(seeds)} seeds, the machine above): median "
+        f"{median(minutes):.1f} min, {min(minutes):.1f}–{max(minutes):.1f} min, while its 1-minute load average "
+        f"was {min(loads):.1f}–{max(loads):.1f} (median {median(loads):.1f}) on {b.raw['machine']['cpus']} CPUs: "
+        "a shared machine, so these times are upper bounds.", "",
         "## Every seed", "",
         *seeds_table(b, metrics), "",
         *(["## Runs that failed", "", *errors, ""] if errors else []),

@@ -1,9 +1,9 @@
 """Running a benchmark protocol for one encoding: each arm is a Hydra sweep over the protocol's
 seeds (`posenc train -m experiment=<arm> <encoding overrides> seed=0,1,2`), through the same
 run_hydra and pre-checks as `posenc train`, its runs under outputs/benchmark/. And regenerating
-the shipped baselines: every shipped encoding's arms, `jobs` at a time in worker processes, each
-(encoding, arm) kept under outputs/benchmark/<protocol>/regenerate/ as it finishes, so a stopped
-regeneration re-run with the same command starts where it stopped.
+the shipped baselines: every shipped encoding's runs, `jobs` at a time in worker processes, each
+(encoding, arm, seed) kept under outputs/benchmark/<protocol>/regenerate/parts/ as it finishes, so a
+stopped regeneration re-run with the same command starts where it stopped.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_d
     returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
     summaries, errors = [], []
     for r in returns:
-        summary = r._return_value if r.status != JobStatus.FAILED else {"status": "failed", "error": explain(r._return_value)}
+        failed = r.status == JobStatus.FAILED  # an exception the task did not turn into a result
+        summary = {"status": "failed", "error": explain(r._return_value)} if failed else r.return_value
         if not isinstance(summary, dict) or summary.get("status") == "failed":
             errors.append(f"{arm.name} seed {r.cfg.seed}: {(summary or {}).get('error', 'no summary')}")
             summary = {}
