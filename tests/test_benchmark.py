@@ -178,3 +178,13 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     reproduced = runner.invoke(app, ["benchmark", "--reproduce", "nope", "--protocol", str(path)])
     assert reproduced.exit_code == 0, reproduced.output
     assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
+
+
+def test_a_config_dir_that_replaces_a_protocol_config_is_refused(tmp_path):
+    """--config-dir adds encodings; one that shadows an arm's experiment would change the protocol."""
+    (tmp_path / "conf" / "experiment").mkdir(parents=True)
+    (tmp_path / "conf" / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
+    result = run_cli("benchmark", "encoding=rope", "--config-dir", str(tmp_path / "conf"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.startswith("error:") and "experiment/pe_v1_lm.yaml" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()

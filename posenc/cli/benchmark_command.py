@@ -90,7 +90,8 @@ def main(args: list[str], config_dir: str | None, reproduce: str | None, regener
 
     if reproduce:
         return reproduce_row(protocol, *checked_baselines(protocol), reproduce, console)
-    from posenc.cli.benchmark import encoding_overrides
+    from posenc.cli.benchmark import check_config_dir, encoding_overrides
 
     overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
+    check_config_dir(config_dir)
     place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console)
