@@ -168,10 +168,10 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     assert [r.label for r in baselines.rows] == ["alibi", "nope"]
     assert path.with_suffix(".md").read_text() == render(baselines, protocol)
 
-    placed = runner.invoke(app, ["benchmark", "encoding=rope", "--protocol", str(path)])
+    placed = runner.invoke(app, ["benchmark", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
     assert placed.exit_code == 0, placed.output
-    assert "▶ rope" in placed.output and "rope against each shipped row" in placed.output
-    [saved] = (workdir / "outputs" / "benchmark" / "tiny-test").rglob("*_rope/benchmark.json")
+    assert "▶ rope base=500" in placed.output and "rope base=500 against each shipped row" in placed.output
+    [saved] = (workdir / "outputs" / "benchmark" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
     assert json.loads(saved.read_text())["hash"] == baselines.hash
     assert len(list(saved.parent.rglob("summary.json"))) == 1      # one run per seed, as `posenc train -m` leaves
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import typer
 
-from posenc.cli.common import HYDRA_ARGS, console, run_guarded, user_wants_traceback, without_debug
+from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
 from posenc.errors import UserError
 
 

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.benchmark.data import Baselines, Row, row_to_json, versions
+from posenc.benchmark.data import Baselines, row_to_json, versions
 from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
 from posenc.benchmark.match import DIFFERENT, EXACT, match, overall
 from posenc.benchmark.place import Placement, place

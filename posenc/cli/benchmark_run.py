@@ -28,8 +28,9 @@ def arm_argv(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_
              sweep_dir: Path) -> list[str]:
     """The `posenc train` argv of one arm: a sweep over the seeds, into sweep_dir."""
     flags = ["--config-dir", config_dir] if config_dir else []
+    quoted = "'" + str(sweep_dir).replace("\\", "\\\\").replace("'", "\\'") + "'"  # a label's `=` or `,` stays a path
     return [*flags, "-m", f"experiment={arm.experiment}", *arm.overrides, *encoding_args, f"seed={','.join(map(str, seeds))}",
-            f"hydra.sweep.dir={sweep_dir}"]
+            f"hydra.sweep.dir={quoted}"]
 
 
 def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_dir: str | None,
