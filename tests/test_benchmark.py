@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import run_cli
 from posenc.benchmark.data import Row, baselines_path, load_baselines
 from posenc.benchmark.leaderboard import render
 from posenc.benchmark.match import DIFFERENT, EXACT, WITHIN, match, overall, seed_verdict
@@ -81,26 +80,36 @@ def test_a_rerun_matches_exactly_within_tolerance_or_not():
 
 
 # --- refusals: one line, nothing written --------------------------------------------------------------
+def benchmark_cli(*args: str):
+    """`posenc benchmark ARGS` in this process (the caller's cwd is a tmp dir): (exit code, stderr)."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    result = CliRunner().invoke(app, ["benchmark", *args])
+    return result.exit_code, result.stderr
+
+
 @pytest.mark.parametrize("args", [["encoding=rope", "trainer.max_steps=5"], ["encoding=rope", "model=tiny"],
                                   ["encoding=rope,alibi"], ["--regenerate", "encoding=rope"]])
-def test_an_override_that_changes_the_protocol_is_refused(tmp_path, args):
-    result = run_cli("benchmark", *args, cwd=tmp_path)
-    assert result.returncode == 1
-    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert not (tmp_path / "outputs").exists()
+def test_an_override_that_changes_the_protocol_is_refused(workdir, args):
+    code, stderr = benchmark_cli(*args)
+    assert code == 1
+    assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (workdir / "outputs").exists()
 
 
-def test_baselines_from_another_protocol_are_refused(tmp_path):
+def test_baselines_from_another_protocol_are_refused(workdir):
     """The shipped data's hash differs from the protocol's (a default it inherits changed): refused."""
-    protocol = tmp_path / "p.yaml"
+    protocol = workdir / "p.yaml"
     protocol.write_text((ROOT / "posenc" / "benchmark" / "posenc-pe-v1.yaml").read_text())
-    (tmp_path / "p.json").write_text(json.dumps({"protocol": {"name": "posenc-pe-v1", "hash": "0" * 16},
+    (workdir / "p.json").write_text(json.dumps({"protocol": {"name": "posenc-pe-v1", "hash": "0" * 16},
                                                  "versions": {"posenc": "0.0.1"}, "rows": {}}))
-    result = run_cli("benchmark", "encoding=rope", "--protocol", str(protocol), cwd=tmp_path)
-    assert result.returncode == 1
-    assert result.stderr.startswith("error:") and len(result.stderr.strip().splitlines()) == 1, result.stderr
-    assert "protocol hash 0000000000000000" in result.stderr and "--regenerate" in result.stderr
-    assert not (tmp_path / "outputs").exists()
+    code, stderr = benchmark_cli("encoding=rope", "--protocol", str(protocol))
+    assert code == 1
+    assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
+    assert "protocol hash 0000000000000000" in stderr and "--regenerate" in stderr
+    assert not (workdir / "outputs").exists()
 
 
 # --- the shipped data -------------------------------------------------------------------------------
@@ -180,11 +189,11 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
 
 
-def test_a_config_dir_that_replaces_a_protocol_config_is_refused(tmp_path):
+def test_a_config_dir_that_replaces_a_protocol_config_is_refused(workdir):
     """--config-dir adds encodings; one that shadows an arm's experiment would change the protocol."""
-    (tmp_path / "conf" / "experiment").mkdir(parents=True)
-    (tmp_path / "conf" / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
-    result = run_cli("benchmark", "encoding=rope", "--config-dir", str(tmp_path / "conf"), cwd=tmp_path)
-    assert result.returncode == 1
-    assert result.stderr.startswith("error:") and "experiment/pe_v1_lm.yaml" in result.stderr, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "outputs").exists()
+    (workdir / "conf" / "experiment").mkdir(parents=True)
+    (workdir / "conf" / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
+    code, stderr = benchmark_cli("encoding=rope", "--config-dir", str(workdir / "conf"))
+    assert code == 1
+    assert stderr.startswith("error:") and "experiment/pe_v1_lm.yaml" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (workdir / "outputs").exists()

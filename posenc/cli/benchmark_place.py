@@ -61,8 +61,9 @@ def placement_table(placements: list[Placement], protocol: Protocol, new: str) -
 
 def versus_table(placements: list[Placement], protocol: Protocol, new: str) -> Table:
     """The new row against each shipped one: ratio (perplexity) or difference (accuracy), Welch 95%, verdict."""
-    table = Table(title=f"{new} against each shipped row (Welch 95% interval; better/worse only where it "
-                  "excludes no difference, else ≈)", title_justify="left")
+    table = Table(title=f"{new} against each shipped row (ratio of perplexities, difference of accuracies; Welch "
+                  "95% interval; better/worse only where it excludes no difference, else ≈; — where a row has no value)",
+                  title_justify="left")
     table.add_column("vs", style="bold cyan")
     for p in placements:
         table.add_column(protocol.metrics[p.metric], justify="right")
@@ -70,8 +71,11 @@ def versus_table(placements: list[Placement], protocol: Protocol, new: str) -> T
         cells = []
         for p in placements:
             v = p.versus[label]
-            mark = VERDICT_MARK.get(v.verdict, "≈" if v.difference is not None else v.verdict)
-            cells.append(escape(f"{format_difference(v, fmt_of(p.metric))} {mark}" if v.difference else mark))
+            if v.difference is None:  # a side without the value in every seed (learned past its table)
+                cells.append("—")
+                continue
+            mark = VERDICT_MARK.get(v.verdict, "≈")
+            cells.append(escape(f"{format_difference(v, fmt_of(p.metric))} {mark}"))
         table.add_row(escape(label), *cells)
     return table
 
