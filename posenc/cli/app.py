@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import typer
 
+from posenc.cli.benchmark import register as add_benchmark
 from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.check import register as add_check
 from posenc.cli.hydra_commands import register as add_hydra_commands
@@ -24,7 +25,8 @@ app = typer.Typer(
 add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert
 add_catalogue(app)             # encodings
-add_check(app)                 # check
+add_check(app)                 # check: the encoding contract as properties
+add_benchmark(app)             # benchmark: the protocol, the shipped baselines
 app.add_typer(plot_app, name="plot")  # plot decay | extrapolation
 
 

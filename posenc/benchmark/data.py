@@ -1,0 +1,100 @@
+"""The shipped baselines: posenc/benchmark/baselines/<protocol>.json, one row per shipped encoding
+with every seed's value of every protocol metric, the resolved protocol and its hash, the versions
+and the machine that measured them. Written only by `posenc benchmark --regenerate`.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from importlib.metadata import PackageNotFoundError, version
+from importlib.resources import files
+from pathlib import Path
+
+from posenc.benchmark.protocol import Protocol
+from posenc.errors import UserError
+
+
+@dataclass(frozen=True)
+class Row:
+    """One encoding under the protocol: per-seed values of each metric (None where the encoding
+    has no such value, e.g. learned positions past their table), seconds per run, failures."""
+    label: str
+    values: dict[str, list[float | None]]
+    wall_time_s: dict[str, list[float]] = field(default_factory=dict)   # arm -> per-seed run wall time
+    load_1m: list[float] = field(default_factory=list)                 # the machine's load when each run ended
+    errors: list[str] = field(default_factory=list)
+
+
+def baselines_path(protocol: Protocol) -> Path:
+    """Where a protocol's baselines are kept: a shipped protocol's in the package (inside the source
+    tree of an editable install), one given as a YAML file's beside it (<file>.json)."""
+    if protocol.source.endswith((".yaml", ".yml")):
+        return Path(protocol.source).with_suffix(".json")
+    return Path(str(files("posenc.benchmark").joinpath("baselines", f"{protocol.name}.json")))
+
+
+def versions() -> dict[str, str]:
+    import torch
+
+    def of(package: str) -> str:
+        try:
+            return version(package)
+        except PackageNotFoundError:
+            return "unknown"
+
+    return {"posenc": of("posenc"), "torch": torch.__version__, "python": platform.python_version(),
+            "numpy": of("numpy")}
+
+
+def cpu_model() -> str:
+    """The CPU's model name (Linux: /proc/cpuinfo), else platform's processor string."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine() -> dict[str, object]:
+    import os
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {"platform": platform.platform(), "cpu": cpu_model(), "cpus": cpus, "python": sys.version.split()[0]}
+
+
+def row_to_json(row: Row) -> dict:
+    return {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
+
+
+def document(protocol_config: dict, protocol_hash: str, description: str, rows: list[Row], command: str) -> dict:
+    """The shipped file's content."""
+    return {"protocol": {"name": protocol_config["name"], "hash": protocol_hash, "description": description,
+                         "config": protocol_config},
+            "command": command, "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "versions": versions(), "machine": machine(),
+            "rows": {row.label: row_to_json(row) for row in rows}}
+
+
+@dataclass(frozen=True)
+class Baselines:
+    protocol: str
+    hash: str
+    rows: list[Row]
+    raw: dict          # the whole file, for the page and the provenance lines
+
+
+def load_baselines(protocol: Protocol) -> Baselines:
+    path = baselines_path(protocol)
+    if not path.is_file():
+        raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
+                        f"run `posenc benchmark --regenerate` to measure them")
+    raw = json.loads(path.read_text())
+    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []))
+            for label, r in raw["rows"].items()]
+    return Baselines(raw["protocol"]["name"], raw["protocol"]["hash"], rows, raw)

@@ -1,0 +1,101 @@
+"""A benchmark protocol as data: posenc/benchmark/<name>.yaml names its arms (each a Hydra
+experiment, conf/experiment/<arm>.yaml), the seeds, the metrics each arm reports, and the
+tolerance a re-run is held to. Its hash is taken over all of that and over each arm's config as
+Hydra composes it, so a change to a default the arms inherit (the micro model, the trainer, the
+evaluator, the corpus settings) changes the hash, and the shipped baselines no longer match it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from importlib.resources import files
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from posenc.errors import UserError
+
+DEFAULT_PROTOCOL = "posenc-pe-v1"
+#: the keys of a composed arm that are not the protocol: what is benchmarked, which seed, where it logs
+NOT_PROTOCOL = ("encoding", "seed", "logger")
+
+
+@dataclass(frozen=True)
+class Arm:
+    name: str
+    experiment: str                  # conf/experiment/<experiment>.yaml
+    metrics: dict[str, str]          # summary key -> column label
+    overrides: tuple[str, ...] = ()  # Hydra overrides after the experiment (a smaller test protocol)
+
+
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    description: str
+    seeds: tuple[int, ...]
+    arms: tuple[Arm, ...]
+    relative_tolerance: float        # log-scale metrics (perplexity)
+    absolute_tolerance: float        # the others (accuracy)
+    rationale: str = ""              # why these settings (markdown, on the leaderboard page; not hashed)
+    source: str = DEFAULT_PROTOCOL   # what --protocol named: a shipped protocol's name or a YAML file
+    encodings: tuple[str, ...] = ()  # the rows --regenerate measures; () = every encoding posenc ships (not hashed)
+
+    @property
+    def metrics(self) -> dict[str, str]:
+        """Every arm's metrics, in order: summary key -> column label."""
+        return {k: label for arm in self.arms for k, label in arm.metrics.items()}
+
+    def arm_of(self, metric: str) -> Arm:
+        return next(arm for arm in self.arms if metric in arm.metrics)
+
+
+def protocol_file(name: str = DEFAULT_PROTOCOL) -> Path:
+    """A shipped protocol's file (posenc/benchmark/<name>.yaml), or a protocol kept elsewhere, given
+    as a path to its YAML file (its baselines then live beside it, <file>.json)."""
+    if name.endswith((".yaml", ".yml")):
+        path = Path(name)
+        if not path.is_file():
+            raise UserError(f"--protocol {name}: no such file — give a protocol YAML file or a shipped protocol's name")
+        return path
+    path = Path(str(files("posenc.benchmark").joinpath(f"{name}.yaml")))
+    if not path.is_file():
+        shipped = sorted(p.stem for p in path.parent.glob("*.yaml"))
+        raise UserError(f"--protocol {name}: no such protocol — one of {', '.join(shipped)}, or a YAML file")
+    return path
+
+
+def load_protocol(name: str = DEFAULT_PROTOCOL) -> Protocol:
+    raw = OmegaConf.to_container(OmegaConf.create(protocol_file(name).read_text()))
+    arms = tuple(Arm(arm, spec["experiment"], dict(spec["metrics"]), tuple(spec.get("overrides") or ()))
+                 for arm, spec in raw["arms"].items())
+    tol = raw["tolerance"]
+    return Protocol(raw["name"], " ".join(raw["description"].split()), tuple(raw["seeds"]), arms,
+                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""), name,
+                    tuple(raw.get("encodings") or ()))
+
+
+def arm_config(arm: Arm) -> dict:
+    """The arm's config as `posenc train experiment=<arm>` composes it from posenc's own conf/,
+    resolved, without the keys that are not the protocol (NOT_PROTOCOL)."""
+    from posenc.config import compose
+
+    cfg = OmegaConf.to_container(compose([f"experiment={arm.experiment}", *arm.overrides], bench=False), resolve=True)
+    return {k: v for k, v in cfg.items() if k not in NOT_PROTOCOL}
+
+
+def resolved(protocol: Protocol) -> dict:
+    """What the hash covers: the protocol file's keys but its description and rationale, and each
+    arm's composed config."""
+    return {"name": protocol.name, "seeds": list(protocol.seeds),
+            "tolerance": {"relative": protocol.relative_tolerance, "absolute": protocol.absolute_tolerance},
+            "arms": {arm.name: {"experiment": arm.experiment, "metrics": arm.metrics, "config": arm_config(arm),
+                                **({"overrides": list(arm.overrides)} if arm.overrides else {})}
+                     for arm in protocol.arms}}
+
+
+def protocol_hash(config: dict) -> str:
+    """sha256 of the resolved protocol as canonical JSON (sorted keys), first 16 hex digits."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]

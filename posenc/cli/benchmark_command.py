@@ -1,0 +1,95 @@
+"""What `posenc benchmark` does, once its options are parsed (posenc/cli/benchmark.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.console import Console
+
+from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
+from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, load_protocol, protocol_hash, resolved
+from posenc.errors import UserError
+from posenc.rundir import write_json_atomic
+
+OUTPUTS = Path("outputs") / "benchmark"
+
+
+def leaderboard_path() -> Path:
+    """docs/leaderboard.md of the source checkout posenc runs from (an editable install)."""
+    import posenc
+
+    docs = Path(posenc.__file__).resolve().parent.parent / "docs"
+    if not docs.is_dir():
+        raise UserError(f"no docs/ beside the posenc package ({docs}) — write the leaderboard from a source checkout "
+                        f"(pip install -e .)")
+    return docs / "leaderboard.md"
+
+
+def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Path:
+    """docs/leaderboard.md for a shipped protocol; <file>.md beside a protocol given as a file."""
+    from posenc.benchmark.leaderboard import render
+
+    is_file = protocol.source.endswith((".yaml", ".yml"))
+    path = Path(protocol.source).with_suffix(".md") if is_file else leaderboard_path()
+    path.write_text(render(baselines, protocol))
+    console.print(f"wrote {path}", highlight=False, soft_wrap=True)
+    return path
+
+
+def checked_baselines(protocol: Protocol) -> tuple[Baselines, str]:
+    """The shipped data, refused when it was measured under another protocol hash."""
+    current = protocol_hash(resolved(protocol))
+    baselines = load_baselines(protocol)
+    if baselines.hash != current:
+        raise UserError(f"the shipped baselines of {protocol.name} were measured under protocol hash {baselines.hash}, "
+                        f"but this posenc's protocol hashes to {current} (a default the protocol inherits changed) — "
+                        f"regenerate them (`posenc benchmark --regenerate`) or use the posenc version that made them "
+                        f"({baselines.raw['versions']['posenc']})")
+    return baselines, current
+
+
+def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
+    """Every shipped encoding under the protocol; the shipped data and the page rewritten from the runs."""
+    import time
+
+    from posenc.cli.benchmark_run import regenerate
+    from posenc.config import group_options
+
+    config = resolved(protocol)
+    hash_ = protocol_hash(config)
+    started = time.monotonic()
+    rows = regenerate(protocol, hash_, list(protocol.encodings) or group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
+                      lambda line: console.print(line, highlight=False, soft_wrap=True))
+    command = "posenc benchmark --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
+    doc = document(config, hash_, protocol.description, rows, command)
+    path = baselines_path(protocol)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, doc)
+    console.print(f"wrote {path} ({len(rows)} encodings, {time.monotonic() - started:.0f} s)", highlight=False)
+    write_page(load_baselines(protocol), protocol, console)
+
+
+def main(args: list[str], config_dir: str | None, reproduce: str | None, regenerate: bool, write_docs: bool,
+         jobs: int, protocol_name: str | None, console: Console) -> None:
+    modes = [m for m, on in (("--reproduce", reproduce), ("--regenerate", regenerate), ("--write-docs", write_docs)) if on]
+    if len(modes) > 1:
+        raise UserError(f"{' and '.join(modes)} cannot be given together — pick one")
+    if modes and args:
+        raise UserError(f"{modes[0]} takes no overrides (the shipped encodings run as the protocol defines them)")
+    if config_dir and modes:
+        raise UserError(f"--config-dir is for a new encoding; {modes[0]} runs the shipped ones")
+    protocol = load_protocol(protocol_name or DEFAULT_PROTOCOL)
+    if regenerate:
+        return regenerate_all(protocol, jobs, console)
+    if write_docs:
+        write_page(checked_baselines(protocol)[0], protocol, console)
+        return
+    from posenc.cli.benchmark_place import place_new, reproduce_row
+
+    if reproduce:
+        return reproduce_row(protocol, *checked_baselines(protocol), reproduce, console)
+    from posenc.cli.benchmark import check_config_dir, encoding_overrides
+
+    overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
+    check_config_dir(config_dir)
+    place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console)

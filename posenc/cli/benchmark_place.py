@@ -1,0 +1,138 @@
+"""`posenc benchmark`'s two runs and what they print: a new encoding placed among the shipped rows
+(intervals, rank intervals, its verdict against each shipped row: compare's statistics,
+posenc/benchmark/place.py), and a shipped row re-run against its shipped values (posenc/benchmark/match.py)."""
+
+from __future__ import annotations
+
+import re
+from statistics import median
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from posenc.benchmark.data import Baselines, row_to_json, versions
+from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
+from posenc.benchmark.match import DIFFERENT, EXACT, match, overall
+from posenc.benchmark.place import Placement, place
+from posenc.benchmark.protocol import Protocol
+from posenc.cli.benchmark_run import run_encoding, stamp
+from posenc.errors import UserError
+from posenc.report.stats import BETTER, WORSE
+from posenc.report.tables import format_difference
+from posenc.rundir import write_json_atomic
+
+VERDICT_MARK = {BETTER: "better", WORSE: "worse"}
+
+
+def announce(protocol: Protocol, baselines: Baselines, label: str, console: Console) -> None:
+    """What is about to run, and how long the shipped rows took each."""
+    runs = len(protocol.arms) * len(protocol.seeds)
+    minutes = [sum(t or 0 for ts in r.wall_time_s.values() for t in ts) / 60 for r in baselines.rows]
+    machine = baselines.raw["machine"]
+    console.print(f"benchmark {protocol.name} (hash {baselines.hash}) for [bold]{escape(label)}[/]: {runs} runs "
+                  f"({len(protocol.arms)} arms × seeds {','.join(map(str, protocol.seeds))}); a shipped encoding took "
+                  f"{median(minutes):.1f} min of run time (median; {min(minutes):.1f}–{max(minutes):.1f}) on "
+                  f"{machine['cpu']} ({machine['cpus']} CPUs, shared), plus ~10 s to start each arm",
+                  highlight=False, soft_wrap=True)
+
+
+def placement_table(placements: list[Placement], protocol: Protocol, new: str) -> Table:
+    """Every row (the new one marked), per metric: mean [95% interval] {rank interval}."""
+    key = sort_key([p.metric for p in placements])
+    table = Table(title=f"{new} among the shipped rows of {protocol.name} (mean [95% interval] {{rank interval}}, "
+                  f"sorted by {protocol.metrics[key]})", title_justify="left")
+    table.add_column("encoding", style="bold cyan")
+    for p in placements:
+        table.add_column(protocol.metrics[p.metric], justify="right")
+    last_ppl = next(p for p in placements if p.metric == key)
+    order = [r.label for r in last_ppl.ranking.ranks]
+    order += [label for label in last_ppl.stats if label not in order]
+    for label in order:
+        cells = []
+        for p in placements:
+            rank = next(((r.low, r.high) for r in p.ranking.ranks if r.label == label), None)
+            cells.append(escape(cell(p.stats[label], fmt_of(p.metric), rank, False)))
+        name = f"▶ {label}" if label == new else label
+        table.add_row(escape(name), *cells, style="bold yellow" if label == new else None)
+    return table
+
+
+def versus_table(placements: list[Placement], protocol: Protocol, new: str) -> Table:
+    """The new row against each shipped one: ratio (perplexity) or difference (accuracy), Welch 95%, verdict."""
+    table = Table(title=f"{new} against each shipped row (ratio of perplexities, difference of accuracies; Welch "
+                  "95% interval; better/worse only where it excludes no difference, else ≈; — where a row has no value)",
+                  title_justify="left")
+    table.add_column("vs", style="bold cyan")
+    for p in placements:
+        table.add_column(protocol.metrics[p.metric], justify="right")
+    for label in placements[0].versus:
+        cells = []
+        for p in placements:
+            v = p.versus[label]
+            if v.difference is None:  # a side without the value in every seed (learned past its table)
+                cells.append("—")
+                continue
+            mark = VERDICT_MARK.get(v.verdict, "≈")
+            cells.append(escape(f"{format_difference(v, fmt_of(p.metric))} {mark}"))
+        table.add_row(escape(label), *cells)
+    return table
+
+
+def safe(label: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)
+
+
+def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[str], config_dir: str | None,
+              console: Console) -> None:
+    from posenc.cli.benchmark import label_of
+    from posenc.cli.benchmark_command import OUTPUTS
+
+    label = label_of(args)
+    announce(protocol, baselines, label, console)
+    root = OUTPUTS / protocol.name / f"{stamp()}_{safe(label)}"
+    row = run_encoding(protocol, label, args, config_dir, root, lambda s: console.print(s, highlight=False, soft_wrap=True))
+    write_json_atomic(root / "benchmark.json", {"protocol": protocol.name, "hash": hash_, "label": label,
+                                                "overrides": args, "versions": versions(), **row_to_json(row)})
+    for error in row.errors:
+        console.print(f"[bold red]failed:[/] {escape(error)}", highlight=False, soft_wrap=True)
+    placements = place(baselines.rows, row, list(protocol.metrics), protocol.seeds)
+    console.print(placement_table(placements, protocol, label))
+    console.print(versus_table(placements, protocol, label))
+    console.print(f"runs and benchmark.json: {root}", highlight=False, soft_wrap=True)
+
+
+def reproduce_row(protocol: Protocol, baselines: Baselines, hash_: str, name: str, console: Console) -> None:
+    """Re-run a shipped encoding; a table of every value and one line: matched exactly, within
+    tolerance, or not (exit 1)."""
+    from posenc.cli.benchmark_command import OUTPUTS
+
+    shipped = next((r for r in baselines.rows if r.label == name), None)
+    if shipped is None:
+        raise UserError(f"--reproduce {name}: no shipped row of that name — one of {', '.join(r.label for r in baselines.rows)}")
+    announce(protocol, baselines, name, console)
+    root = OUTPUTS / protocol.name / f"{stamp()}_reproduce_{safe(name)}"
+    rerun = run_encoding(protocol, name, [f"encoding={name}"], None, root,
+                         lambda s: console.print(s, highlight=False, soft_wrap=True))
+    matches = match(shipped, rerun, protocol)
+    table = Table(title=f"{name}: shipped ({baselines.raw['machine']['cpu']}) against this re-run", title_justify="left")
+    for head in ("metric", "seed", "shipped", "re-run", "match"):
+        table.add_column(head, justify="left" if head == "metric" else "right")
+    for m in matches:
+        show = lambda v: "—" if v is None else repr(v)  # noqa: E731 - every digit: "exact" means bit for bit
+        table.add_row(protocol.metrics[m.metric], str(m.seed), show(m.shipped), show(m.rerun), m.verdict,
+                      style="red" if m.verdict == DIFFERENT else None)
+    console.print(table)
+    verdict = overall(matches)
+    if verdict == EXACT:
+        console.print(f"reproduced: every value of {name} equals the shipped one exactly", highlight=False)
+        return
+    tolerance = f"relative {protocol.relative_tolerance:g} on perplexity, {protocol.absolute_tolerance:g} on accuracy"
+    if verdict != DIFFERENT:
+        console.print(f"reproduced within the protocol's tolerance ({tolerance}), not bit for bit", highlight=False)
+        return
+    bad = sum(m.verdict == DIFFERENT for m in matches)
+    console.print(f"[bold red]not reproduced:[/] {bad} of {len(matches)} values of {name} differ beyond the "
+                  f"protocol's tolerance ({tolerance}); runs in {root}", highlight=False, soft_wrap=True)
+    raise typer.Exit(1)

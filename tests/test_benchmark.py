@@ -1,0 +1,199 @@
+"""`posenc benchmark`: the shipped baselines are data that match the current protocol, a new row is
+placed with compare's own statistics, a protocol-changing override or stale data is refused with one
+line and nothing written, the leaderboard page is what the data renders, and the whole command runs
+end to end on a tiny protocol given as a file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from posenc.benchmark.data import Row, baselines_path, load_baselines
+from posenc.benchmark.leaderboard import render
+from posenc.benchmark.match import DIFFERENT, EXACT, WITHIN, match, overall, seed_verdict
+from posenc.benchmark.place import place
+from posenc.benchmark.protocol import load_protocol, protocol_hash, resolved
+from posenc.report.runs import find_runs, group_runs
+from posenc.report.verdicts import ranking_of, versus_baseline
+
+ROOT = Path(__file__).resolve().parents[1]
+PPL, ACC = "extrapolation/ppl@1024", "tasks/flip_flop/accuracy@128"
+
+
+# --- placing a row: compare's code on the same numbers ------------------------------------------
+def write_run(root: Path, label: str, seed: int, summary: dict) -> None:
+    """A run directory as `posenc train` leaves one, as far as `posenc compare` reads it."""
+    run = root / f"{label}_{seed}"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "config.yaml").write_text(yaml.safe_dump({"seed": seed, "encoding": {"name": label}}))
+    (run / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump([f"encoding={label}", f"seed={seed}"]))
+    (run / "summary.json").write_text(json.dumps(summary))
+
+
+SHIPPED = [Row("rope", {PPL: [10.1, 12.3, 9.6], ACC: [0.40, 0.35, 0.45]}),
+           Row("alibi", {PPL: [9.1, 9.2, 9.0], ACC: [0.80, 0.78, 0.75]}),
+           Row("learned", {PPL: [None, None, None], ACC: [None, None, None]}),
+           Row("nope", {PPL: [10.2, 10.1, 10.0], ACC: [0.30, 0.33, 0.31]})]
+MINE = Row("mine", {PPL: [9.5, 9.7, 9.4], ACC: [0.60, 0.62, 0.58]})
+
+
+def test_a_placed_row_gets_the_intervals_ranks_and_verdicts_compare_gives_the_same_numbers(tmp_path):
+    for row in [*SHIPPED, MINE]:
+        for i, seed in enumerate((0, 1, 2)):
+            write_run(tmp_path, row.label, seed, {m: v[i] for m, v in row.values.items()})
+    groups = group_runs(find_runs([tmp_path]), ["encoding"])
+    by_label = {g.label: g for g in groups}
+    for p in place(SHIPPED, MINE, [PPL, ACC], (0, 1, 2)):
+        assert p.stats == {label: g.stat(p.metric) for label, g in by_label.items()}
+        assert p.ranking == ranking_of(groups, p.metric)
+        assert p.versus == {label: versus_baseline(by_label["mine"], g, p.metric)
+                            for label, g in by_label.items() if label != "mine"}
+    [ppl, acc] = place(SHIPPED, MINE, [PPL, ACC], (0, 1, 2))
+    assert [r.label for r in ppl.ranking.ranks] == ["alibi", "mine", "nope", "rope"]
+    assert ppl.ranking.unranked == ["learned"]          # no value past its table: not ranked, not invented
+    assert acc.versus["nope"].verdict == "better" and acc.versus["alibi"].verdict == "worse"
+
+
+def test_a_new_row_named_like_a_shipped_one_replaces_it():
+    rerun = Row("rope", {PPL: [9.0, 9.1, 9.2], ACC: [0.5, 0.5, 0.5]})
+    [p] = place(SHIPPED, rerun, [PPL], (0, 1, 2))
+    assert p.stats["rope"].values == (9.0, 9.1, 9.2) and "rope" not in p.versus
+
+
+# --- reproducing a row ----------------------------------------------------------------------------
+def test_a_rerun_matches_exactly_within_tolerance_or_not():
+    protocol = load_protocol()
+    assert seed_verdict(8.862, 8.862, True, protocol) == EXACT
+    assert seed_verdict(8.862, 8.862 * (1 + 5e-4), True, protocol) == WITHIN    # another CPU's summation order
+    assert seed_verdict(8.862, 8.97, True, protocol) == DIFFERENT
+    assert seed_verdict(0.5, 0.5 + 1 / 128, False, protocol) == WITHIN          # one instance in 128
+    assert seed_verdict(0.5, 0.5 + 2 / 128, False, protocol) == DIFFERENT
+    assert seed_verdict(None, None, True, protocol) == EXACT                    # no such positions, both times
+    assert seed_verdict(None, 3.0, True, protocol) == DIFFERENT
+    shipped = Row("rope", {m: [1.0, 2.0, 3.0] for m in protocol.metrics})
+    assert overall(match(shipped, shipped, protocol)) == EXACT
+    off = Row("rope", {m: [1.0, 2.0, 3.5] for m in protocol.metrics})
+    assert overall(match(shipped, off, protocol)) == DIFFERENT
+
+
+# --- refusals: one line, nothing written --------------------------------------------------------------
+def benchmark_cli(*args: str):
+    """`posenc benchmark ARGS` in this process (the caller's cwd is a tmp dir): (exit code, stderr)."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    result = CliRunner().invoke(app, ["benchmark", *args])
+    return result.exit_code, result.stderr
+
+
+@pytest.mark.parametrize("args", [["encoding=rope", "trainer.max_steps=5"], ["encoding=rope", "model=tiny"],
+                                  ["encoding=rope,alibi"], ["--regenerate", "encoding=rope"]])
+def test_an_override_that_changes_the_protocol_is_refused(workdir, args):
+    code, stderr = benchmark_cli(*args)
+    assert code == 1
+    assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
+    assert not (workdir / "outputs").exists()
+
+
+def test_baselines_from_another_protocol_are_refused(workdir):
+    """The shipped data's hash differs from the protocol's (a default it inherits changed): refused."""
+    protocol = workdir / "p.yaml"
+    protocol.write_text((ROOT / "posenc" / "benchmark" / "posenc-pe-v1.yaml").read_text())
+    (workdir / "p.json").write_text(json.dumps({"protocol": {"name": "posenc-pe-v1", "hash": "0" * 16},
+                                                 "versions": {"posenc": "0.0.1"}, "rows": {}}))
+    code, stderr = benchmark_cli("encoding=rope", "--protocol", str(protocol))
+    assert code == 1
+    assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
+    assert "protocol hash 0000000000000000" in stderr and "--regenerate" in stderr
+    assert not (workdir / "outputs").exists()
+
+
+# --- the shipped data -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def shipped():
+    protocol = load_protocol()
+    return protocol, load_baselines(protocol)
+
+
+def test_the_shipped_baselines_have_every_shipped_encoding_and_every_seed(shipped):
+    from posenc.config import group_options
+
+    protocol, baselines = shipped
+    assert baselines_path(protocol).stat().st_size < 200_000
+    assert sorted(r.label for r in baselines.rows) == group_options("encoding")
+    for row in baselines.rows:
+        assert not row.errors, (row.label, row.errors)
+        assert {m: len(v) for m, v in row.values.items()} == {m: len(protocol.seeds) for m in protocol.metrics}
+        assert any(v is not None for values in row.values.values() for v in values)
+    raw = baselines.raw
+    assert raw["versions"]["torch"] and raw["versions"]["posenc"] and raw["machine"]["cpu"] and raw["date"]
+    assert raw["command"].startswith("posenc benchmark --regenerate")
+
+
+def test_the_shipped_baselines_were_measured_under_the_current_protocol(shipped):
+    """A change to anything the protocol composes (the micro model, the trainer's or the evaluator's
+    defaults, the corpus settings) without regenerating the data fails here."""
+    protocol, baselines = shipped
+    current = resolved(protocol)
+    assert baselines.hash == protocol_hash(current)
+    assert baselines.raw["protocol"]["config"] == json.loads(json.dumps(current, default=str))
+
+
+def test_the_leaderboard_page_is_what_the_shipped_data_renders(shipped):
+    protocol, baselines = shipped
+    assert (ROOT / "docs" / "leaderboard.md").read_text() == render(baselines, protocol)
+
+
+# --- end to end on a tiny protocol given as a file ----------------------------------------------------
+TINY_PROTOCOL = {
+    "name": "tiny-test", "description": "flip-flop on a 1-layer d=32 model, 3 steps, 1 seed: the test's protocol",
+    "seeds": [0], "encodings": ["alibi", "nope"],
+    "arms": {"flip_flop": {
+        "experiment": "pe_v1_flip_flop",
+        "overrides": ["model.n_layer=1", "model.d_model=32", "trainer.max_steps=3", "trainer.batch_size=4",
+                      "trainer.warmup_steps=1", "trainer.eval_interval=3", "trainer.log_interval=1",
+                      "dataset.eval_instances=8", "dataset.eval_multiples=[1,2]"],
+        "metrics": {"tasks/flip_flop/accuracy@32": "flip-flop 1×", "tasks/flip_flop/accuracy@64": "flip-flop 2×"}}},
+    "tolerance": {"relative": 1e-3, "absolute": 0.008},
+}
+
+
+def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    path = workdir / "tiny.yaml"
+    path.write_text(yaml.safe_dump(TINY_PROTOCOL, allow_unicode=True))
+    runner = CliRunner()
+    regenerated = runner.invoke(app, ["benchmark", "--regenerate", "--protocol", str(path)])
+    assert regenerated.exit_code == 0, regenerated.output
+    protocol = load_protocol(str(path))
+    baselines = load_baselines(protocol)
+    assert [r.label for r in baselines.rows] == ["alibi", "nope"]
+    assert path.with_suffix(".md").read_text() == render(baselines, protocol)
+
+    placed = runner.invoke(app, ["benchmark", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
+    assert placed.exit_code == 0, placed.output
+    assert "▶ rope base=500" in placed.output and "rope base=500 against each shipped row" in placed.output
+    [saved] = (workdir / "outputs" / "benchmark" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
+    assert json.loads(saved.read_text())["hash"] == baselines.hash
+    assert len(list(saved.parent.rglob("summary.json"))) == 1      # one run per seed, as `posenc train -m` leaves
+
+    reproduced = runner.invoke(app, ["benchmark", "--reproduce", "nope", "--protocol", str(path)])
+    assert reproduced.exit_code == 0, reproduced.output
+    assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
+
+
+def test_a_config_dir_that_replaces_a_protocol_config_is_refused(workdir):
+    """--config-dir adds encodings; one that shadows an arm's experiment would change the protocol."""
+    (workdir / "conf" / "experiment").mkdir(parents=True)
+    (workdir / "conf" / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
+    code, stderr = benchmark_cli("encoding=rope", "--config-dir", str(workdir / "conf"))
+    assert code == 1
+    assert stderr.startswith("error:") and "experiment/pe_v1_lm.yaml" in stderr, stderr
+    assert len(stderr.strip().splitlines()) == 1 and not (workdir / "outputs").exists()
