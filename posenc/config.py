@@ -69,6 +69,9 @@ class TrainerConfig:
     resume: Any = MISSING                       # false | <run dir> | auto | true
     init_from: Optional[str] = MISSING          # null | <run dir>: start from that run's weights (train/init_from.py)
     convergence_targets: List[float] = MISSING
+    # resume a run whose encoding code changed since it started (posenc/provenance.py); a default
+    # here so run directories written before the key load
+    allow_code_change: bool = False
 
 
 @dataclass
@@ -192,6 +195,9 @@ def choice_schema(target: str) -> type | None:
     """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
     (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
     ``**kwargs`` gets no schema (None): any key is valid for it."""
+    from posenc.provenance import import_module_of
+
+    import_module_of(target)  # a plugin module that cannot be imported: one line saying how to fix it
     cls = get_class(target)
     signature = inspect.signature(cls.__init__)
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
