@@ -71,6 +71,11 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 #: k_idx (Tk,) window indices of those queries and keys) -> weights (B, H, Tq, Tk)
 Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 
+#: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
+#: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
+GROUP_DEFAULTS: dict[str, float] = {"lr_scale": 1.0, "weight_decay": 0.0}
+ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
+
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
 HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
 
@@ -309,9 +314,33 @@ class PositionalEncoding(nn.Module):
         """The encoding's own options, for tables, summaries and `posenc encodings`."""
         return {}
 
+    def param_groups(self) -> list[ParamGroup]:
+        """The encoding's parameters as optimiser groups: (params, {"lr_scale": s, "weight_decay": w}),
+        each option defaulting to GROUP_DEFAULTS (AdamW at trainer.lr·s, decoupled decay w). Override
+        it to give a parameter its own learning rate or decay (a slope that must move faster than
+        Adam's ~lr per step). The default: every parameter at the defaults, except those of an
+        encoding nested in this one (a mechanism's ``inner``, a layout's kinds), which come as
+        that encoding's own param_groups say."""
+        nested = _outermost_encodings(self)
+        groups = [group for encoding in nested for group in encoding.param_groups()]
+        claimed = {id(p) for params, _ in groups for p in params}
+        own = [p for p in self.parameters() if id(p) not in claimed]
+        return [(own, {}), *groups] if own else groups
+
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options().items())
         return f"name={self.name}" + (f", {opts}" if opts else "")
+
+
+def _outermost_encodings(encoding: PositionalEncoding) -> list[PositionalEncoding]:
+    """The encodings inside encoding that no other encoding inside it contains."""
+    found: list[tuple[str, PositionalEncoding]] = []
+    for name, module in encoding.named_modules():
+        if module is encoding or not isinstance(module, PositionalEncoding):
+            continue
+        if not any(name.startswith(outer + ".") for outer, _ in found):
+            found.append((name, module))
+    return [module for _, module in found]
 
 
 class NoPE(PositionalEncoding):
