@@ -77,7 +77,8 @@ GROUP_DEFAULTS: dict[str, float] = {"lr_scale": 1.0, "weight_decay": 0.0}
 ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
 
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
-HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise")
+HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise",
+         "rotary_frequencies")
 
 
 @dataclass(frozen=True)
@@ -237,6 +238,16 @@ class PositionalEncoding(nn.Module):
         table = self.distance_bias(torch.arange(ctx.n_positions, device=ctx.device))  # (H, n_positions)
         return distance_score_mod(table, None if ctx.default_positions else ctx.pos)
 
+    # --- what probes and figures may ask ------------------------------------------------
+    def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
+        """For an encoding that rotates dimension pairs of q and k by m·θ_i in block ``layer``: θ
+        (head_dim/2,) float, θ_i of pair i, 0 for a pair left unrotated, learned ones as they are
+        now; pair i is dims (2i, 2i+1), or (i, i + rot_dim/2) where ``self.style == "half"``
+        (``self.rot_dim``, the rotated width, defaults to head_dim).
+        None (the default): no rotation in this layer. The rotary probe (posenc/eval/probes.py)
+        reads it, and figures draw an encoding that offers it as rotary."""
+        return None
+
     # --- derived facts ----------------------------------------------------------------
     def offers(self, hook: str) -> bool:
         """Whether this encoding acts through ``hook`` (one of HOOKS): it overrides it."""
@@ -283,7 +294,7 @@ class PositionalEncoding(nn.Module):
     def needs_scores(self) -> bool:
         """Whether it acts on the score matrix itself (a bias, a logit term, a scale, a sink or a
         normaliser), which linear attention never forms."""
-        return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk"))
+        return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk", "rotary_frequencies"))
 
     @property
     def is_relative(self) -> bool:
