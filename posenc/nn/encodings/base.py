@@ -57,6 +57,7 @@ Vocabulary, one name per concept:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -75,6 +76,9 @@ Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 #: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
 GROUP_DEFAULTS: dict[str, float] = {"lr_scale": 1.0, "weight_decay": 0.0}
 ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
+
+#: constructor arguments the builder passes (posenc/build.py) or that name the encoding: not options
+BUILDER_ARGUMENTS = ("self", "d_model", "n_head", "name", "n_layer", "train_len")
 
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
 HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "decay", "logit_scale", "sink_logit", "normalise",
@@ -163,6 +167,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
+        self._constructed_with = constructor_arguments(self)
         if d_model % n_head != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
         self.d_model = d_model
@@ -322,8 +327,11 @@ class PositionalEncoding(nn.Module):
             )
 
     def options(self) -> dict[str, object]:
-        """The encoding's own options, for tables, summaries and `posenc encodings`."""
-        return {}
+        """The encoding's own options, for tables, summaries and W&B. By default the arguments its
+        constructor was called with (but the sizes the builder passes, and name) that hold plain
+        values (numbers, strings, booleans, lists of them); override it to show something else
+        (RoPE shows its scaling's keys only when it scales)."""
+        return dict(self.__dict__.get("_constructed_with", {}))
 
     def param_groups(self) -> list[ParamGroup]:
         """The encoding's parameters as optimiser groups: (params, {"lr_scale": s, "weight_decay": w}),
@@ -341,6 +349,29 @@ class PositionalEncoding(nn.Module):
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options().items())
         return f"name={self.name}" + (f", {opts}" if opts else "")
+
+
+def constructor_arguments(encoding: PositionalEncoding) -> dict[str, object]:
+    """The plain-valued arguments of the outermost ``__init__`` building encoding (the frames that
+    called this one through ``super().__init__``), but BUILDER_ARGUMENTS: options()' default, so
+    an encoding's options are recorded without it having to list them."""
+    frame, outer = inspect.currentframe(), None
+    frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None  # past PositionalEncoding.__init__
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is encoding:
+        outer, frame = frame, frame.f_back
+    if outer is None:
+        return {}
+    plain = (bool, int, float, str)
+    out: dict[str, object] = {}
+    for arg, p in inspect.signature(type(encoding).__init__).parameters.items():
+        if arg in BUILDER_ARGUMENTS or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or arg not in outer.f_locals:
+            continue
+        value = outer.f_locals[arg]
+        if value is None or isinstance(value, plain):
+            out[arg] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
+            out[arg] = list(value)
+    return out
 
 
 def _outermost_encodings(encoding: PositionalEncoding) -> list[PositionalEncoding]:
