@@ -110,11 +110,11 @@ def code_record(target: str) -> dict:
     """module, file, import_root, sha256 (over the files, by relative name and content) of target."""
     module = import_module_of(target)
     file, covered = _source_files(module)
+    root = Path(_import_root(module) or "/").resolve()
     digest = hashlib.sha256()
-    base = covered[0].parent if len(covered) == 1 else Path(_import_root(module) or "/")
-    for path in covered:
-        digest.update(str(path.resolve().relative_to(base.resolve()) if path.resolve().is_relative_to(base.resolve())
-                          else path.name).encode())
+    for path in covered:  # each file's name (relative to the import root) and bytes: a renamed file counts
+        path = path.resolve()
+        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
         digest.update(b"\0" + path.read_bytes() + b"\0")
     return {"module": module.__name__, "file": str(file.resolve()) if file else None,
             "import_root": _import_root(module), "files": len(covered), "sha256": digest.hexdigest()}

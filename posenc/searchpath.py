@@ -122,11 +122,12 @@ def _root(url: str) -> Traversable | None:
 def config_file(relative: str) -> Traversable | None:
     """The first source's file at relative ('encoding/rope.yaml'), or None."""
     for url in sources():
-        root = _root(url)
-        path = root if root is not None else None
-        for part in relative.split("/"):
-            path = path.joinpath(part) if path is not None else None
-        if path is not None and path.is_file():
+        path = _root(url)
+        if path is None:
+            continue
+        for part in relative.split("/"):  # one part at a time: Traversable.joinpath takes one before 3.11
+            path = path.joinpath(part)
+        if path.is_file():
             return path
     return None
 

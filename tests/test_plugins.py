@@ -193,7 +193,7 @@ def test_bench_labels_the_plugin_row_by_its_name_and_pairs_it_with_nope(on_searc
 def test_encodings_lists_the_plugin_with_its_options(plugin, monkeypatch):
     from posenc.cli.app import app
 
-    monkeypatch.setenv(ENV_VAR, "")  # restored after the test: --config-dir sets it for this process
+    # --config-dir sets POSENC_CONFIG_PATH for this process; conftest restores it after the test
     monkeypatch.setenv("COLUMNS", "200")
     result = CliRunner().invoke(app, ["encodings", "--config-dir", str(plugin[1])])
     assert result.exit_code == 0, result.output
