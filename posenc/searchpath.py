@@ -50,8 +50,8 @@ def add_config_dirs(dirs: list[str | Path]) -> None:
             raise UserError(f"--config-dir '{d}' does not exist — pass a directory of YAML configs "
                             f"(one holding encoding/NAME.yaml)")
         resolved.append(str(path))
-    if resolved:
-        kept = [d for d in env_config_dirs() if d not in resolved]
+    kept = [d for d in env_config_dirs() if d not in resolved]
+    if resolved or kept:  # absolute: a job that starts in another directory finds the same dirs
         os.environ[ENV_VAR] = os.pathsep.join([*resolved, *kept])
 
 

@@ -144,7 +144,7 @@ def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this environment's posenc
     env.pop(ENV_VAR, None)
     result = subprocess.run(["bash", "-euo", "pipefail", "-x", "-c", script], cwd=tmp_path, env=env,
-                            capture_output=True, text=True, timeout=900)
+                            capture_output=True, text=True, timeout=1800)  # a guard against a hang
     assert result.returncode == 0, result.stderr[-4000:]
     assert "logdist" in result.stdout and (tmp_path / "outputs/logdist/provenance.json").is_file()
     assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report.md").is_file()
