@@ -29,15 +29,15 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.core.override_parser.types import Override
 from hydra.utils import get_class
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig, OmegaConf, open_dict
 from omegaconf.errors import InterpolationToMissingValueError
 
 from posenc.data.corpora import PACKINGS
 from posenc.errors import UserError
 
-#: the top-level conf/ directory, shipped inside the package as posenc.conf
-CONFIG_MODULE = "posenc.conf"
-CONFIG_PATH = f"pkg://{CONFIG_MODULE}"
+from posenc.searchpath import CONFIG_MODULE, CONFIG_PATH, config_file, config_search_path  # noqa: F401 - re-exported
+from posenc.searchpath import group_options  # noqa: F401 - re-exported: every source's options
+
 SCHEMA_NAME = "posenc_schema"
 #: groups whose keys are the constructor arguments of the class ``_target_`` names
 CHOICE_GROUPS = ("encoding", "dataset", "tokenizer")
@@ -69,6 +69,9 @@ class TrainerConfig:
     resume: Any = MISSING                       # false | <run dir> | auto | true
     init_from: Optional[str] = MISSING          # null | <run dir>: start from that run's weights (train/init_from.py)
     convergence_targets: List[float] = MISSING
+    # resume a run whose encoding code changed since it started (posenc/provenance.py); a default
+    # here so run directories written before the key load
+    allow_code_change: bool = False
 
 
 @dataclass
@@ -192,6 +195,9 @@ def choice_schema(target: str) -> type | None:
     """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
     (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
     ``**kwargs`` gets no schema (None): any key is valid for it."""
+    from posenc.provenance import import_module_of
+
+    import_module_of(target)  # a plugin module that cannot be imported: one line saying how to fix it
     cls = get_class(target)
     signature = inspect.signature(cls.__init__)
     if any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
@@ -266,12 +272,6 @@ def parse_overrides(overrides: list[str]) -> list[ParsedOverride]:
 
 
 # --- conf/ on disk ------------------------------------------------------------------------
-def group_options(group: str) -> list[str]:
-    """The choices of a config group, e.g. group_options('encoding') -> ['alibi', ...]."""
-    directory = files(CONFIG_MODULE).joinpath(group)
-    return sorted(p.name[: -len(".yaml")] for p in directory.iterdir() if p.name.endswith(".yaml"))
-
-
 def encoding_catalogue() -> list[tuple[str, str, dict]]:
     """(name, one-line description, options with defaults) for every encoding config."""
     out = []
@@ -283,7 +283,11 @@ def encoding_catalogue() -> list[tuple[str, str, dict]]:
 
 
 def encoding_yaml(name: str) -> str:
-    return files(CONFIG_MODULE).joinpath("encoding", f"{name}.yaml").read_text()
+    """The text of encoding/NAME.yaml, from posenc's conf/ or a plugin's (posenc/searchpath.py)."""
+    found = config_file(f"encoding/{name}.yaml")
+    if found is None:
+        raise UserError(f"no encoding '{name}' — see `posenc encodings`")
+    return found.read_text()
 
 
 def encoding_options(name: str) -> dict[str, object]:
@@ -308,14 +312,22 @@ def encoding_options(name: str) -> dict[str, object]:
 # --- reading a config outside a Hydra run ---------------------------------------------------
 def compose(overrides: list[str], bench: bool = True) -> DictConfig:
     """conf/config.yaml (+ conf/bench/default.yaml for `posenc bench`) with the user's overrides,
-    outside a Hydra run (no run dir, no logging), typed by the schema."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    outside a Hydra run (no run dir, no logging), typed by the schema. The one function every
+    command but `posenc train` composes through: its search path (posenc/searchpath.py) holds
+    the plugins' config directories, so a plugin's encoding is an option like a built-in one."""
+    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
 
     GlobalHydra.instance().clear()
-    with initialize_config_module(config_module=CONFIG_MODULE, version_base=None):
-        cfg = hydra_compose("config", overrides=[*(["+bench=default"] if bench else []), *overrides])
+    try:  # Hydra's compose API, with posenc's search path instead of one config module
+        hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=config_search_path())
+        cfg = hydra.compose_config("config", overrides=[*(["+bench=default"] if bench else []), *overrides],
+                                   run_mode=RunMode.RUN, with_log_configuration=False)
+    finally:
+        GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        del cfg["hydra"]  # as hydra.compose(return_hydra_config=False)
     return apply_choice_schemas(cfg)
 
 

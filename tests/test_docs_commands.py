@@ -1,23 +1,31 @@
 """Every command shown in README.md and docs/*.md parses, so the docs cannot drift from the code:
 `posenc train` / `eval` / `probe` / `bench` overrides compose into a valid config (a sweep's
-first value of each swept key), and every other command and --option exists."""
+first value of each swept key), and every other command and --option exists. The tutorial,
+docs/extending.md, is not parsed but run: its files written, its shell blocks run in order in
+an empty directory."""
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from typer.main import get_command
 
+from conftest import cli_env
 from posenc.cli.app import app
 from posenc.config import compose, validate
+from posenc.searchpath import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+TUTORIAL = ROOT / "docs" / "extending.md"
+PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if p != TUTORIAL]
 #: flags handled by posenc or Hydra before composition, and placeholders for a run directory
-FLAGS = {"-m", "--multirun", "--debug", "--help", "-h", "--cfg", "job", "hydra", "--info"}
+FLAGS = {"-m", "--multirun", "--debug", "--help", "-h", "--cfg", "job", "hydra", "--info", "--config-dir"}
 HYDRA_COMMANDS = {"train": False, "eval": True, "probe": True, "bench": False}  # takes a run dir first?
 
 
@@ -104,3 +112,39 @@ def test_every_documented_command_parses(where: str, argv: list[str]):
         for a in args:
             if a.startswith("--"):
                 assert a.split("=")[0] in options, f"{where}: posenc {name} has no option {a}"
+
+
+def tutorial(page: Path) -> tuple[dict[str, str], str]:
+    """({path: text} of the page's ```lang title="path" blocks, its ```bash blocks as one script)."""
+    files, script, block, title, lang = {}, [], None, None, None
+    for line in page.read_text().splitlines():
+        opening = re.match(r'^```(\w+)(?:\s+title="([^"]+)")?\s*$', line)
+        if block is None and opening:
+            block, lang, title = [], opening.group(1), opening.group(2)
+        elif block is not None and line.startswith("```"):
+            if title:
+                files[title] = "\n".join(block) + "\n"
+            elif lang == "bash":
+                script += block
+            block = None
+        elif block is not None:
+            block.append(line)
+    return files, "\n".join(script)
+
+
+def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
+    files, script = tutorial(TUTORIAL)
+    assert {"mine/myenc/encodings.py", "mine/conf/encoding/logdist.yaml"} <= set(files)
+    assert {argv[0] for _, argv in shown_commands(TUTORIAL)} >= {"encodings", "train", "eval", "probe", "compare",
+                                                                  "plot", "bench"}
+    for path, text in files.items():
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text(text)
+    env = cli_env()
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # this environment's posenc
+    env.pop(ENV_VAR, None)
+    result = subprocess.run(["bash", "-euo", "pipefail", "-x", "-c", script], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=1800)  # a guard against a hang
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "logdist" in result.stdout and (tmp_path / "outputs/logdist/provenance.json").is_file()
+    assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report.md").is_file()

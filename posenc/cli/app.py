@@ -6,7 +6,9 @@ consoles and the one-line error are in common.py. Nothing imports app.py but the
 
 from __future__ import annotations
 
+import click
 import typer
+from typer.core import TyperGroup
 
 from posenc.cli.benchmark import register as add_benchmark
 from posenc.cli.catalogue import register as add_catalogue
@@ -15,12 +17,33 @@ from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.plot import plot_app
 from posenc.cli.runs import register as add_runs
 
+
+class PluginSearchPath(TyperGroup):
+    """Every command takes ``--config-dir DIR`` (Hydra's flag; repeatable), wherever it stands: it
+    is taken off the arguments here, once for all commands, and added to the config search path
+    (posenc/searchpath.py) that every command composes with."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        from posenc.cli.common import fail
+        from posenc.errors import UserError
+        from posenc.searchpath import take_config_dirs
+
+        try:
+            args = take_config_dirs(args)
+        except UserError as e:
+            fail(str(e))
+        return super().parse_args(ctx, args)
+
+
 app = typer.Typer(
+    cls=PluginSearchPath,
     add_completion=False,
     no_args_is_help=True,
     help="posenc: which positional encoding should a transformer LM use, and why?\n\n"
     "Trains small decoder-only transformers that differ only in their positional encoding "
-    "and compares them on perplexity, convergence and length extrapolation.",
+    "and compares them on perplexity, convergence and length extrapolation.\n\n"
+    "Every command takes --config-dir DIR (or POSENC_CONFIG_PATH=DIR1:DIR2): config directories "
+    "whose encoding/NAME.yaml add encodings kept outside posenc (docs/extending.md).",
 )
 add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert

@@ -8,7 +8,8 @@ from posenc.cli.common import console
 
 
 def encodings() -> None:
-    """List the encodings and their options (from conf/encoding/*.yaml)."""
+    """List the encodings and their options: conf/encoding/*.yaml, and every plugin config dir
+    (--config-dir, POSENC_CONFIG_PATH, posenc.plugins entry points)."""
     from rich.markup import escape
     from rich.table import Table
 

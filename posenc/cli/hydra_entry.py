@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
-import os
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -37,9 +36,10 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.cli.explain import explain
-from posenc.config import CONFIG_PATH, apply_choice_schemas
+from posenc.config import apply_choice_schemas
 from posenc.errors import UserError
 from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
+from posenc.searchpath import add_config_dirs, config_search_path
 from posenc.train import distributed
 
 log = logging.getLogger("posenc")
@@ -115,9 +115,7 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
     run (or of a sweep's common part) before Hydra creates any directory; a single run is
     composed once, and its task is told (checked=True) that check saw its config."""
     from hydra._internal.hydra import Hydra
-    from hydra._internal.utils import create_automatic_config_search_path
     from hydra.core.global_hydra import GlobalHydra
-    from hydra.core.config_search_path import SearchPathQuery
 
     if args.experimental_rerun is not None:
         raise UserError("--experimental-rerun is not supported by posenc — rerun with the run's overrides")
@@ -125,13 +123,9 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
             args.info is not None]) > 1:
         raise UserError("only one of --run, --multirun, --cfg, --info and --shell-completion can be given")
     config_name = args.config_name or CONFIG_NAME
-    search_path = create_automatic_config_search_path(None, None, args.config_path or CONFIG_PATH)
-    if args.config_dir is not None:  # as _run_hydra: the user's dir just before the schema provider
-        config_dir = os.path.abspath(args.config_dir)
-        if not os.path.isdir(config_dir):
-            raise UserError(f"--config-dir '{config_dir}' does not exist — pass a directory of YAML configs")
-        search_path.prepend(provider="command-line", path=f"file://{config_dir}",
-                            anchor=SearchPathQuery(provider="schema"))
+    if args.config_dir is not None:  # the plugin search path every command has (posenc/searchpath.py)
+        add_config_dirs([args.config_dir])
+    search_path = config_search_path(args.config_path)
     # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
     warnings.filterwarnings("ignore", message=r"(?s).*ConfigStore schema with the same name")
     hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=search_path)

@@ -36,7 +36,8 @@ NO_RESUME = (False, None, "false", "none", "")
 #: what a resume may change (a key, or a group with all its keys): how long, how often it
 #: evaluates/logs/saves, where it runs, where it reports. Anything else would change the experiment.
 MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.early_evals", "trainer.log_interval",
-                        "trainer.checkpoint_interval", "trainer.checkpoint", "device", "logger", "eval")
+                        "trainer.checkpoint_interval", "trainer.checkpoint", "trainer.allow_code_change", "device",
+                        "logger", "eval")
 
 
 def _value(overrides: list[ParsedOverride], key: str):
@@ -149,6 +150,19 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     return [*merged.values(), *argv_overrides]
 
 
+def check_code(run_dir: Path, overrides: list[ParsedOverride]) -> None:
+    """A resume composes the run with the plugin config dirs it was made with, and continues only
+    with the encoding code it started with, unless trainer.allow_code_change=true says go on."""
+    from posenc import provenance
+
+    provenance.restore_config_dirs(run_dir)
+    changed = provenance.changes(run_dir)
+    allowed = _value(overrides, provenance.ALLOW_KEY)
+    if changed and not (allowed is True or str(allowed).lower() == "true"):
+        raise UserError(f"trainer.resume: the encoding code changed since {run_dir} started: {'; '.join(changed)} — "
+                        f"restore that code, or pass {provenance.ALLOW_KEY}=true to continue with today's")
+
+
 def _quote(path: str) -> str:
     return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
@@ -161,6 +175,7 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
     fixed = _value(overrides, "hydra.run.dir") is not None
     run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
+        check_code(run_dir, overrides)
         args.overrides = restore_run_overrides(run_dir, args.overrides)
         args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
         fixed = True

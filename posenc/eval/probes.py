@@ -26,7 +26,6 @@ import torch
 from torch import Tensor, nn
 
 from posenc.figures import legend_below, log2_positions, pyplot, save_figure
-from posenc.nn.encodings.rope import RoPE
 
 
 def attention_entropy(p: Tensor) -> Tensor:
@@ -118,22 +117,29 @@ def attention_probabilities(model: nn.Module, idx: Tensor, inputs: list[Tensor] 
 
 @torch.no_grad()
 def rotary_frequency_norms(model: nn.Module, idx: Tensor, inputs: list[Tensor] | None = None) -> dict | None:
-    """For a rotary encoding, per layer the mean over batch, heads and positions of the squared
+    """For a rotary encoding (one whose ``rotary_frequencies`` hook gives θ in some layer, learned
+    frequencies included), per layer the mean over batch, heads and positions of the squared
     norm of q and of k in each dimension pair (before rotation, which preserves it), with each
-    pair's frequency θ_i (0 for pairs left unrotated). None for other encodings."""
-    encoding = model.encoding
-    if not isinstance(encoding, RoPE):
+    pair's frequency θ_i (0 for pairs left unrotated) in the first rotary layer. None for other
+    encodings."""
+    rotary = [(layer, model.encoding.for_layer(layer)) for layer in range(len(model.blocks))]
+    rotary = [(layer, enc, theta) for layer, enc in rotary if (theta := enc.rotary_frequencies(layer)) is not None]
+    if not rotary:
         return None
+    _, encoding, theta = rotary[0]
+    theta = theta.detach().float().cpu()
+    rotated = int((theta != 0).sum())  # pairs [0, rotated) turn: θ falls with i, unrotated pairs are last
+    while getattr(encoding, "inner", None) is not None:  # a mechanism: its inner encoding pairs the dims
+        encoding = encoding.inner
     qkv = capture_qkv(model, idx, inputs)
-    pairs = frequency_pairs(encoding.head_dim, encoding.rot_dim, encoding.style)
-    theta = torch.zeros(len(pairs))
-    theta[: encoding.rot_dim // 2] = encoding.inv_freq.float().cpu()
+    pairs = frequency_pairs(encoding.head_dim, getattr(encoding, "rot_dim", encoding.head_dim),
+                            getattr(encoding, "style", "interleaved"))
     q_norms, k_norms = [], []
     for layer, block in enumerate(model.blocks):
         q, k, _ = qkv[layer].unflatten(-1, (3, block.attn.n_head, -1)).unbind(2)  # (B, T, H, hd)
         q_norms.append(pair_sq_norms(q, pairs).mean(dim=(0, 1, 2)).tolist())
         k_norms.append(pair_sq_norms(k, pairs).mean(dim=(0, 1, 2)).tolist())
-    return {"theta": theta.tolist(), "rotated_pairs": encoding.rot_dim // 2, "q_sq_norm": q_norms, "k_sq_norm": k_norms}
+    return {"theta": theta.tolist(), "rotated_pairs": rotated, "q_sq_norm": q_norms, "k_sq_norm": k_norms}
 
 
 @torch.no_grad()

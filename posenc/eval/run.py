@@ -20,6 +20,7 @@ from posenc.rundir import write_json_atomic
 from posenc.terminal import make_console
 
 console = make_console()  # the `posenc eval` command's output, for people
+err_console = make_console(stderr=True)  # warnings
 
 
 def output_name(overrides: list[str]) -> str:
@@ -52,12 +53,23 @@ def load_trained(run_dir: Path, overrides: list[str]):
     if not run_dir.is_dir():
         raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
     state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
+    warn_code_changes(run_dir)
     cfg = load_run_config(run_dir, overrides)
     device, _, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as training: TF32, autocast
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
     restore_weights(model, state, kept_checkpoint(run_dir))
     return cfg, data, model.to(device), state, autocast
+
+
+def warn_code_changes(run_dir: Path) -> None:
+    """One line when the run's encoding code differs from what it was trained with (provenance.json)."""
+    from posenc import provenance
+
+    changed = provenance.changes(run_dir)
+    if changed:
+        err_console.print(f"warning: the encoding code changed since {run_dir} was trained: {'; '.join(changed)} — "
+                          f"these results come from today's code, not the run's", highlight=False, soft_wrap=True)
 
 
 def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:

@@ -22,7 +22,7 @@ from matplotlib.ticker import EngFormatter  # noqa: E402
 from posenc.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
-from posenc.report.style import styles_for  # noqa: E402
+from posenc.report.style import group_families, styles_for  # noqa: E402
 
 
 def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
@@ -75,7 +75,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     """Validation loss against tokens seen: one line per group, its 95% interval shaded; the
     targets as dotted lines, labelled inside the axes, whose y range holds every target drawn."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
-    styles = styles_for([g.label for g in groups])
+    styles = styles_for([g.label for g in groups], group_families(groups))
     curves = {g.label: c for g in groups if (c := mean_curve(g)) is not None}
     for group in groups:
         if group.label not in curves:
@@ -140,7 +140,7 @@ def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], 
 def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
     """A point per group, not a bar: the axis is zoomed on the differences, and a bar would imply
     zero. Long labels go down the y-axis, horizontal, where they cannot collide."""
-    styles = styles_for([g.label for g, _ in stats])
+    styles = styles_for([g.label for g, _ in stats], group_families([g for g, _ in stats]))
     labels = [g.label for g, _ in stats]
     across = not _long(labels)
     for j, (g, st) in enumerate(stats):
@@ -183,7 +183,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     """Tokens to first reach each target (interpolated between evaluations): a cluster of bars
     per target, one bar per group; a group some seed never got there has no bar and says so."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
-    styles = styles_for([g.label for g in groups])
+    styles = styles_for([g.label for g in groups], group_families(groups))
     table: dict[tuple[str, Target], Stat] = {(g.label, t): g.stat(t.tokens_key) for g in groups for t in targets}
     targets = [t for t in targets if any(table[(g.label, t)].mean is not None for g in groups)]
     if not targets:

@@ -21,7 +21,7 @@ from posenc.report.plots import interval_note, save_figure, titled  # selects th
 from posenc.report.runs import Group, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line
 from posenc.report.stats import Stat, aggregate, scale_of
-from posenc.report.style import styles_for
+from posenc.report.style import group_families, styles_for
 
 
 def rope_decay_bound(distances: np.ndarray, head_dim: int, base: float) -> np.ndarray:
@@ -77,7 +77,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     of the training length as ticks, log-y, the training length dashed. Lengths without a
     perplexity are left out of the line and named in its legend entry."""
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    styles = styles_for([g.label for g in groups])
+    styles = styles_for([g.label for g in groups], group_families(groups))
     plotted: list[int] = []
     y_range: list[float] = []
     banded = False
@@ -146,7 +146,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
     log-x (base 2) at the evaluated lengths, accuracy 0-100%, the training length dashed, the
     95% interval over seeds shaded (clipped to [0, 100%])."""
     fig, ax = plt.subplots(figsize=(9, 4.8))
-    styles = styles_for([g.label for g in groups])
+    styles = styles_for([g.label for g in groups], group_families(groups))
     lengths: set[int] = set()
     banded = False
     for group in groups:

@@ -19,7 +19,8 @@ ABSENT = "<absent>"
 
 def fixed_and_varied(configs: Sequence[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, list[str]]]:
     """What a set of runs held fixed and what varied, from their flattened configs: ({key: the
-    shared value}, {key: sorted distinct values as strings, ABSENT for runs without the key})."""
+    shared value}, {key: sorted distinct values as strings, ABSENT for runs without the key}).
+    A number is one value however it was typed: 10000 and 10000.0 are one."""
     keys = sorted(set().union(*configs)) if configs else []
     fixed, varied = {}, {}
     for key in keys:
@@ -27,8 +28,18 @@ def fixed_and_varied(configs: Sequence[dict[str, Any]]) -> tuple[dict[str, Any],
         if all(v == values[0] for v in values):
             fixed[key] = values[0]
         else:
-            varied[key] = sorted({str(v) for v in values}, key=_numbers_first)
+            distinct: dict[str, str] = {}  # one value -> the first spelling seen
+            for v in values:
+                distinct.setdefault(_identity(v), str(v))
+            varied[key] = sorted(distinct.values(), key=_numbers_first)
     return fixed, varied
+
+
+def _identity(value: Any) -> str:
+    """What makes two config values one: a number's value (10000 and 10000.0 are one), else its text."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return repr(float(value))
+    return str(value)
 
 
 def _numbers_first(text: str) -> tuple:

@@ -1,17 +1,22 @@
 """One look per encoding in every figure: a fixed colour, line style and marker.
 
-The line style says the family (the encoding's hooks, docs/architecture.md): solid for rotary
-(`transform_qk`), dashed for additive (`embed`), dash-dot for a bias on the scores (`position_bias`), dotted
-for none or a content-dependent one. A label that is not an encoding (grouping by `encoding.base`,
-`model.flavor`, ...) gets a colour from its name's hash, probing for a free one, so the same
-label keeps its colour in every figure of a report and, mostly, across reports.
+The line style says the family, derived from the hooks the group's encoding class overrides
+(docs/architecture.md), never from its name: solid for rotary (`transform_qk`,
+`rotary_frequencies`), dash-dot for a bias on the scores (`position_bias`), dashed for additive
+(`embed`), dotted for none or a content-dependent one; a mechanism (`encoding.inner`) is drawn as
+the encoding it wraps. The shipped encodings keep a fixed colour and marker; any other label (a
+plugin's encoding, grouping by `encoding.base`, `model.flavor`, ...) gets a colour from its name's
+hash, probing for a free one, so the same label keeps its colour in every figure of a report
+and, mostly, across reports.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -49,10 +54,49 @@ ENCODING_STYLES: dict[str, Style] = {
 _FREE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
-def styles_for(labels: Sequence[str]) -> dict[str, Style]:
-    """label -> Style: an encoding's own, else a colour picked from the label's hash (linear
-    probing past colours already taken in this figure), deterministic for a set of labels."""
-    styles = {label: ENCODING_STYLES[label] for label in labels if label in ENCODING_STYLES}
+@lru_cache(maxsize=None)
+def family_of(target: str) -> str | None:
+    """The line style of the encoding class ``target`` names, from the hooks it overrides; None
+    when the class cannot be imported here (a plugin not on this machine's path)."""
+    from hydra.utils import get_class
+
+    from posenc.nn.encodings.base import PositionalEncoding
+
+    try:
+        cls = get_class(target)
+    except Exception:  # noqa: BLE001 - a figure is still drawn, in the default style
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, PositionalEncoding)):
+        return None
+    overrides = lambda hook: getattr(cls, hook) is not getattr(PositionalEncoding, hook)  # noqa: E731
+    if overrides("transform_qk") or overrides("rotary_frequencies"):
+        return ROTARY
+    if overrides("position_bias"):
+        return BIAS
+    if overrides("embed"):
+        return ADDITIVE
+    return OTHER
+
+
+def group_families(groups: Sequence) -> dict[str, str]:
+    """label -> line style for groups (report.runs.Group) whose runs share one encoding class
+    (a mechanism's: the one it wraps, encoding.inner)."""
+    out = {}
+    for group in groups:
+        targets = {r.config.get("encoding.inner._target_") or r.config.get("encoding._target_") for r in group.runs}
+        if len(targets) == 1 and isinstance(target := targets.pop(), str) and (family := family_of(target)):
+            out[group.label] = family
+    return out
+
+
+def styles_for(labels: Sequence[str], families: Mapping[str, str] | None = None) -> dict[str, Style]:
+    """label -> Style: a shipped encoding's colour and marker, else a colour picked from the
+    label's hash (linear probing past colours already taken in this figure), deterministic for
+    a set of labels; the line style from families (group_families), else the shipped
+    encoding's, else solid."""
+    families = families or {}
+    styles = {label: dataclasses.replace(ENCODING_STYLES[label], linestyle=families.get(label, ENCODING_STYLES[label].linestyle))
+              for label in labels if label in ENCODING_STYLES}
     taken = {s.color for s in styles.values()}
     for label in sorted(set(labels) - set(styles)):
         h = zlib.crc32(label.encode())
@@ -60,5 +104,5 @@ def styles_for(labels: Sequence[str]) -> dict[str, Style]:
         free = [PALETTE[(start + i) % len(PALETTE)] for i in range(len(PALETTE))]
         color = next((c for c in free if c not in taken), free[0])
         taken.add(color)
-        styles[label] = Style(color, "-", _FREE_MARKERS[h % len(_FREE_MARKERS)])
+        styles[label] = Style(color, families.get(label, "-"), _FREE_MARKERS[h % len(_FREE_MARKERS)])
     return styles

@@ -16,6 +16,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from posenc import metrics as M
+from posenc import provenance
 from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
 from posenc.config import validate as validate_config
 from posenc.eval import final
@@ -42,6 +43,8 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     # the run's one encoding build, refused here before any data is read; the data draws from
     # generators of its own, so building it next leaves the model's init as if built first
     encoding = check_encodable(cfg)
+    if distributed.is_main():  # where the encoding's code came from: eval, probe and resume compare it
+        provenance.write(run_dir, cfg)
     log.info("run dir: %s", run_dir)  # named first: a run stopped early is found without waiting for its end
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer

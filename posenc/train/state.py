@@ -42,15 +42,46 @@ def lr_lambda(warmup_steps: int, max_steps: int, min_lr_ratio: float) -> Callabl
 
 
 def configure_optimizer(model: nn.Module, tcfg: DictConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with weight decay on the model's matrices only: not on biases and norms, and not on
-    any parameter of the positional encoding (T5's table, FIRE's MLP, CoPE's and learned
-    positions' tables), so that no encoding's own parameters are pulled to zero while they learn
-    — one rule for every encoding."""
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    decay = [p for n, p in params if p.dim() >= 2 and not n.startswith("encoding.")]
-    no_decay = [p for n, p in params if p.dim() < 2 or n.startswith("encoding.")]
-    groups = [{"params": decay, "weight_decay": tcfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    """AdamW with weight decay on the model's matrices only: not on biases and norms, and the
+    positional encoding's parameters as its ``param_groups`` hook says — by default no decay at
+    trainer.lr (T5's table, FIRE's MLP, CoPE's and learned positions' tables), so that no
+    encoding's own parameters are pulled to zero while they learn. Groups: the decayed
+    matrices, the rest without decay (the default encoding group joins it), then one group per
+    other (lr_scale, weight_decay) an encoding asks for, each in the model's parameter order."""
+    options = encoding_options(model)
+    by_key: dict[object, list] = {"decay": [], "rest": []}
+    for n, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        if id(p) in options:
+            key = "rest" if options[id(p)] == (1.0, 0.0) else options[id(p)]
+        else:
+            key = "decay" if p.dim() >= 2 and not n.startswith("encoding.") else "rest"
+        by_key.setdefault(key, []).append(p)
+    groups = [{"params": by_key.pop("decay"), "weight_decay": tcfg.weight_decay},
+              {"params": by_key.pop("rest"), "weight_decay": 0.0}]
+    groups += [{"params": params, "weight_decay": wd, "lr": tcfg.lr * scale} for (scale, wd), params in by_key.items()]
     return torch.optim.AdamW(groups, lr=tcfg.lr, betas=(tcfg.beta1, tcfg.beta2), fused=device.type == "cuda")
+
+
+def encoding_options(model: nn.Module) -> dict[int, tuple[float, float]]:
+    """id(parameter) -> (lr_scale, weight_decay) from the encoding's ``param_groups`` hook (a model
+    without an encoding: none)."""
+    from posenc.nn.encodings.base import GROUP_DEFAULTS
+
+    encoding = getattr(model, "encoding", None)
+    out: dict[int, tuple[float, float]] = {}
+    for params, opts in encoding.param_groups() if encoding is not None else []:
+        unknown = set(opts) - set(GROUP_DEFAULTS)
+        if unknown:
+            raise ValueError(f"{encoding.name}.param_groups(): unknown option(s) {sorted(unknown)} — "
+                             f"use {', '.join(GROUP_DEFAULTS)}")
+        scale, wd = float(opts.get("lr_scale", 1.0)), float(opts.get("weight_decay", 0.0))
+        if scale <= 0 or wd < 0:
+            raise ValueError(f"{encoding.name}.param_groups(): lr_scale must be > 0 and weight_decay >= 0, "
+                             f"got {scale} and {wd}")
+        out.update({id(p): (scale, wd) for p in params})
+    return out
 
 
 @dataclass

@@ -61,6 +61,7 @@ Vocabulary, one name per concept:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,9 +80,17 @@ Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 #: queries start..end-1 over the keys lo..end-1 (window indices), so that long sequences never hold T x T
 ScoreRows = Callable[[int, int, int], Tensor]
 
+#: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
+#: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
+GROUP_DEFAULTS: dict[str, float] = {"lr_scale": 1.0, "weight_decay": 0.0}
+ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
+
+#: constructor arguments the builder passes (posenc/build.py) or that name the encoding: not options
+BUILDER_ARGUMENTS = ("self", "d_model", "n_head", "name", "n_layer", "train_len")
+
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
 HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "qk_scores", "decay",
-         "logit_scale", "sink_logit", "normalise")
+         "logit_scale", "sink_logit", "normalise", "rotary_frequencies")
 
 
 @dataclass(frozen=True)
@@ -171,6 +180,7 @@ class PositionalEncoding(nn.Module):
 
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
+        self._constructed_with = constructor_arguments(self)
         if d_model % n_head != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
         self.d_model = d_model
@@ -254,6 +264,16 @@ class PositionalEncoding(nn.Module):
         table = self.distance_bias(torch.arange(ctx.n_positions, device=ctx.device))  # (H, n_positions)
         return distance_score_mod(table, None if ctx.default_positions else ctx.pos)
 
+    # --- what probes and figures may ask ------------------------------------------------
+    def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
+        """For an encoding that rotates dimension pairs of q and k by m·θ_i in block ``layer``: θ
+        (head_dim/2,) float, θ_i of pair i, 0 for a pair left unrotated, learned ones as they are
+        now; pair i is dims (2i, 2i+1), or (i, i + rot_dim/2) where ``self.style == "half"``
+        (``self.rot_dim``, the rotated width, defaults to head_dim).
+        None (the default): no rotation in this layer. The rotary probe (posenc/eval/probes.py)
+        reads it, and figures draw an encoding that offers it as rotary."""
+        return None
+
     # --- derived facts ----------------------------------------------------------------
     def offers(self, hook: str) -> bool:
         """Whether this encoding acts through ``hook`` (one of HOOKS): it overrides it."""
@@ -305,7 +325,7 @@ class PositionalEncoding(nn.Module):
     def needs_scores(self) -> bool:
         """Whether it acts on the score matrix itself (a bias, a logit term, its own q·k, a scale, a
         sink or a normaliser), which linear attention never forms."""
-        return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk"))
+        return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk", "rotary_frequencies"))
 
     @property
     def is_relative(self) -> bool:
@@ -333,12 +353,62 @@ class PositionalEncoding(nn.Module):
             )
 
     def options(self) -> dict[str, object]:
-        """The encoding's own options, for tables, summaries and `posenc encodings`."""
-        return {}
+        """The encoding's own options, for tables, summaries and W&B. By default the arguments its
+        constructor was called with (but the sizes the builder passes, and name) that hold plain
+        values (numbers, strings, booleans, lists of them); override it to show something else
+        (RoPE shows its scaling's keys only when it scales)."""
+        return dict(self.__dict__.get("_constructed_with", {}))
+
+    def param_groups(self) -> list[ParamGroup]:
+        """The encoding's parameters as optimiser groups: (params, {"lr_scale": s, "weight_decay": w}),
+        each option defaulting to GROUP_DEFAULTS (AdamW at trainer.lr·s, decoupled decay w). Override
+        it to give a parameter its own learning rate or decay (a slope that must move faster than
+        Adam's ~lr per step). The default: every parameter at the defaults, except those of an
+        encoding nested in this one (a mechanism's ``inner``, a layout's kinds), which come as
+        that encoding's own param_groups say."""
+        nested = _outermost_encodings(self)
+        groups = [group for encoding in nested for group in encoding.param_groups()]
+        claimed = {id(p) for params, _ in groups for p in params}
+        own = [p for p in self.parameters() if id(p) not in claimed]
+        return [(own, {}), *groups] if own else groups
 
     def extra_repr(self) -> str:
         opts = ", ".join(f"{k}={v}" for k, v in self.options().items())
         return f"name={self.name}" + (f", {opts}" if opts else "")
+
+
+def constructor_arguments(encoding: PositionalEncoding) -> dict[str, object]:
+    """The plain-valued arguments of the outermost ``__init__`` building encoding (the frames that
+    called this one through ``super().__init__``), but BUILDER_ARGUMENTS: options()' default, so
+    an encoding's options are recorded without it having to list them."""
+    frame, outer = inspect.currentframe(), None
+    frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None  # past PositionalEncoding.__init__
+    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is encoding:
+        outer, frame = frame, frame.f_back
+    if outer is None:
+        return {}
+    plain = (bool, int, float, str)
+    out: dict[str, object] = {}
+    for arg, p in inspect.signature(type(encoding).__init__).parameters.items():
+        if arg in BUILDER_ARGUMENTS or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or arg not in outer.f_locals:
+            continue
+        value = outer.f_locals[arg]
+        if value is None or isinstance(value, plain):
+            out[arg] = value
+        elif isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
+            out[arg] = list(value)
+    return out
+
+
+def _outermost_encodings(encoding: PositionalEncoding) -> list[PositionalEncoding]:
+    """The encodings inside encoding that no other encoding inside it contains."""
+    found: list[tuple[str, PositionalEncoding]] = []
+    for name, module in encoding.named_modules():
+        if module is encoding or not isinstance(module, PositionalEncoding):
+            continue
+        if not any(name.startswith(outer + ".") for outer, _ in found):
+            found.append((name, module))
+    return [module for _, module in found]
 
 
 class NoPE(PositionalEncoding):

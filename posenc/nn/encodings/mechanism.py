@@ -67,6 +67,9 @@ class Mechanism(PositionalEncoding):
     def distance_bias(self, distance: Tensor) -> Tensor:
         return self.inner.distance_bias(distance)
 
+    def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
+        return self.inner.rotary_frequencies(layer)
+
     def score_mod(self, ctx: Context) -> ScoreMod | None:
         return self.inner.score_mod(ctx)
 

@@ -178,6 +178,12 @@ class RoPE(PositionalEncoding):
         cos, sin = self.cos_cached[ctx.pos], self.sin_cached[ctx.pos]
         return (cos[:, None], sin[:, None]) if ctx.per_sequence else (cos, sin)
 
+    def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
+        """θ'_i of every pair of head_dim (0 past rot_dim): what the rotation uses now."""
+        theta = torch.zeros(self.head_dim // 2)
+        theta[: self.rot_dim // 2] = self.inv_freq.float().cpu()
+        return theta
+
     def options(self) -> dict[str, object]:
         opts: dict[str, object] = {"base": self.base, "fraction": self.fraction, "style": self.style}
         if self.scaling != "none":

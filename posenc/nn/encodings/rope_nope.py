@@ -106,6 +106,9 @@ class RoPENoPE(RoPE):
     def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         return (q, k) if self.is_nope(layer) else super().transform_qk(q, k, ctx, layer)
 
+    def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
+        return None if self.is_nope(layer) else super().rotary_frequencies(layer)
+
     def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
         """τ(m) of each query m: (1|B, 1, T, 1), the same for every head; None where it is 1 at
         every position (no temperature, a sequence no longer than L, a layer it does not apply to)."""

@@ -1,0 +1,178 @@
+"""Where a run's encoding code came from, so a later command can tell when it changed.
+
+A run directory's ``provenance.json``, written when training starts, records for every class an
+encoding config names (``_target_``, a mechanism's ``inner`` and a layout kind's own encoding
+included): its module, the module's source file, the directory it was imported from, and a
+SHA-256 of its source (the module file; for a plugin package, every ``.py`` file of the package,
+so a helper module's change counts too; posenc's own encodings are the module file, and
+posenc's version says the rest). It also records the plugin config directories the run was
+composed with, so a resume composes with them from any directory.
+
+``posenc eval`` and ``posenc probe`` warn (one line) when the code differs now; a resume refuses
+(one ``error:`` line) unless ``trainer.allow_code_change=true`` (posenc/cli/launch.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import sys
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from posenc.errors import UserError
+from posenc.rundir import write_json_atomic
+from posenc.searchpath import plugin_sources
+
+PROVENANCE_FILE = "provenance.json"
+ALLOW_KEY = "trainer.allow_code_change"
+
+
+def posenc_version() -> str:
+    try:
+        return version("posenc")
+    except PackageNotFoundError:  # a source tree that was never installed
+        return "unknown"
+
+
+def encoding_targets(cfg: DictConfig) -> list[str]:
+    """Every ``_target_`` under cfg.encoding and the layout kinds' own encodings, in order."""
+    found: list[str] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, DictConfig):
+            for key in node:
+                if key == "_target_" and isinstance(node[key], str):
+                    found.append(node[key])
+                elif not OmegaConf.is_interpolation(node, key) and not OmegaConf.is_missing(node, key):
+                    walk(node[key])
+        elif isinstance(node, ListConfig):
+            for item in node:
+                walk(item)
+
+    walk(cfg.get("encoding"))
+    walk(OmegaConf.select(cfg, "layout.kinds", default=None))
+    return list(dict.fromkeys(found))
+
+
+def import_module_of(target: str):
+    """The module of ``a.b.Class``, imported; an ImportError as one line naming the module and how
+    to make it importable."""
+    module_name = target.rpartition(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        raise unimportable(target, e) from e
+
+
+def unimportable(target: str, error: BaseException, import_root: str | None = None) -> UserError:
+    """The one line for a ``_target_`` whose module cannot be imported. import_root: the directory
+    the run imported it from (provenance.json), when known."""
+    module = target.rpartition(".")[0]
+    cause = error.__cause__ if isinstance(error.__cause__, ImportError) else error
+    missing = getattr(cause, "name", None)
+    if missing and not module.startswith(missing) and missing != module:  # the module imports something absent
+        return UserError(f"cannot import {module} (for {target}): it imports '{missing}', which is not installed — "
+                         f"pip install it in this environment")
+    where = f"PYTHONPATH={import_root} (where the run imported it from)" if import_root else \
+        "PYTHONPATH=<the directory holding it>"
+    return UserError(f"cannot import module '{module}' (encoding._target_ {target}) — make it importable: "
+                     f"{where}, or pip install -e <its project>")
+
+
+def _source_files(module) -> tuple[Path | None, list[Path]]:
+    """(the module's file, the files its hash covers): the module file for posenc's own modules
+    and single-file plugins, every .py file of the top-level package for a plugin package."""
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None, []
+    top = sys.modules.get(module.__name__.partition(".")[0])
+    package_dir = Path(top.__file__).parent if top is not None and getattr(top, "__path__", None) \
+        and getattr(top, "__file__", None) else None
+    if package_dir is None or module.__name__.startswith("posenc."):
+        return Path(file), [Path(file)]
+    return Path(file), sorted(package_dir.rglob("*.py"))
+
+
+def _import_root(module) -> str | None:
+    """The sys.path entry the module was found under."""
+    file = getattr(module, "__file__", None)
+    if file is None:
+        return None
+    depth = module.__name__.count(".") + (1 if Path(file).name == "__init__.py" else 0)
+    return str(Path(file).resolve().parents[depth])
+
+
+def code_record(target: str) -> dict:
+    """module, file, import_root, sha256 (over the files, by relative name and content) of target."""
+    module = import_module_of(target)
+    file, covered = _source_files(module)
+    root = Path(_import_root(module) or "/").resolve()
+    digest = hashlib.sha256()
+    for path in covered:  # each file's name (relative to the import root) and bytes: a renamed file counts
+        path = path.resolve()
+        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
+        digest.update(b"\0" + path.read_bytes() + b"\0")
+    return {"module": module.__name__, "file": str(file.resolve()) if file else None,
+            "import_root": _import_root(module), "files": len(covered), "sha256": digest.hexdigest()}
+
+
+def record(cfg: DictConfig) -> dict:
+    """What provenance.json holds for a run composed as cfg."""
+    return {"posenc_version": posenc_version(), "config_dirs": plugin_sources(),
+            "code": {target: code_record(target) for target in encoding_targets(cfg)}}
+
+
+def write(run_dir: Path, cfg: DictConfig) -> dict:
+    """Record cfg's encoding code in run_dir (a resume told to go on keeps the earlier records)."""
+    import json
+
+    now = record(cfg)
+    path = run_dir / PROVENANCE_FILE
+    if path.is_file():
+        before = json.loads(path.read_text())
+        if before.get("code") != now["code"] or before.get("posenc_version") != now["posenc_version"]:
+            now["earlier"] = [*before.pop("earlier", []), before]
+        else:
+            now["earlier"] = before.get("earlier", [])
+    write_json_atomic(path, now)
+    return now
+
+
+def read(run_dir: Path) -> dict | None:
+    import json
+
+    path = run_dir / PROVENANCE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def changes(run_dir: Path) -> list[str]:
+    """What differs between the code the run was trained with and the code importable now, one
+    phrase per class (empty: the same, or a run made before provenance was recorded). A module
+    that cannot be imported now is refused with the directory the run imported it from."""
+    saved = read(run_dir)
+    if saved is None:
+        return []
+    out = []
+    for target, then in saved.get("code", {}).items():
+        try:
+            now = code_record(target)
+        except UserError as e:
+            raise unimportable(target, e.__cause__ or e, then.get("import_root")) from e
+        if now["sha256"] != then["sha256"]:
+            moved = "" if now["file"] == then["file"] else f", now from {now['file']}"
+            out.append(f"{target} ({then['file']}: sha256 {then['sha256'][:12]} then, {now['sha256'][:12]} now{moved})")
+    return out
+
+
+def restore_config_dirs(run_dir: Path) -> None:
+    """Add the plugin config directories the run was composed with to this process's search path
+    (a resume composes the run again), those that still exist."""
+    from posenc.searchpath import add_config_dirs
+
+    saved = read(run_dir) or {}
+    dirs = [url.removeprefix("file://") for url in saved.get("config_dirs", []) if url.startswith("file://")]
+    add_config_dirs([d for d in dirs if Path(d).is_dir()])

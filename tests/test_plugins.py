@@ -1,0 +1,277 @@
+"""An encoding kept outside posenc (a package made here, in a temp dir, put on PYTHONPATH) goes
+through every command by one mechanism, the config search path (posenc/searchpath.py):
+`--config-dir` on any command, POSENC_CONFIG_PATH, or a `posenc.plugins` entry point. A run
+records where its encoding's code came from (posenc/provenance.py), and what posenc draws and
+probes comes from the hooks an encoding offers, not from its name."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from conftest import TINY, cli_env, run_cli, run_dirs
+from posenc.errors import UserError
+from posenc.searchpath import ENV_VAR
+
+ENCODINGS_PY = '''\
+"""Two encodings a researcher keeps in their own package."""
+import math
+
+import torch
+from torch import Tensor, nn
+
+from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.rope import apply_rotary
+
+
+class LogDistanceBias(PositionalEncoding):
+    """b_h(i, j) = -s_h * log(1 + i - j), a learned slope s_h > 0 per head."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "logdist", init_slope: float = 1.0,
+                 slope_lr_scale: float = 1.0) -> None:
+        super().__init__(d_model, n_head, name)
+        self.log_slope = nn.Parameter(torch.full((n_head,), math.log(init_slope)))  # (H,)
+        self.slope_lr_scale = slope_lr_scale
+
+    def distance_bias(self, distance: Tensor) -> Tensor:  # (R,) -> (H, R)
+        return -self.log_slope.exp()[:, None] * torch.log1p(distance.float())[None, :]
+
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # -> (..., H, Tq, Tk)
+        distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).float()
+        return -self.log_slope.exp()[:, None, None] * torch.log1p(distance).unsqueeze(-3)
+
+    def param_groups(self):
+        return [([self.log_slope], {"lr_scale": self.slope_lr_scale, "weight_decay": 0.0})]
+
+
+class LearnedRoPE(PositionalEncoding):
+    """RoPE whose frequencies theta_i are learned, starting at base^(-2i/d)."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "learned_rope", base: float = 10000.0) -> None:
+        super().__init__(d_model, n_head, name)
+        theta = base ** (-torch.arange(0, self.head_dim, 2).float() / self.head_dim)
+        self.log_theta = nn.Parameter(theta.log())  # (head_dim/2,)
+
+    def rotary_frequencies(self, layer: int = 0) -> Tensor:
+        return self.log_theta.exp().detach()
+
+    def transform_qk(self, q, k, ctx, layer=0):
+        angles = ctx.pos.float()[..., None] * self.log_theta.exp()  # (T, hd/2) or (B, T, hd/2)
+        cos, sin = angles.cos(), angles.sin()
+        if cos.dim() == 3:
+            cos, sin = cos[:, None], sin[:, None]
+        return apply_rotary(q, cos, sin, "interleaved"), apply_rotary(k, cos, sin, "interleaved")
+'''
+
+LOGDIST_YAML = """\
+# Log-distance bias: -s_h·log(1 + i - j), a learned slope per head.
+_target_: myplug.encodings.LogDistanceBias
+name: logdist
+init_slope: 1.0
+slope_lr_scale: 1.0
+"""
+LEARNED_ROPE_YAML = """\
+# RoPE with learned frequencies.
+_target_: myplug.encodings.LearnedRoPE
+name: learned_rope
+base: 10000.0
+"""
+
+
+def make_plugin(root: Path) -> Path:
+    """root/myplug: a package with two encodings and its config dir, myplug/conf; returns conf."""
+    package = root / "myplug"
+    (package / "conf" / "encoding").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "conf" / "__init__.py").write_text("")
+    (package / "encodings.py").write_text(ENCODINGS_PY)
+    (package / "conf" / "encoding" / "logdist.yaml").write_text(LOGDIST_YAML)
+    (package / "conf" / "encoding" / "learned_rope.yaml").write_text(LEARNED_ROPE_YAML)
+    return package / "conf"
+
+
+def plugin_env(root: Path, **extra: str) -> dict[str, str]:
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop(ENV_VAR, None)
+    env.update(extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def plugin(tmp_path_factory) -> tuple[Path, Path]:
+    """(the directory holding the plugin package, its config dir), importable in this process."""
+    root = tmp_path_factory.mktemp("plugin")
+    conf = make_plugin(root)
+    sys.path.insert(0, str(root))
+    yield root, conf
+    sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m == "myplug" or m.startswith("myplug.")]:
+        del sys.modules[name]
+
+
+@pytest.fixture
+def on_search_path(plugin, monkeypatch):
+    """The plugin's config dir on POSENC_CONFIG_PATH for one in-process test."""
+    monkeypatch.setenv(ENV_VAR, str(plugin[1]))
+    return plugin
+
+
+@pytest.fixture(scope="module")
+def sweep(plugin, tmp_path_factory) -> dict[str, Path]:
+    """encoding name -> run dir of a 2-job sweep over the plugin's encodings, through Hydra's
+    submitit launcher (each job in a process of its own), from a directory that holds neither
+    the plugin nor its configs: `posenc train -m --config-dir … encoding=logdist,learned_rope`."""
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra is not installed")
+    root, conf = plugin
+    cwd = tmp_path_factory.mktemp("runs")
+    result = run_cli("train", "-m", "hydra/launcher=submitit_local", "--config-dir", str(conf),
+                     "encoding=logdist,learned_rope", *TINY, "eval.at_end=true", "eval.lengths=[1,2]",
+                     "eval.tokens=128", cwd=cwd, env=plugin_env(root))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return {json.loads((d / "summary.json").read_text())["encoding"]["name"]: d for d in run_dirs(cwd)}
+
+
+@pytest.fixture(scope="module")
+def trained(sweep) -> Path:
+    return sweep["logdist"]
+
+
+def test_the_run_records_its_encoding_code_and_config_dir(trained, plugin):
+    record = json.loads((trained / "provenance.json").read_text())
+    code = record["code"]["myplug.encodings.LogDistanceBias"]
+    assert code["module"] == "myplug.encodings" and code["import_root"] == str(plugin[0].resolve())
+    assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve()) and code["files"] == 3
+    assert len(code["sha256"]) == 64 and record["posenc_version"]
+    assert record["config_dirs"][0] == f"file://{plugin[1].resolve()}"
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["encoding"] == {"name": "logdist", "init_slope": 1, "slope_lr_scale": 1}  # options() by default
+
+
+def test_both_sweep_jobs_trained_their_plugin_encoding(sweep):
+    assert set(sweep) == {"logdist", "learned_rope"}
+    for name, run_dir in sweep.items():
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["status"] == "completed" and math.isfinite(summary["val/loss"]), name
+        assert (run_dir / "provenance.json").is_file()
+
+
+def test_eval_and_probe_from_another_directory(trained, on_search_path, tmp_path, monkeypatch):
+    from posenc.eval.probe_run import probe_run
+    from posenc.eval.run import eval_run
+
+    monkeypatch.chdir(tmp_path)
+    record, path = eval_run(trained, ["eval.lengths=[1,2]"])
+    assert path.is_file() and record["encoding"]["name"] == "logdist"
+    assert all(math.isfinite(v) for k, v in record.items() if k.startswith("extrapolation/ppl@"))
+    written = {p.name for p in probe_run(trained, [], multiples=(1,), windows=1)}
+    assert "bias.png" in written and "rotary_pairs.png" not in written  # a bias, drawn as one
+
+
+def test_bench_labels_the_plugin_row_by_its_name_and_pairs_it_with_nope(on_search_path):
+    from posenc.bench.run import Listener, bench
+
+    shape = ["model.n_layer=1", "model.n_head=2", "model.d_model=32", "bench.seq_len=16", "bench.batch_size=2",
+             "bench.steps=1", "bench.warmup=1", "bench.rounds=1", "bench.reference=false",
+             "bench.eval_length_multiple=0", "device=cpu"]
+    result = bench(["encoding=logdist,nope", *shape], Listener())
+    rows = {r["name"]: r for r in result["results"]}
+    assert set(rows) == {"logdist", "nope"} and rows["logdist"]["status"] == "ok"
+    assert rows["logdist"]["options"] == {"init_slope": 1, "slope_lr_scale": 1}
+    # its own row, timed round by round against nope's (not nope against itself: 1.000×)
+    assert rows["logdist"]["vs_nope"] > 0 and rows["logdist"]["paired"]["nope"]
+
+
+def test_encodings_lists_the_plugin_with_its_options(plugin, monkeypatch):
+    from posenc.cli.app import app
+
+    # --config-dir sets POSENC_CONFIG_PATH for this process; conftest restores it after the test
+    monkeypatch.setenv("COLUMNS", "200")
+    result = CliRunner().invoke(app, ["encodings", "--config-dir", str(plugin[1])])
+    assert result.exit_code == 0, result.output
+    line = next(line for line in result.output.splitlines() if "logdist" in line)
+    assert "Log-distance bias" in line and "init_slope=1.0" in line
+    assert "learned_rope" in result.output and "rope " in result.output  # the built-ins stay
+
+
+def test_compare_and_plot_read_the_plugin_run(trained, tmp_path, monkeypatch):
+    from posenc.cli.app import app
+
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["compare", str(trained), "--out", str(tmp_path / "report")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "report" / "report.md").is_file() and "logdist" in result.output
+    result = CliRunner().invoke(app, ["plot", "extrapolation", str(trained), "--out", str(tmp_path / "x.png")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "x.png").is_file()
+
+
+def test_an_installed_plugins_entry_point_is_on_the_search_path(plugin, tmp_path, monkeypatch):
+    from posenc.config import compose, group_options
+
+    # what `pip install` of a package declaring [project.entry-points."posenc.plugins"] leaves
+    dist = tmp_path / "myplug-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[posenc.plugins]\nmyplug = myplug.conf\n")
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert "logdist" not in group_options("encoding")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert "logdist" in group_options("encoding")
+    assert compose(["encoding=logdist"]).encoding._target_ == "myplug.encodings.LogDistanceBias"
+
+
+def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plugin, monkeypatch):
+    from posenc.config import compose
+
+    monkeypatch.setenv(ENV_VAR, str(plugin[1]))
+    with pytest.raises(UserError, match=r"cannot import module 'nowhere\.enc' .*PYTHONPATH=.*pip install -e"):
+        compose(["encoding=logdist", "encoding._target_=nowhere.enc.LogDistanceBias"])
+
+
+def test_a_run_whose_module_is_gone_says_where_it_imported_it_from(trained, plugin, monkeypatch):
+    from posenc import provenance
+
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugin[0])])
+    for name in [m for m in sys.modules if m == "myplug" or m.startswith("myplug.")]:
+        monkeypatch.delitem(sys.modules, name)
+    with pytest.raises(UserError, match=f"PYTHONPATH={plugin[0].resolve()} \\(where the run imported it from\\)"):
+        provenance.changes(trained)
+
+
+def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, capsys):
+    from posenc import provenance
+    from posenc.cli.launch import prepare
+    from posenc.eval.run import warn_code_changes
+
+    source = plugin[0] / "myplug" / "encodings.py"
+    original = source.read_text()
+    assert provenance.changes(trained) == []
+    try:
+        source.write_text(original.replace("torch.log1p(distance.float())", "torch.log1p(2 * distance.float())"))
+        warn_code_changes(trained)
+        warning = capsys.readouterr().err
+        assert "warning: the encoding code changed" in warning and "myplug.encodings.LogDistanceBias" in warning
+        with pytest.raises(UserError, match=r"trainer.allow_code_change=true"):
+            prepare([f"trainer.resume='{trained}'", "trainer.max_steps=6"])
+        result = run_cli("train", f"trainer.resume='{trained}'", "trainer.max_steps=6", "trainer.allow_code_change=true",
+                         cwd=trained.parent, env=plugin_env(plugin[0]))  # the run's config dir comes from the run
+        assert result.returncode == 0, result.stderr[-3000:]
+        record = json.loads((trained / "provenance.json").read_text())
+        assert record["earlier"] and record["earlier"][-1]["code"] != record["code"]  # both versions kept
+    finally:
+        source.write_text(original)
+
+
+def test_a_missing_config_dir_is_one_line(tmp_path):
+    result = run_cli("encodings", "--config-dir", str(tmp_path / "nope"), cwd=tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines() == [
+        f"error: --config-dir '{tmp_path / 'nope'}' does not exist — pass a directory of YAML configs "
+        f"(one holding encoding/NAME.yaml)"]
