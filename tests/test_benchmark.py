@@ -15,7 +15,7 @@ from posenc.benchmark.data import Row, baselines_path, load_baselines
 from posenc.benchmark.leaderboard import render
 from posenc.benchmark.match import DIFFERENT, EXACT, WITHIN, match, overall, seed_verdict
 from posenc.benchmark.place import place
-from posenc.benchmark.protocol import load_protocol, protocol_hash, resolved
+from posenc.benchmark.protocol import as_recorded, load_protocol, protocol_hash, resolved
 from posenc.report.runs import find_runs, group_runs
 from posenc.report.verdicts import ranking_of, versus_baseline
 
@@ -138,9 +138,19 @@ def test_the_shipped_baselines_were_measured_under_the_current_protocol(shipped)
     """A change to anything the protocol composes (the micro model, the trainer's or the evaluator's
     defaults, the corpus settings) without regenerating the data fails here."""
     protocol, baselines = shipped
-    current = resolved(protocol)
+    recorded = baselines.raw["protocol"]["config"]
+    current, added = as_recorded(json.loads(json.dumps(resolved(protocol), default=str)), recorded)
     assert baselines.hash == protocol_hash(current)
-    assert baselines.raw["protocol"]["config"] == json.loads(json.dumps(current, default=str))
+    assert recorded == current, f"keys added since the data was measured: {added}"
+
+
+def test_a_key_posenc_gains_later_is_not_the_protocol_but_a_changed_value_is():
+    recorded = {"arms": {"lm": {"config": {"trainer": {"lr": 0.002, "max_steps": 100}}}}}
+    grown = {"arms": {"lm": {"config": {"trainer": {"lr": 0.002, "max_steps": 100, "allow_code_change": False}}}}}
+    changed = {"arms": {"lm": {"config": {"trainer": {"lr": 0.003, "max_steps": 100}}}}}
+    cut, added = as_recorded(grown, recorded)
+    assert protocol_hash(cut) == protocol_hash(recorded) and added == ["arms.lm.config.trainer.allow_code_change"]
+    assert protocol_hash(as_recorded(changed, recorded)[0]) != protocol_hash(recorded)
 
 
 def test_the_leaderboard_page_is_what_the_shipped_data_renders(shipped):

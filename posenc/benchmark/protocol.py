@@ -95,6 +95,22 @@ def resolved(protocol: Protocol) -> dict:
                      for arm in protocol.arms}}
 
 
+def as_recorded(current: dict, recorded: dict) -> tuple[dict, list[str]]:
+    """The current resolved protocol cut to the keys a recorded one has, and the dotted keys added
+    since. A config key posenc gained after the data was measured is not part of that protocol (a
+    new key's default keeps the old behaviour: posenc's rule for new keys, and what --reproduce
+    tests); a key whose value changed, or that is gone, still changes the hash."""
+    added: list[str] = []
+
+    def cut(now: object, then: object, where: str) -> object:
+        if not (isinstance(now, dict) and isinstance(then, dict)):
+            return now
+        added.extend(f"{where}{k}" for k in now if k not in then)
+        return {k: cut(now[k], then[k], f"{where}{k}.") for k in now if k in then}
+
+    return cut(current, recorded, ""), added
+
+
 def protocol_hash(config: dict) -> str:
     """sha256 of the resolved protocol as canonical JSON (sorted keys), first 16 hex digits."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)

@@ -7,7 +7,7 @@ from pathlib import Path
 from rich.console import Console
 
 from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
-from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, load_protocol, protocol_hash, resolved
+from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, as_recorded, load_protocol, protocol_hash, resolved
 from posenc.errors import UserError
 from posenc.rundir import write_json_atomic
 
@@ -37,9 +37,10 @@ def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Pa
 
 
 def checked_baselines(protocol: Protocol) -> tuple[Baselines, str]:
-    """The shipped data, refused when it was measured under another protocol hash."""
-    current = protocol_hash(resolved(protocol))
+    """The shipped data, refused when it was measured under another protocol hash (keys posenc
+    gained since are not part of it: ``as_recorded``)."""
     baselines = load_baselines(protocol)
+    current = protocol_hash(as_recorded(resolved(protocol), baselines.raw["protocol"]["config"])[0])
     if baselines.hash != current:
         raise UserError(f"the shipped baselines of {protocol.name} were measured under protocol hash {baselines.hash}, "
                         f"but this posenc's protocol hashes to {current} (a default the protocol inherits changed) — "
@@ -56,6 +57,10 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     from posenc.config import group_options
 
     config = resolved(protocol)
+    if baselines_path(protocol).is_file():  # keys added since the shipped data are not part of its protocol
+        recorded, _ = as_recorded(config, load_baselines(protocol).raw["protocol"]["config"])
+        if protocol_hash(recorded) == load_baselines(protocol).hash:
+            config = recorded  # the runs already measured under it are kept
     hash_ = protocol_hash(config)
     started = time.monotonic()
     rows = regenerate(protocol, hash_, list(protocol.encodings) or group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
