@@ -25,6 +25,7 @@ import yaml
 from omegaconf import OmegaConf
 
 from posenc.cli.hydra_entry import parse_args
+from posenc.commands import command, hydra_value, override
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
 from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
@@ -138,8 +139,8 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
         raise UserError(f"trainer.resume: {run_dir} is already at step {step}, past trainer.max_steps={max_steps} — "
                         f"pass a larger trainer.max_steps to extend it")
     if step == max_steps:
-        print(f"{run_dir} is complete ({step} steps); to train it further: "
-              f"posenc train trainer.resume={run_dir} trainer.max_steps=N (N > {step})")
+        further = command("posenc train", override(RESUME_KEY, run_dir), f"trainer.max_steps={step * 2}")
+        print(f"{run_dir} is complete ({step} steps); to train it further (trainer.max_steps > {step}): {further}")
         raise typer.Exit(0)
 
     # one override per key (Hydra refuses a group chosen twice): the run's, replaced by the command's
@@ -147,10 +148,6 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     for o in new_parsed:
         merged.pop(o.key, None)
     return [*merged.values(), *argv_overrides]
-
-
-def _quote(path: str) -> str:
-    return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
 def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
@@ -162,7 +159,7 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
     run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
         args.overrides = restore_run_overrides(run_dir, args.overrides)
-        args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
+        args.overrides.append(f"hydra.run.dir={hydra_value(run_dir)}")
         fixed = True
     args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len
     if distributed.launched() and not args.multirun:
