@@ -87,6 +87,11 @@ def test_one_signal_stops_the_sweep_and_its_printed_command_finishes_it(tmp_path
         steps = [row["step"] for row in read_jsonl(run / "metrics.jsonl") if "train/loss" in row]
         assert steps == list(range(1, MAX_STEPS + 1))  # each step logged once: job 0 went on from its checkpoint
     assert f"resumed at step {stopped_at} " in (job0 / "train.log").read_text()
+    # its next step, pasted from the same output, runs too
+    [compare] = [line.removeprefix("compare them: ") for line in result.stdout.splitlines()
+                 if line.startswith("compare them: ")]
+    compared = subprocess.run(["bash", "-c", compare], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 0 and (sweep / "report.md").is_file(), compared.stderr[-2000:]
 
     # once more: every job finished, none is trained again
     before = {r: (r / "summary.json").stat().st_mtime_ns for r in runs}
