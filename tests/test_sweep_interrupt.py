@@ -51,7 +51,7 @@ def interrupt_sweep(cwd: Path, sig: int, env: dict[str, str]) -> tuple[int, str,
     return code, out.read_text(), err.read_text()
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
 def test_one_signal_stops_the_sweep_and_its_printed_command_finishes_it(tmp_path: Path, sig: int):
     env = shell_env(tmp_path)
     code, stdout, stderr = interrupt_sweep(tmp_path, sig, env)
