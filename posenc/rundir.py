@@ -129,6 +129,23 @@ def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:
     return state
 
 
+def refuse_sweep_dir(path: Path, command: str) -> None:
+    """A sweep dir given where one run is wanted (``posenc eval``, ``posenc probe``) is refused with
+    its runs and the command for one of them."""
+    from posenc.commands import shell_word
+
+    path = Path(path)
+    if (path / ".hydra").is_dir() or not ((path / "multirun.yaml").is_file() or (path / SWEEP_FILE).is_file()):
+        return
+    runs = sorted((p for p in path.iterdir() if (p / ".hydra").is_dir()), key=lambda p: (len(p.name), p.name))
+    if not runs:
+        raise UserError(f"'{path}' is a sweep dir whose jobs never started — it has no run to {command}")
+    listed = ", ".join(p.name for p in runs[:8]) + (f", … ({len(runs)} in all)" if len(runs) > 8 else "")
+    raise UserError(f"'{path}' is a sweep dir, not one run; its runs: {listed} — {command} one with "
+                    f"`posenc {command} {shell_word(str(runs[0]))}`, or compare them all with "
+                    f"`posenc compare {shell_word(str(path))}`")
+
+
 def remove_run_dir(run_dir: Path) -> None:
     """Delete a run dir and any parents it leaves empty, outputs/ included: a refused run
     leaves nothing behind."""

@@ -55,6 +55,11 @@ CASES = [
     ("corrupt checkpoint", [lambda c: f"trainer.resume={_corrupt_run(c)}"], "corrupt"),
     ("resume nothing", ["trainer.resume=auto"], "no run under"),
     ("sweep bad key", ["model.depth=2", "-m", "encoding=rope,nope"], "unknown config key"),
+    # refused while Hydra composes the jobs, after its sweeper saved multirun.yaml: no stub sweep dir
+    ("sweep unknown choice", ["-m", "encoding=rope,ropee"], "did you mean encoding=rope?"),
+    ("sweep option one choice lacks", ["-m", "encoding=rope,alibi", "encoding.style=half"], "alibi has no option style ("),
+    ("top-level key typo", ["traner.max_steps=5"], "unknown config key 'traner.max_steps' (there is no 'traner') — "
+                                                   "did you mean trainer.max_steps?"),
 ]
 
 # A wrong type or an unknown key is refused by the schema (posenc/config.py) while Hydra
@@ -209,3 +214,32 @@ def test_posenc_eval_refuses_a_missing_run_or_a_corrupt_checkpoint(workdir: Path
 
     result = CliRunner().invoke(app, ["eval", make_run(workdir)])
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, expected, workdir, set(run_dirs(workdir)))
+
+
+def test_an_option_another_encoding_has_names_those_that_have_it(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not "did you mean encoding.name?": which encodings take the option, read from their configs."""
+    from posenc.config import encoding_options, group_options
+
+    code, stderr, stdout = run_in_process([*TINY, "encoding=alibi", "encoding.style=half"], monkeypatch)
+    assert_one_line_error(code, stderr, stdout, "alibi has no option style (", workdir, set())
+    owners = re.search(r"no option style \(([^)]*) have it\)", stderr)[1].split(", ")
+    assert owners == [e for e in group_options("encoding") if "style" in encoding_options(e)]
+    assert {"rope", "p_rope", "xpos"} <= set(owners) and "did you mean" not in stderr
+
+
+def test_posenc_eval_of_a_sweep_dir_lists_its_runs_and_the_command_for_one(workdir: Path) -> None:
+    import shlex
+
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    sweep = workdir / "kept" / "10-00-00-000000_encoding-rope,nope"  # a sweep dir moved out of outputs/
+    for job in ("0_encoding=rope", "1_encoding=nope"):
+        (sweep / job / ".hydra").mkdir(parents=True)
+    (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    result = CliRunner().invoke(app, ["eval", str(sweep)])
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is a sweep dir, not one run; its runs: "
+                          "0_encoding=rope, 1_encoding=nope", workdir, set(run_dirs(workdir)))
+    command = re.search(r"eval one with `([^`]*)`", result.stderr)[1]
+    assert shlex.split(command) == ["posenc", "eval", str(sweep / "0_encoding=rope")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import difflib
 import typing
 
+from posenc.config import CHOICE_GROUPS, CONFIG_MODULE, encoding_options, group_options
 from posenc.errors import UserError
 
 SEE_KEYS = "`posenc train --cfg job` shows every key and its value"
@@ -53,6 +54,13 @@ def config_error(error, context: str = "") -> str:
 
     what = _lines(str(error))[0]  # OmegaConf's message; the lines after it repeat its fields
     key = error.full_key or ""
+    if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and key.partition(".")[0] in CHOICE_GROUPS \
+            and key.count(".") == 1 and isinstance(error.parent_node, DictConfig):
+        line = missing_option(key, error.parent_node)
+        if line is not None:
+            return line
+    if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and "." not in key and key:
+        return unknown_top_level(key, error.parent_node, context)
     if isinstance(error, (ConfigKeyError, ConfigAttributeError)) and "." in key:
         parent = error.parent_node
         known = [f"{key.rpartition('.')[0]}.{k}" for k in parent.keys()] if isinstance(parent, DictConfig) else []
@@ -66,6 +74,52 @@ def config_error(error, context: str = "") -> str:
         return f"{key}={error.value}: {what} — {takes}{SEE_KEYS}"
     where = context or (f"at {key}" if key else "in the configuration")
     return f"{where}: {what} — {SEE_KEYS}"
+
+
+def missing_option(key: str, node) -> str | None:
+    """encoding.style on alibi: 'alibi has no option style (rope, p_rope, xpos have it)', the
+    others read from each choice's own config (conf/<group>/<choice>.yaml, what it extends included)."""
+    group, _, option = key.partition(".")
+    choice = node.get("name") or group
+    owners = [c for c in group_options(group) if c != choice and option in choice_keys(group, c)]
+    if owners:
+        listed = " — `posenc encodings` lists every encoding's options" if group == "encoding" else ""
+        return (f"{choice} has no option {option} ({', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it): "
+                f"choose one of those with {group}=…, or drop {key}{listed}")
+    return None  # no other choice has it: a typo, answered as any unknown key
+
+
+def choice_keys(group: str, choice: str) -> set[str]:
+    """The keys a group's choice sets: an encoding's options (what it extends included), else its YAML's keys."""
+    from importlib.resources import files
+
+    from omegaconf import OmegaConf
+
+    if group == "encoding":
+        return set(encoding_options(choice))
+    return set(OmegaConf.load(files(CONFIG_MODULE).joinpath(group, f"{choice}.yaml").open()).keys())
+
+
+def unknown_top_level(key: str, root, context: str) -> str:
+    """traner.max_steps=5: the key typed (Hydra names it in its message) and the nearest existing one."""
+    import re
+
+    from omegaconf import DictConfig, OmegaConf
+
+    typed = re.search(r"override '([^']+)'", context)  # Hydra's ConfigCompositionException names the override
+    typed_key = typed[1] if typed else key
+    rest = typed_key.partition(".")[2]
+    known = []
+    if isinstance(root, DictConfig):
+        for top in root.keys():
+            node = OmegaConf.select(root, str(top), default=None, throw_on_missing=False)
+            known += [f"{top}.{k}" for k in node.keys()] if isinstance(node, DictConfig) else [str(top)]
+    close = difflib.get_close_matches(typed_key, known, n=1, cutoff=0.75) if rest else []
+    close = close or difflib.get_close_matches(key, [str(k) for k in getattr(root, "keys", list)()], n=1)
+    if close and rest and "." not in close[0]:
+        close = [f"{close[0]}.{rest}"]
+    hint = f"did you mean {close[0]}? " if close else ""
+    return f"unknown config key '{typed_key}' (there is no '{key}') — {hint}{SEE_KEYS}"
 
 
 def _omegaconf_error(e: BaseException):

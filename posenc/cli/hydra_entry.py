@@ -15,7 +15,8 @@ _run_hydra`` does (parse argv with Hydra's own parser, build the search path, di
 JobReturns. It is private API, pinned by pyproject (hydra-core 1.3.x); tests/test_train_cli.py
 and tests/test_launcher.py exercise every path it takes.
 
-A sweep (-m) is named before Hydra starts it (sweep_naming: its directory from the experiment,
+A sweep (-m) runs through posenc/cli/sweep.py (one Ctrl-C stops it whole; it resumes in place; a
+refused one writes nothing). It is named before Hydra starts it (sweep_naming: its directory from the experiment,
 ``name=``, or the swept keys; each job's from its swept values, through Hydra's own
 override_dirname.exclude_keys), and its end prints where it went and the `posenc compare`
 command for it (print_next_step).
@@ -36,6 +37,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.cli.explain import explain
+from posenc.cli.sweep import SweepStopped, prepare_job, run_sweep
 from posenc.config import apply_choice_schemas
 from posenc.errors import UserError
 from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
@@ -52,6 +54,7 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     the others. checked: run_hydra's check already saw this very config (a single run), so
     training does not validate it again; a sweep's jobs each differ from the config checked."""
     from posenc.report.console import print_summary
+    from posenc.train.checkpoint import RunInterrupted
     from posenc.train.loop import train
 
     hc = HydraConfig.get()
@@ -59,9 +62,14 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     multirun = hc.mode == RunMode.MULTIRUN
     if multirun:
         record_sweep(Path(hc.sweep.dir))
+        kept = prepare_job(cfg, run_dir)  # a resumed sweep: a completed job is kept, an interrupted one continues
+        if kept is not None:
+            return kept
     try:
         summary = train(apply_choice_schemas(cfg), run_dir, checked=checked)
     except BaseException as e:
+        if multirun and isinstance(e, RunInterrupted):  # its checkpoint is saved: the whole sweep stops
+            raise SweepStopped(e.exit_code - 128) from e
         if not multirun or not isinstance(e, Exception):
             if not has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
@@ -153,7 +161,7 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
             return [run_composed(hydra, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)
         overrides += sweep_naming(args.overrides, swept, cfg)
-        returns = list(job_returns(hydra.multirun(config_name=config_name, task_function=task, overrides=overrides)))
+        returns = job_returns(run_sweep(hydra, config_name, overrides, task))  # Hydra.multirun, stopped whole by a signal
         print_next_step(returns, swept)
         return returns
     finally:

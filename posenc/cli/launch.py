@@ -8,6 +8,8 @@
   continues it exactly. An override that would change the experiment is refused; only
   ``MAY_CHANGE_ON_RESUME`` may differ. A refused or no-op resume (the checkpoint is already at
   trainer.max_steps) is settled here, before Hydra rewrites .hydra/: it writes nothing.
+- ``-m trainer.resume=<sweep dir>`` resumes a sweep in its directory: the sweep's overrides are
+  restored and each job continues as it left off (posenc/cli/sweep.py).
 - Under torchrun every rank runs the CLI: rank 0 picks the run dir and broadcasts it, so all
   ranks agree on one; the other ranks write no Hydra files of their own.
 
@@ -25,6 +27,8 @@ import yaml
 from omegaconf import OmegaConf
 
 from posenc.cli.hydra_entry import parse_args
+from posenc.cli.sweep import resume_overrides
+from posenc.commands import command, hydra_value, override
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
 from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
@@ -72,7 +76,7 @@ def resume_dir(overrides: list[ParsedOverride], multirun: bool, cwd: Path) -> Pa
     if value in NO_RESUME or (isinstance(value, str) and value.lower() in NO_RESUME):
         return None
     if multirun:
-        raise UserError("trainer.resume works on one run, not a -m sweep — resume each job's run dir on its own")
+        raise UserError("trainer.resume with -m resumes a sweep — pass its dir: -m trainer.resume=<sweep dir>")
     if value is True or str(value).lower() in ("auto", "true"):
         return find_resumable(cwd / "outputs", overrides)
     run_dir = Path(str(value)).expanduser()
@@ -139,8 +143,8 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
         raise UserError(f"trainer.resume: {run_dir} is already at step {step}, past trainer.max_steps={max_steps} — "
                         f"pass a larger trainer.max_steps to extend it")
     if step == max_steps:
-        print(f"{run_dir} is complete ({step} steps); to train it further: "
-              f"posenc train trainer.resume={run_dir} trainer.max_steps=N (N > {step})")
+        further = command("posenc train", override(RESUME_KEY, run_dir), f"trainer.max_steps={step * 2}")
+        print(f"{run_dir} is complete ({step} steps); to train it further (trainer.max_steps > {step}): {further}")
         raise typer.Exit(0)
 
     # one override per key (Hydra refuses a group chosen twice): the run's, replaced by the command's
@@ -163,21 +167,22 @@ def check_code(run_dir: Path, overrides: list[ParsedOverride]) -> None:
                         f"restore that code, or pass {provenance.ALLOW_KEY}=true to continue with today's")
 
 
-def _quote(path: str) -> str:
-    return "'" + path.replace("\\", "\\\\").replace("'", "\\'") + "'"
-
-
 def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
     """argv as Hydra reads it, with the run dir fixed where resume or torchrun need it."""
     cwd = cwd or Path.cwd()
     args = parse_args(argv)
     overrides = parse_overrides(args.overrides)
+    resumed = _value(overrides, RESUME_KEY)
+    if args.multirun and not (resumed in NO_RESUME or str(resumed).lower() in NO_RESUME):
+        # a sweep resumes in its own directory: its overrides restored, each job as it left it (cli/sweep.py)
+        args.overrides = resume_overrides((cwd / str(resumed)).expanduser(), args.overrides, _may_change)
+        return args
     fixed = _value(overrides, "hydra.run.dir") is not None
     run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
         check_code(run_dir, overrides)
         args.overrides = restore_run_overrides(run_dir, args.overrides)
-        args.overrides.append(f"hydra.run.dir={_quote(str(run_dir))}")
+        args.overrides.append(f"hydra.run.dir={hydra_value(run_dir)}")
         fixed = True
     args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len
     if distributed.launched() and not args.multirun:

@@ -29,7 +29,7 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
     A run on a synthetic task is probed on its task's evaluation instances; a run logged to
     W&B gets the figures as images in its W&B run (resumed by id)."""
     run_dir = Path(run_dir)
-    cfg, data, model, state, _ = load_trained(run_dir, overrides)
+    cfg, data, model, state, _ = load_trained(run_dir, overrides, command="probe")
     device = next(model.parameters()).device
     T = int(cfg.trainer.seq_len)
     idx = {}

@@ -42,16 +42,17 @@ def output_name(overrides: list[str]) -> str:
     return f"eval_{'_'.join(parts)[:120].rstrip('_-.')}.json"
 
 
-def load_trained(run_dir: Path, overrides: list[str]):
+def load_trained(run_dir: Path, overrides: list[str], command: str = "eval"):
     """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
-    what `posenc eval` and `posenc probe` start from."""
+    what `posenc eval` and `posenc probe` (command) start from."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import setup_device
-    from posenc.rundir import kept_checkpoint, load_checkpoint
+    from posenc.rundir import kept_checkpoint, load_checkpoint, refuse_sweep_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
+    refuse_sweep_dir(run_dir, command)  # a sweep's dir: its runs listed, not "no checkpoint"
     state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
     warn_code_changes(run_dir)
     cfg = load_run_config(run_dir, overrides)

@@ -24,7 +24,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import shlex
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import restore_weights
+from posenc.commands import command, override
 from posenc.errors import UserError
 from posenc.rundir import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
 from posenc.statefile import save_state
@@ -223,7 +223,7 @@ class GracefulStop:
             raise RunInterrupted(f"stopped by {self.name} at step {step}; trainer.checkpoint=none kept no checkpoint, "
                                  f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)",
                                  self.received or signal.SIGINT)
-        resume = f"posenc train {shlex.quote(f'trainer.resume={run_dir}')}"  # the run's overrides are restored
+        resume = command("posenc train", override("trainer.resume", run_dir))  # the run's overrides are restored
         message = (f"stopped by {self.name} at step {step}; checkpoint saved in {checkpoint_path(run_dir)} — "
                    f"continue with `{resume}`")
         to_log_files(f"interrupted: {message}")  # train.log says why it ends here (the console gets the error line)

@@ -1,0 +1,207 @@
+"""A sweep (-m) as posenc runs it: Hydra's multirun, stopped whole by one signal, resumed in place.
+
+- **One Ctrl-C (or SIGTERM) stops the sweep.** The job running saves its checkpoint (the training
+  loop's GracefulStop) and raises RunInterrupted; in a sweep its task turns that into SweepStopped,
+  a KeyboardInterrupt, which Hydra's launchers do not catch (they record an Exception as one failed
+  job and start the next). A signal between jobs raises it too. The end says which jobs finished,
+  which was interrupted, which never started, and the one command that resumes the sweep.
+- **A sweep resumes in its own directory**: ``posenc train -m trainer.resume=<sweep dir>`` restores
+  the sweep's overrides from its multirun.yaml and points ``hydra.sweep.dir`` at it; each job finds
+  its directory as it left it (prepare_job): a completed job is kept and not re-run, an interrupted
+  one continues from its checkpoint, the others start.
+- **A refused sweep writes nothing.** Hydra's sweeper saves multirun.yaml before it composes the
+  jobs, so a job that cannot be composed (an unknown choice, a key one choice lacks) would leave a
+  sweep dir holding only that file: run_sweep removes it.
+
+run_sweep is what ``Hydra.multirun`` does (hydra-core 1.3, pinned), keeping the sweeper to read
+which jobs it planned.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from posenc.commands import command, hydra_value, override
+from posenc.errors import UserError
+from posenc.rundir import METRICS_FILE, SUMMARY_FILE, checkpoint_path, load_checkpoint, remove_run_dir
+
+log = logging.getLogger("posenc")
+MULTIRUN_FILE = "multirun.yaml"
+
+
+class SweepStopped(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a sweep: the job running kept its checkpoint; no other job starts."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+class SweepInterrupted(UserError):
+    """The one error line of a stopped sweep; exits 130 after Ctrl-C, 143 after SIGTERM."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """While a sweep runs, SIGINT and SIGTERM raise SweepStopped (a job's training loop installs
+    its own handlers, which save a checkpoint first, and restores these after)."""
+    def stop(signum, frame) -> None:
+        raise SweepStopped(signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def run_sweep(hydra, config_name: str, overrides: list[str], task: Callable[[DictConfig], object]):
+    """Hydra.multirun(config_name, task, overrides); what its sweeper returns. A signal stops it
+    (SweepInterrupted, after the report); a refusal before any job started leaves no directory."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.plugins import Plugins
+    from hydra.types import HydraContext, RunMode
+
+    cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.MULTIRUN,
+                               with_log_configuration=True)
+    callbacks = Callbacks(cfg)
+    callbacks.on_multirun_start(config=cfg, config_name=config_name)
+    sweeper = Plugins.instance().instantiate_sweeper(
+        config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+        task_function=task)
+    sweep_dir = Path(str(cfg.hydra.sweep.dir))
+    existed = sweep_dir.exists()
+    try:
+        with stop_on_signals():
+            returned = sweeper.sweep(arguments=OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False))
+    except KeyboardInterrupt as e:  # SweepStopped, or Ctrl-C where no handler of ours was installed
+        signum = e.signum if isinstance(e, SweepStopped) else signal.SIGINT
+        raise stopped(sweep_dir, planned_jobs(sweeper), cfg, signum) from None
+    except Exception:
+        if not existed and sweep_dir.is_dir() and [p.name for p in sweep_dir.iterdir()] == [MULTIRUN_FILE]:
+            remove_run_dir(sweep_dir)  # refused while composing its jobs: no job ran, nothing to keep
+        raise
+    callbacks.on_multirun_end(config=cfg, config_name=config_name)
+    return returned
+
+
+def planned_jobs(sweeper) -> list[list[str]] | None:
+    """Each job's overrides, in job order, as the basic sweeper planned them (None: a sweeper that
+    does not say, e.g. an optimiser choosing the next job from the last)."""
+    batches = getattr(sweeper, "overrides", None)
+    return [list(job) for batch in batches for job in batch] if batches else None
+
+
+# --- the end of a stopped sweep ------------------------------------------------------------
+def job_dir(sweep_dir: Path, num: int) -> Path | None:
+    """Job num's directory (``<num>_<its values>``), or None: it never started."""
+    return next((p for p in sweep_dir.glob(f"{num}_*") if p.is_dir()), None)
+
+
+def job_state(run_dir: Path | None) -> tuple[str, str]:
+    """(state, detail): finished, failed, interrupted (at which step: a checkpoint to continue
+    from), or never started."""
+    if run_dir is None:
+        return "never started", ""
+    summary = run_dir / SUMMARY_FILE
+    status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+    if status == "completed":
+        return "finished", ""
+    if checkpoint_path(run_dir).is_file():
+        step = load_checkpoint(checkpoint_path(run_dir), tensors=False)["step"]
+        return ("failed" if status == "failed" else "interrupted"), f"checkpoint at step {step}"
+    return ("failed" if status == "failed" else "interrupted"), "no checkpoint: it starts over"
+
+
+def stopped(sweep_dir: Path, jobs: list[list[str]] | None, cfg: DictConfig, signum: int) -> SweepInterrupted:
+    """Print each job's state and the command that resumes the sweep; the error that ends it."""
+    from posenc.cli.common import console
+    from posenc.rundir import job_dir_name
+
+    shown = display_path(sweep_dir)
+    resume = command("posenc train -m", override("trainer.resume", shown))
+    exclude = list(cfg.hydra.job.config.override_dirname.exclude_keys or [])
+    by_state: dict[str, list[str]] = {}
+    nums = range(len(jobs)) if jobs is not None else sorted(int(p.name.split("_")[0]) for p in sweep_dir.glob("[0-9]*_*"))
+    for num in nums:
+        run_dir = job_dir(sweep_dir, num)
+        name = run_dir.name.split("_", 1)[1] if run_dir else job_dir_name(jobs[num], exclude, "?") if jobs else "?"
+        state, detail = job_state(run_dir)
+        by_state.setdefault(state, []).append(f"job {num} ({name})" + (f", {detail}" if detail else ""))
+    name = signal.Signals(signum).name
+    console.print(f"sweep stopped by {name}: {shown}", highlight=False, soft_wrap=True)
+    for state in ("finished", "failed", "interrupted", "never started"):
+        if state in by_state:
+            console.print(f"  {state}: {'; '.join(by_state[state])}", highlight=False, soft_wrap=True)
+    if jobs is None:
+        console.print("  (this sweeper does not say which jobs it would have run next)", highlight=False, soft_wrap=True)
+    console.print(f"resume the sweep: {resume}", highlight=False, soft_wrap=True)
+    return SweepInterrupted(f"sweep stopped by {name} ({len(by_state.get('finished', []))} of "
+                            f"{len(list(nums))} jobs finished) — resume it with `{resume}`", signum)
+
+
+def display_path(path: Path) -> Path:
+    """path relative to the working directory where it lies under it (as Hydra wrote it), else absolute."""
+    try:
+        return path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        return path.resolve()
+
+
+# --- resuming a sweep in place -------------------------------------------------------------
+def prepare_job(cfg: DictConfig, run_dir: Path) -> dict | None:
+    """A sweep job whose directory exists already (a resumed sweep): its summary if it completed
+    (not re-run); else cfg set to resume from its checkpoint, or its leftovers cleared to start over."""
+    summary = run_dir / SUMMARY_FILE
+    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+        log.info("%s completed already: kept, not re-run", run_dir)
+        return json.loads(summary.read_text())
+    if checkpoint_path(run_dir).is_file():
+        with open_dict(cfg):
+            cfg.trainer.resume = True  # training continues from checkpoints/last.safetensors
+    else:  # a job that stopped before its first checkpoint, or failed before one: it starts over
+        for leftover in (run_dir / METRICS_FILE, summary):
+            leftover.unlink(missing_ok=True)
+        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+    return None
+
+
+def resume_overrides(sweep_dir: Path, argv_overrides: list[str], may_change: Callable[[str], bool]) -> list[str]:
+    """The overrides that resume the sweep in sweep_dir: its own (multirun.yaml), the command's
+    (which may change only what may_change allows, or Hydra's keys: where it runs), and its directory."""
+    from posenc.config import parse_overrides
+
+    saved_file = sweep_dir / MULTIRUN_FILE
+    if not saved_file.is_file():
+        raise UserError(f"trainer.resume with -m takes a sweep dir (one holding {MULTIRUN_FILE}); '{sweep_dir}' is not "
+                        f"one — pass outputs/sweeps/<date>/<time>_<name>, or drop -m to resume one run")
+    saved = OmegaConf.load(saved_file).hydra.overrides
+    ours = ("hydra.mode", "hydra.sweep.dir", "hydra.job.config.override_dirname.exclude_keys")
+    kept = [o for o in parse_overrides(list(saved.hydra)) if o.key not in ours] + parse_overrides(list(saved.task))
+    new = [o for o in parse_overrides(argv_overrides) if o.key != "trainer.resume"]
+    values = {o.key: o.value for o in kept}
+    changed = [f"{o.key}={o.value} (the sweep has {values.get(o.key)})" for o in new
+               if not o.key.startswith("hydra") and not may_change(o.key) and values.get(o.key) != o.value]
+    if changed:
+        raise UserError(f"trainer.resume: the sweep in {sweep_dir} was not run with {', '.join(changed)} — a resume "
+                        f"continues the same sweep; start a new sweep to change it")
+    replaced = {o.key for o in new}
+    return [*(o.override.input_line for o in kept if o.key not in replaced), *(o.override.input_line for o in new),
+            f"hydra.sweep.dir={hydra_value(sweep_dir)}"]  # Hydra's quoting alone: these never pass a shell
