@@ -44,6 +44,11 @@ RULES = ("gated_delta", "gla")
 CONV_SIZE = 4
 
 
+def wide(x: Tensor) -> Tensor:
+    """x in at least float32 (bf16 gates and norms lose digits; float64 stays float64)."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def causal_conv(x: Tensor, weight: Tensor, seg: Tensor | None) -> Tensor:
     """Depthwise causal convolution y_t = Σ_{i<K} w_i ⊙ x_{t-i}, taking no token of another document.
 
@@ -93,13 +98,13 @@ class RecurrentMixer(nn.Module):
         qkv = F.silu(causal_conv(qkv, self.conv_weight, seg))
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in qkv.split(C, dim=2))
         if b:  # the delta rule writes k with strength β: unit keys keep I - β k kᵀ a contraction
-            q, k = F.normalize(q.float(), dim=-1).type_as(q), F.normalize(k.float(), dim=-1).type_as(k)
+            q, k = F.normalize(wide(q), dim=-1).type_as(q), F.normalize(wide(k), dim=-1).type_as(k)
         q, k = encoding.transform_qk(q, k, ctx.with_input(x), layer)  # (B, H, T, hd)
         q = q / math.sqrt(self.head_dim)
-        g = (-self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)).transpose(1, 2)  # (B, H, T) log α
-        beta = torch.sigmoid(b[0].float()).transpose(1, 2) if b else None  # (B, H, T)
+        g = (-wide(self.A_log).exp() * F.softplus(wide(a) + self.dt_bias)).transpose(1, 2)  # (B, H, T) log α
+        beta = torch.sigmoid(wide(b[0])).transpose(1, 2) if b else None  # (B, H, T)
         o = self.mix(q, k, v, g, beta, seg)  # (B, H, T, hd)
-        o = self.o_norm(o.float()).type_as(x).transpose(1, 2).reshape(B, T, C)
+        o = self.o_norm(wide(o)).type_as(x).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(o * F.silu(gate))
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
