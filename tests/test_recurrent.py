@@ -17,12 +17,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.build import build_layout, build_model
+from posenc.build import build_layout, build_model, restore_weights
 from posenc.config import compose
 from posenc.errors import UserError
 from posenc.eval.probes import capture_inputs
 from posenc.nn.fla_kernels import cu_seqlens
 from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla, recurrent_gated_delta_rule, recurrent_gla
+from posenc.statefile import load_state, save_state
 
 B, H, T, DK, DV = 2, 2, 45, 8, 6
 V = 64
@@ -202,3 +203,19 @@ def test_a_recurrent_layer_learns_every_parameter():
     _, loss = model(x, x)
     loss.backward()
     assert [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0] == []
+
+
+
+def test_a_hybrid_checkpoint_restores_the_same_model(tmp_path: Path) -> None:
+    """The recurrent layers' parameters (A_log, dt_bias, the convolution) are ordinary parameters:
+    saved to a checkpoint file and loaded into a freshly built model, it computes the same logits
+    (resume and `posenc eval` load checkpoints this way)."""
+    model = model_of("layout=qwen3_next")
+    for p in model.parameters():
+        torch.nn.init.normal_(p, std=0.1)
+    save_state({"model": model.state_dict()}, tmp_path / "last.safetensors")
+    fresh = model_of("layout=qwen3_next")
+    restore_weights(fresh, load_state(tmp_path / "last.safetensors"), tmp_path / "last.safetensors")
+    x = tokens(4)
+    with torch.no_grad():
+        torch.testing.assert_close(fresh(x)[0], model(x)[0])
