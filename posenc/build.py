@@ -73,7 +73,8 @@ def build_layout(cfg: DictConfig) -> LayerLayout:
     try:
         kinds = layer_kinds(list(layout.pattern), cfg.model.n_layer)
         windows = {name: Window(kind.window, bool(kind.chunked)) for name, kind in layout.kinds.items()}
-        return LayerLayout(kinds, windows, layout.name)
+        mixers = {name: kind.get("mixer") or "softmax" for name, kind in layout.kinds.items()}
+        return LayerLayout(kinds, windows, layout.name, mixers)
     except ValueError as e:
         raise UserError(f"layout: {e}") from None
 

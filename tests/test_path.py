@@ -10,12 +10,11 @@ test_attention_paths.py, test_masks.py, test_flavors.py and test_model.py.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import math
-import pathlib
 
 import pytest
 import torch
+from fla_reference import fla_naive
 
 from posenc.build import build_encoding, build_model
 from posenc.config import compose
@@ -216,28 +215,12 @@ def test_path_refuses_an_inner_encoding_with_scores_of_its_own():
 
 
 # --- parity with flash-linear-attention's reference ----------------------------------------------
-def fla_naive_path_attn():
-    """fla's ``naive_path_attn`` (fla/ops/path_attn/naive.py: torch and einops only), loaded from the
-    installed package's file: importing the ``fla`` package itself needs triton, which CPU-only
-    torch does not ship."""
-    spec = importlib.util.find_spec("fla")
-    if spec is None or spec.submodule_search_locations is None:
-        pytest.skip("flash-linear-attention is not installed (pip install 'posenc[test]')")
-    path = pathlib.Path(spec.submodule_search_locations[0]) / "ops" / "path_attn" / "naive.py"
-    if not path.exists() or importlib.util.find_spec("einops") is None:
-        pytest.skip(f"this flash-linear-attention has no CPU reference at {path} (or einops is missing)")
-    module_spec = importlib.util.spec_from_file_location("fla_path_attn_naive", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    return module.naive_path_attn
-
-
 @pytest.mark.parametrize("name", ["path", "path_fox"])
 def test_attention_equals_flash_linear_attentions_reference(name):
     """The layer's attention for the encoding's own w, β (and FoX's gates) equals fla's naive_path_attn
     (float32 inside, chunks of 16 there, of 64 here). fla's kernel adds the gates before its 1/√d:
     its g is FoX's log f_t·√d."""
-    naive = fla_naive_path_attn()
+    naive = fla_naive("path_attn/naive.py").naive_path_attn
     encoding = build_encoding(config(f"encoding={name}")).double()
     path = encoding if name == "path" else encoding.inner
     g = torch.Generator().manual_seed(5)

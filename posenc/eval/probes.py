@@ -78,7 +78,8 @@ def capture_inputs(model: nn.Module, idx: Tensor) -> list[Tensor]:
     """One eval-mode forward of ``model`` (a posenc GPT) on idx (B, T); per layer the input of its
     attention, (B, T, C): the normed residual stream its q, k, v and encoding hooks see."""
     if any(block.attn.attention != "softmax" for block in model.blocks):
-        raise ValueError("attention probes need softmax attention (model.attention=softmax)")
+        raise ValueError("attention probes need softmax attention in every layer (model.attention=softmax and a "
+                         "layout without recurrent layers, e.g. layout=uniform)")
     capture = _Capture(model)
     was_training = model.training
     model.eval()

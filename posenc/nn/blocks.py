@@ -1,7 +1,8 @@
 """A transformer block's parts, built as a flavour says: norm, attention, MLP.
 
-``CausalSelfAttention`` is the only place attention is called; the norm and MLP follow the
-flavour (posenc/nn/flavors.py). Every linear's bias follows ``flavor.bias``.
+``CausalSelfAttention`` is the only place attention is called; a layer kind with a recurrent mixer
+(posenc/nn/layout.py) has a ``RecurrentMixer`` in its place (posenc/nn/recurrent.py). The norm and
+MLP follow the flavour (posenc/nn/flavors.py). Every linear's bias follows ``flavor.bias``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from posenc.nn.attention import LayerTerms, Plan, attend, dense_plan, encode, ex
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
+from posenc.nn.recurrent import RecurrentMixer
 
 
 class RMSNorm(nn.RMSNorm):
@@ -111,10 +113,13 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
-    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str, flavor: Flavor) -> None:
+    def __init__(self, d_model: int, n_head: int, dropout: float, attention: str, flavor: Flavor,
+                 mixer: str = "softmax") -> None:
         super().__init__()
         self.ln_1 = make_norm(d_model, flavor)
-        self.attn = CausalSelfAttention(d_model, n_head, dropout, attention, bias=flavor.bias)
+        # the token mixer: attention (softmax, or model.attention=linear) or the layer kind's recurrence
+        self.attn = CausalSelfAttention(d_model, n_head, dropout, attention, bias=flavor.bias) if mixer == "softmax" \
+            else RecurrentMixer(d_model, n_head, mixer, bias=flavor.bias)
         self.ln_2 = make_norm(d_model, flavor)
         mlp = SwiGLU if flavor.mlp == "swiglu" else MLP
         self.mlp = mlp(d_model, dropout, bias=flavor.bias)

@@ -7,7 +7,10 @@ local:global layers (1:1, then 5:1 with RoPE base 10k on local and 1M on global 
 chunked local RoPE layers with global NoPE layers (3:1); Cohere's sliding-window RoPE layers with a
 global NoPE layer (3:1); GPT-OSS's alternating banded and dense layers. A layout is data
 (conf/layout/*.yaml): a ``pattern`` of kind names repeated over the layers, and per kind a
-window and an optional encoding.
+window, an optional encoding and a token mixer: softmax attention, or a gated linear recurrence
+(posenc/nn/recurrent.py: the gated delta rule of Qwen3-Next and Kimi Linear, Mamba-2's scalar-decay
+gated linear attention), whose layers have no window and take position from the recurrence and
+from their encoding's ``transform_qk`` alone.
 
 The pattern is anchored at the last layer: layer l takes pattern[(l - n_layer) mod len(pattern)],
 so the last layer always takes the pattern's last kind (the global layer of every preset), and
@@ -20,6 +23,10 @@ from torch import nn
 
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.mask import GLOBAL, Window
+from posenc.nn.recurrent import RULES
+
+#: the token mixers a layer kind may have: softmax attention, or one of the recurrences
+MIXERS = ("softmax", *RULES)
 
 
 def layer_kinds(pattern: list[str], n_layer: int) -> list[str]:
@@ -30,16 +37,25 @@ def layer_kinds(pattern: list[str], n_layer: int) -> list[str]:
 
 
 class LayerLayout:
-    """Each layer's kind and window. A plain class (not a dataclass) so that Hydra passes it to
-    the model as an object instead of converting it into a config."""
+    """Each layer's kind, window and mixer. A plain class (not a dataclass) so that Hydra passes it
+    to the model as an object instead of converting it into a config."""
 
-    def __init__(self, kinds: list[str], windows: dict[str, Window], name: str = "uniform") -> None:
+    def __init__(self, kinds: list[str], windows: dict[str, Window], name: str = "uniform",
+                 mixers: dict[str, str] | None = None) -> None:
         missing = sorted(set(kinds) - set(windows))
         if missing:
             raise ValueError(f"layout.pattern names {', '.join(missing)}, which layout.kinds does not define")
         self.name = name
         self.kinds = list(kinds)
         self.windows = dict(windows)
+        self.mixers = {kind: (mixers or {}).get(kind, "softmax") for kind in self.windows}
+        for kind, mixer in self.mixers.items():
+            if mixer not in MIXERS:
+                raise ValueError(f"layout.kinds.{kind}.mixer must be one of {', '.join(MIXERS)}, got '{mixer}'")
+            if mixer != "softmax" and self.windows[kind].size is not None:
+                # a recurrence carries its whole past in its state: there is no window to limit
+                raise ValueError(f"layout.kinds.{kind} is a {mixer} layer, which has no attention window — set "
+                                 f"layout.kinds.{kind}.window=null (windows apply to softmax layers only)")
 
     @classmethod
     def uniform(cls, n_layer: int, window: Window = GLOBAL) -> LayerLayout:
@@ -48,15 +64,26 @@ class LayerLayout:
     def window(self, layer: int) -> Window:
         return self.windows[self.kinds[layer]]
 
+    def mixer(self, layer: int) -> str:
+        """'softmax', or the recurrence layer ``layer`` mixes its tokens with."""
+        return self.mixers[self.kinds[layer]]
+
+    @property
+    def recurrent(self) -> bool:
+        """Whether any layer is a recurrent layer."""
+        return any(self.mixer(layer) != "softmax" for layer in range(len(self.kinds)))
+
     @property
     def limited(self) -> bool:
         """Whether any layer has a window."""
         return any(w.size is not None for w in self.windows.values())
 
     def describe(self) -> str:
-        """'local (sliding 64) ×3, global ×1': the layout in words, for logs and summaries."""
+        """'local (sliding 64) ×3, global ×1' or 'recurrent (gated_delta) ×3, attention (global) ×1':
+        the layout in words, for logs and summaries."""
         counts = {k: self.kinds.count(k) for k in dict.fromkeys(self.kinds)}
-        return ", ".join(f"{k} ({self.windows[k].describe()}) ×{n}" for k, n in counts.items())
+        what = {k: self.windows[k].describe() if self.mixers[k] == "softmax" else self.mixers[k] for k in counts}
+        return ", ".join(f"{k} ({what[k]}) ×{n}" for k, n in counts.items())
 
 
 class LayeredEncoding(PositionalEncoding):

@@ -23,6 +23,7 @@ from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, get_flavor, init_stds
 from posenc.nn.layout import LayerLayout
 from posenc.nn.mask import AttentionMask, document_positions
+from posenc.nn.recurrence import CHUNK
 
 __all__ = ["ATTENTIONS", "GPT", "Block", "CausalSelfAttention", "MLP", "RMSNorm", "SwiGLU"]
 
@@ -69,6 +70,13 @@ class GPT(nn.Module):
             if self.layout.limited:
                 raise ValueError("model.attention=linear has no mask to limit to a window — use layout=uniform "
                                  "or model.attention=softmax")
+        recurrent = [l for l in range(n_layer) if self.layout.mixer(l) != "softmax"]
+        scored = [l for l in recurrent if encoding.for_layer(l).needs_scores]
+        if scored:
+            raise ValueError(
+                f"the {self.layout.kinds[scored[0]]} layers are {self.layout.mixer(scored[0])} layers, which have no "
+                f"score matrix for encoding '{encoding.for_layer(scored[0]).name}' to act on — give "
+                f"layout.kinds.{self.layout.kinds[scored[0]]}.encoding a rotary or no encoding")
         # each switch that is not None replaces that component of the flavour (recipe ablations)
         self.flavor = get_flavor(flavor, norm=norm, mlp=mlp, bias=bias, tie_embeddings=tie_embeddings, init=init)
         self.vocab_size = vocab_size
@@ -77,7 +85,8 @@ class GPT(nn.Module):
         self.encoding = encoding
         self.wte = nn.Embedding(vocab_size, d_model)
         self.drop = nn.Dropout(dropout)
-        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, attention, self.flavor) for _ in range(n_layer))
+        self.blocks = nn.ModuleList(Block(d_model, n_head, dropout, attention, self.flavor, self.layout.mixer(layer))
+                                    for layer in range(n_layer))
         self.ln_f = make_norm(d_model, self.flavor)
         self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
         if self.flavor.tie_embeddings:
@@ -110,11 +119,16 @@ class GPT(nn.Module):
 
         N counts the parameters on the matmul path (with nanoGPT, the small bias and norm
         vectors too): a tied embedding once (as the output head), an untied head once; the
-        untied embedding and a learned position table do not count (they are lookups).
+        untied embedding and a learned position table do not count (they are lookups). A recurrent
+        layer's 12·d·T becomes 12·d·C for its chunks of C tokens plus 12·d·d_h for reading and
+        writing its d_h x d_h state per head (posenc/nn/recurrence.py).
         """
         lookups = ("encoding.",) if self.flavor.tie_embeddings else ("encoding.", "wte.")
         n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith(lookups))
-        return 6 * n + 12 * self.n_layer * self.d_model * seq_len
+        mixing = sum(seq_len if self.layout.mixer(layer) == "softmax"
+                     else min(CHUNK, seq_len) + self.d_model // self.blocks[layer].attn.n_head
+                     for layer in range(self.n_layer))
+        return 6 * n + 12 * self.d_model * mixing
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, pos: Tensor | None = None, doc: Tensor | None = None,
@@ -146,7 +160,7 @@ class GPT(nn.Module):
         dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
             else self.wte.weight.dtype
         T = idx.shape[1]
-        if doc is not None and self.blocks[0].attn.attention == "linear":
+        if doc is not None and any(block.attn.attention == "linear" for block in self.blocks):
             raise ValueError("model.attention=linear has no mask to keep documents apart — use "
                              "dataset.packing=concat or bos_aligned, or model.attention=softmax")
         if doc is not None and pos is None:
