@@ -13,11 +13,24 @@ import yaml
 
 from posenc.benchmark.data import Row, baselines_path, load_baselines
 from posenc.benchmark.leaderboard import render
-from posenc.benchmark.match import DIFFERENT, EXACT, WITHIN, match, overall, seed_verdict
+from posenc.benchmark.match import (
+    DIFFERENT,
+    EXACT,
+    WITHIN,
+    match,
+    overall,
+    seed_verdict,
+)
 from posenc.benchmark.place import place
-from posenc.benchmark.protocol import as_recorded, load_protocol, protocol_hash, resolved
+from posenc.benchmark.protocol import (
+    as_recorded,
+    load_protocol,
+    protocol_hash,
+    resolved,
+)
 from posenc.report.runs import find_runs, group_runs
 from posenc.report.verdicts import ranking_of, versus_baseline
+from posenc.searchpath import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 PPL, ACC = "extrapolation/ppl@1024", "tasks/flip_flop/accuracy@128"
@@ -199,11 +212,13 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
 
 
-def test_a_config_dir_that_replaces_a_protocol_config_is_refused(workdir):
-    """--config-dir adds encodings; one that shadows an arm's experiment would change the protocol."""
-    (workdir / "conf" / "experiment").mkdir(parents=True)
-    (workdir / "conf" / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
-    code, stderr = benchmark_cli("encoding=rope", "--config-dir", str(workdir / "conf"))
-    assert code == 1
-    assert stderr.startswith("error:") and "experiment/pe_v1_lm.yaml" in stderr, stderr
-    assert len(stderr.strip().splitlines()) == 1 and not (workdir / "outputs").exists()
+def test_a_config_dir_cannot_change_the_protocol(tmp_path, monkeypatch):
+    """--config-dir (POSENC_CONFIG_PATH) adds encodings and never shadows posenc's own files: a file
+    there named like an arm's experiment changes nothing the protocol composes."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "pe_v1_lm.yaml").write_text("# @package _global_\ntrainer:\n  max_steps: 5\n")
+    protocol = load_protocol()
+    before = protocol_hash(resolved(protocol))
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert protocol_hash(resolved(protocol)) == before
+

@@ -10,6 +10,7 @@ windows and score-matrix encodings are refused on recurrent layers with one line
 
 from __future__ import annotations
 
+from pathlib import Path
 
 import pytest
 import torch
@@ -21,7 +22,12 @@ from posenc.config import compose
 from posenc.errors import UserError
 from posenc.eval.probes import capture_inputs
 from posenc.nn.fla_kernels import cu_seqlens
-from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla, recurrent_gated_delta_rule, recurrent_gla
+from posenc.nn.recurrence import (
+    chunked_gated_delta_rule,
+    chunked_gla,
+    recurrent_gated_delta_rule,
+    recurrent_gla,
+)
 from posenc.statefile import load_state, save_state
 
 B, H, T, DK, DV = 2, 2, 45, 8, 6

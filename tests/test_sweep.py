@@ -9,6 +9,7 @@ from pathlib import Path
 
 from conftest import TINY, run_cli, run_dirs
 
+from posenc.benchmark.protocol import load_protocol
 from posenc.config import group_options
 from posenc.rundir import job_dir_name, sweep_group, sweep_name
 
@@ -98,10 +99,11 @@ def compose_experiment(name: str):
 
 
 def test_every_experiment_composes_names_its_sweep_and_sweeps_something():
+    arms = {arm.experiment for arm in load_protocol().arms}  # posenc benchmark's runs: one seed each, swept by it
     for name in group_options("experiment"):
         cfg = compose_experiment(name)
         assert cfg.name == name  # the sweep dir and W&B group carry it
-        assert cfg.hydra.sweeper.params, name
+        assert bool(cfg.hydra.sweeper.params) != (name in arms), name
 
 
 def test_rope_bases_spans_10_to_1e6_log_spaced():

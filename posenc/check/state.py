@@ -6,7 +6,9 @@ posenc/train/state.py: the code `posenc train` runs, not a copy)."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -58,6 +60,18 @@ def train_state(s: Subject, cfg: DictConfig, seed: int) -> TrainState:
     return new_train_state(model, cfg.trainer, batches, torch.device("cpu"), contextlib.nullcontext)
 
 
+@contextlib.contextmanager
+def quiet(logger: str) -> Iterator[None]:
+    """The logger's INFO lines held back for the duration (warnings still pass)."""
+    log = logging.getLogger(logger)
+    level = log.level
+    log.setLevel(max(level, logging.WARNING))
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
 def resume(s: Subject) -> list[CheckResult]:
     """STEPS steps, a checkpoint, STEPS more; against a differently seeded model resumed from that
     checkpoint and stepped STEPS times: the same losses and the same parameters, bit for bit."""
@@ -70,7 +84,8 @@ def resume(s: Subject) -> list[CheckResult]:
             save_checkpoint(Path(tmp), straight, cfg, None)
             expected = [float(train_step(straight, [straight.batches.next()]).loss) for _ in range(STEPS)]
             resumed = train_state(s, cfg, seed=1)
-            resume_training(Path(tmp), cfg, resumed)
+            with quiet("posenc"):  # its "resumed at step …" line is the training log's, not the check's
+                resume_training(Path(tmp), cfg, resumed)
         got = [float(train_step(resumed, [resumed.batches.next()]).loss) for _ in range(STEPS)]
     finally:
         set_rng_state(saved_rng)

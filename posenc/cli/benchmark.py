@@ -10,7 +10,6 @@ it is refused, as is shipped data measured under another protocol hash.
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import typer
 
@@ -41,21 +40,6 @@ def encoding_overrides(args: list[str]) -> list[str]:
     if sweeps:
         raise UserError(f"{sweeps[0]}: posenc benchmark runs one encoding — run it once per value")
     return args
-
-
-def check_config_dir(config_dir: str | None) -> None:
-    """A --config-dir may add encodings; a file there that replaces one of posenc's own configs (the
-    arms' experiments, the micro model, the trainer) would change the protocol: refused."""
-    from importlib.resources import files
-
-    if not config_dir:
-        return
-    root, conf = Path(config_dir), files("posenc.conf")
-    shadowing = sorted(str(p.relative_to(root)) for p in root.rglob("*.yaml")
-                       if p.relative_to(root).parts[0] != "encoding" and conf.joinpath(*p.relative_to(root).parts).is_file())
-    if shadowing:
-        raise UserError(f"--config-dir {config_dir} has {shadowing[0]}, which replaces posenc's own and would change "
-                        f"the benchmark protocol — keep only encoding/*.yaml (and what they need) there")
 
 
 def label_of(args: list[str]) -> str:

@@ -40,7 +40,8 @@ def checked_baselines(protocol: Protocol) -> tuple[Baselines, str]:
     """The shipped data, refused when it was measured under another protocol hash (keys posenc
     gained since are not part of it: ``as_recorded``)."""
     baselines = load_baselines(protocol)
-    current = protocol_hash(as_recorded(resolved(protocol), baselines.raw["protocol"]["config"])[0])
+    recorded = baselines.raw["protocol"].get("config")
+    current = protocol_hash(as_recorded(resolved(protocol), recorded)[0] if recorded else resolved(protocol))
     if baselines.hash != current:
         raise UserError(f"the shipped baselines of {protocol.name} were measured under protocol hash {baselines.hash}, "
                         f"but this posenc's protocol hashes to {current} (a default the protocol inherits changed) — "
@@ -93,8 +94,7 @@ def main(args: list[str], config_dir: str | None, reproduce: str | None, regener
 
     if reproduce:
         return reproduce_row(protocol, *checked_baselines(protocol), reproduce, console)
-    from posenc.cli.benchmark import check_config_dir, encoding_overrides
+    from posenc.cli.benchmark import encoding_overrides
 
     overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
-    check_config_dir(config_dir)
     place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console)
