@@ -93,7 +93,7 @@ def render(b: Baselines, protocol: Protocol) -> str:
         "or check that a shipped row reproduces on your machine:", "",
         "```bash", "posenc benchmark encoding=mine --config-dir mine/conf", "posenc benchmark --reproduce rope", "```", "",
         f"Mean over seeds {', '.join(map(str, seeds))} and its 95% interval ([statistics.md](statistics.md): perplexity "
-        "on the log scale, accuracy in %), the rank interval (95% bootstrap) in braces where it is not a single rank, "
+        "on the log scale, accuracy in %), the rank interval (from the same pairwise Welch tests as the verdicts) in braces where it is not a single rank, "
         "the best in bold only where it is ahead of every other row by a detectable margin (Welch 95%). Sorted by "
         f"{metrics[sort_key(metrics)]}. —: the encoding has no such positions (learned positions past their table).", "",
         *main_table(b, metrics, seeds), "",

@@ -1,6 +1,6 @@
 """A new encoding's row placed among the shipped ones, with the code `posenc compare` runs on run
 directories: each row becomes a report Group (one Run per seed, its summary the row's values), and
-the intervals (Group.stat -> report/stats.aggregate), the ranks with their bootstrap intervals
+the intervals (Group.stat -> report/stats.aggregate), the ranks with their intervals (pairwise Welch tests)
 (report/verdicts.ranking_of) and the verdict against each shipped row (report/verdicts.versus_baseline)
 are compare's own. Nothing is recomputed here.
 """
