@@ -23,6 +23,7 @@ ENCODINGS = group_options("encoding")
 COMBINATIONS = [
     ["encoding=rope", "layout=gemma3", "layout.window=8"],
     ["encoding=rope", "layout=llama4", "layout.window=8"],
+    ["layout=qwen3_next"],   # 3 gated-delta : 1 softmax with partial RoPE: a recurrent kind has no window
     ["encoding=fox", "encoding@encoding.inner=alibi"],
     ["encoding=sink", "encoding@encoding.inner=ssmax"],
 ]

@@ -89,6 +89,10 @@ def windows(s: Subject, window: int = 4) -> list[CheckResult]:
     key, 0 unless a hook reads tokens outside the window, as PaTH's short convolution does)."""
     if not s.softmax:
         return [not_offered("windows: nothing beyond L·(w−1)", "linear attention has no mask to limit to a window")]
+    recurrent = [k for k, kind in s.cfg.layout.kinds.items() if kind.get("mixer", "softmax") != "softmax"]
+    if recurrent:  # a recurrent layer carries a state of the whole past: no window bounds what reaches a logit
+        return [not_offered("windows: nothing beyond L·(w−1)", f"layer kind {recurrent[0]} is recurrent: its state "
+                            "holds the whole past, no window applies")]
     kinds = {f"layout.kinds.{k}.window": window for k in s.cfg.layout.kinds}
     chunks = {f"layout.kinds.{k}.chunked": False for k in s.cfg.layout.kinds}
     model = s.model(cfg=s.with_changes(**kinds, **chunks))
