@@ -4,24 +4,11 @@ test_plugins.py and on the shipped encodings."""
 
 from __future__ import annotations
 
-import sys
 
 import pytest
 import torch
 
-from test_plugins import make_plugin
-
-
-@pytest.fixture(scope="module")
-def plugin(tmp_path_factory):
-    """The plugin package of test_plugins.py, importable in this process."""
-    root = tmp_path_factory.mktemp("plugin")
-    conf = make_plugin(root)
-    sys.path.insert(0, str(root))
-    yield root, conf
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m == "myplug" or m.startswith("myplug.")]:
-        del sys.modules[name]
+from test_plugins import plugin  # noqa: F401 - the shared plug-in package fixture
 
 
 def test_options_default_to_the_constructors_arguments(plugin):
