@@ -25,14 +25,17 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
 
-import datasets
 import numpy as np
 import torch
 from torch import Tensor
 
 from posenc.data.batches import IGNORE_INDEX, Batch
+
+if TYPE_CHECKING:
+    import datasets
 
 TASKS = ("passkey", "copy", "mqar", "selective_copy", "flip_flop")
 #: how training targets are built: only the answer (the papers' protocol) or every next token
@@ -174,6 +177,8 @@ def make_task(name: str, length: int, n: int, seed: int, split: str = "eval", **
     (length bools); the same seed gives the same instances. ``split='validation'`` draws the
     held-out instances training validates on, disjoint in stream from the final evaluation's."""
     ids, mask = generate(name, length, n, eval_rng(name, length, seed, split), **options)
+    import datasets  # ~1.5 s to import: only where a task set is built, not for every command
+
     return datasets.Dataset.from_dict({"ids": ids.tolist(), "answer_mask": mask.tolist()})
 
 

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from contextlib import nullcontext
 
 import torch
-from scipy import stats
 from torch import Tensor, nn
 
 from posenc.data.synthetic import SyntheticTask, make_task
@@ -27,6 +26,8 @@ def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[flo
     when there is nothing to estimate from."""
     if n == 0:
         return 0.0, 1.0
+    from scipy import stats  # ~2 s to import: only when a task is scored
+
     ci = stats.binomtest(correct, n).proportion_ci(confidence, method="wilson")
     return float(ci.low), float(ci.high)
 

@@ -183,7 +183,9 @@ class AttentionMask:
                                  device=device)
 
 
-@torch.compiler.disable  # a cache lookup, not something to trace: one graph break per forward
+# a cache lookup, not something to trace: one graph break per forward. torch's lazy form of
+# torch.compiler.disable, which imports dynamo (~3 s) only when the lookup first runs, not at import
+@torch._disable_dynamo
 @functools.lru_cache(maxsize=32)
 def static_block_mask(T: int, window: Window, device: torch.device):
     """The BlockMask of a mask that depends on (T, window) alone, built once and reused."""
