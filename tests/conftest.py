@@ -23,6 +23,9 @@ def _private_caches() -> Path:
     root = Path(kept) if kept else Path(tempfile.mkdtemp(prefix="posenc-test-cache-"))
     if not kept:
         atexit.register(shutil.rmtree, root, ignore_errors=True)
+        # pytest-xdist's workers start from this process's environment: they share this one cache
+        # (the packed corpus is built once; posenc/data/packing.py's rename makes a race harmless)
+        os.environ["POSENC_TEST_CACHE"] = str(root)
     for var, sub in (("XDG_CACHE_HOME", "xdg"), ("POSENC_CACHE", "posenc"), ("HF_HOME", "huggingface"),
                      ("MPLCONFIGDIR", "matplotlib"), ("WANDB_CACHE_DIR", "wandb"),
                      ("WANDB_CONFIG_DIR", "wandb-config"), ("WANDB_DATA_DIR", "wandb-data")):
@@ -31,6 +34,25 @@ def _private_caches() -> Path:
 
 
 TEST_CACHE = _private_caches()
+
+
+def _threads_per_worker() -> int:
+    """The CPU threads each test process may use: the machine's cores shared among pytest-xdist's
+    workers. Two workers each running torch's default thread count on 2 cores oversubscribe them,
+    and OpenMP's waiting threads then slow every test several-fold."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    return max(1, (os.cpu_count() or 1) // workers)
+
+
+THREADS = _threads_per_worker()
+# in-process commands write to a stream that is no terminal; posenc's consoles are then wide
+# (posenc/terminal.py) unless COLUMNS is set, which pytest-xdist's workers find set to 80
+for _var in ("COLUMNS", "LINES"):
+    os.environ.pop(_var, None)
+if "PYTEST_XDIST_WORKER" in os.environ:
+    import torch
+
+    torch.set_num_threads(THREADS)
 
 # a model and budget small enough for a whole run in a few seconds on 2 CPU cores
 TINY = [
@@ -46,6 +68,8 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                COLUMNS="120", PYTHONUNBUFFERED="1")
+    if "PYTEST_XDIST_WORKER" in os.environ:
+        env.setdefault("OMP_NUM_THREADS", str(THREADS))  # the worker's share of the cores (above)
     env.pop("HYDRA_FULL_ERROR", None)
     return env
 
