@@ -89,10 +89,42 @@ def interrupt_training(args: list[str], cwd: Path, sig: int) -> tuple[int, str]:
     return proc.returncode, stderr
 
 
-def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    """`posenc ARGS` in a subprocess, as a user would type it, in directory cwd."""
-    return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env or cli_env())
+def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
+            fresh_process: bool = False) -> subprocess.CompletedProcess:
+    """`posenc ARGS` as a user would type it, in directory cwd, with cli_env()'s environment.
+
+    In this process by default (typer's CliRunner on posenc's own app, the same code the entry
+    point runs): a new Python process costs ~5 s of imports (torch, its compiler for the
+    optimiser, Hydra), which over the suite's ~100 commands was most of its time. A test whose
+    point is the process itself (signals, exit codes from the shell, another HOME, torchrun)
+    asks for ``fresh_process=True``, as does one that passes its own ``env``."""
+    if fresh_process or env is not None:
+        return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env=env or cli_env())
+    return _run_in_process(list(args), cwd)
+
+
+def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    os.environ.clear()
+    os.environ.update(cli_env())
+    os.chdir(cwd)
+    try:
+        result = CliRunner().invoke(app, args, prog_name="posenc")
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))  # what the process would print
+    return subprocess.CompletedProcess(["posenc", *args], result.exit_code, result.stdout, stderr)
 
 
 def run_dirs(cwd: Path) -> list[Path]:

@@ -176,7 +176,7 @@ def test_the_head_split_fix_it_suggests_is_valid(d_model: int, n_head: int) -> N
                                             (["dataset=tinystories"], "HF_HUB_OFFLINE")])
 def test_user_error_from_the_shell(workdir: Path, args: list, expected: str) -> None:
     """The real command in a fresh process: stderr's last line is the error, no traceback anywhere."""
-    result = run_cli("train", *TINY, *args, cwd=workdir, timeout=120)
+    result = run_cli("train", *TINY, *args, cwd=workdir, timeout=120, fresh_process=True)
     assert_one_line_error(result.returncode, result.stderr, result.stdout, expected, workdir, set())
 
 
