@@ -130,7 +130,10 @@ def test_posenc_eval_at_16x_and_plot(workdir):
 def test_an_evaluation_that_scores_fewer_tokens_than_asked_says_so(tmp_path, caplog):
     """eval.tokens beyond what the validation split holds: the run scores what there is, and says
     how much it was asked for, in the log and in summary.json."""
-    cfg = compose([*TINY, "eval.at_end=true", "eval.lengths=[1,4]", "eval.tokens=100000000"], bench=False)
+    text = tmp_path / "corpus.txt"  # a small corpus: its whole validation split is scored in a moment
+    text.write_text("".join(f"def f{i}(x):\n    return x * {i % 13} + {i % 7}  # line {i}\n" for i in range(3000)))
+    cfg = compose([*TINY, "dataset=text", f"dataset.files=[{text}]", "eval.at_end=true", "eval.lengths=[1,4]",
+                   "eval.tokens=100000000"], bench=False)
     with caplog.at_level("WARNING", logger="posenc"):
         summary = train(cfg, tmp_path)
     scored = {r["scored_tokens"] for r in summary["extrapolation"]["lengths"]}
