@@ -27,9 +27,7 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(d_model, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.device.type == "cpu" and x.dtype == self.weight.dtype == torch.float32 and not torch.compiler.is_compiling():
-            return fused.rms_norm(x, self.weight, self.eps)  # the same maths, a third of the passes over memory
-        return F.rms_norm(x.float(), self.normalized_shape, None, self.eps).type_as(x) * self.weight
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 def make_norm(d_model: int, flavor: Flavor) -> nn.Module:

@@ -9,7 +9,7 @@ then needs another copy to the projection's layout. Each function below computes
 as the composite (tests/test_fused.py holds them to it, and to float64 gradients), saves only
 what LayerNorm or GELU would save, and writes its gradients in as few passes as it can.
 
-``torch.compile`` (the CUDA default) fuses the composites itself, so callers use these only when
+``torch.compile`` (the CUDA default) fuses the composites itself, so these are used only when
 not compiling.
 """
 
@@ -47,8 +47,13 @@ class _RMSNorm(torch.autograd.Function):
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """x · (mean(x²) + eps)^(-1/2) · weight over the last dim, in x's dtype."""
-    return _RMSNorm.apply(x, weight, eps)
+    """x · (mean(x²) + eps)^(-1/2) · weight over the last dim: the hand-written backward on a CPU
+    in float32 (or float64) eager mode; otherwise torch's, normalised in float32 (bf16's mean of squares loses
+    digits) and returned in x's dtype before the weight multiplies it."""
+    if (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.float64)
+            and not torch.compiler.is_compiling()):
+        return _RMSNorm.apply(x, weight, eps)
+    return F.rms_norm(x.float(), x.shape[-1:], None, eps).type_as(x) * weight
 
 
 class _SwiGLU(torch.autograd.Function):

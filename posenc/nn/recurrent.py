@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn import fla_kernels
+from posenc.nn import fla_kernels, fused
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla
 
@@ -104,7 +104,7 @@ class RecurrentMixer(nn.Module):
         g = (-wide(self.A_log).exp() * F.softplus(wide(a) + self.dt_bias)).transpose(1, 2)  # (B, H, T) log α
         beta = torch.sigmoid(wide(b[0])).transpose(1, 2) if b else None  # (B, H, T)
         o = self.mix(q, k, v, g, beta, seg)  # (B, H, T, hd)
-        o = self.o_norm(wide(o)).type_as(x).transpose(1, 2).reshape(B, T, C)
+        o = fused.rms_norm(wide(o), self.o_norm.weight, self.o_norm.eps).type_as(x).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(o * F.silu(gate))
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
