@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.nn import fused
 from posenc.nn.attention import LayerTerms, Plan, attend, dense_plan, encode, explicit_weights, with_terms
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
@@ -26,7 +27,7 @@ class RMSNorm(nn.RMSNorm):
         super().__init__(d_model, eps=eps)
 
     def forward(self, x: Tensor) -> Tensor:
-        return F.rms_norm(x.float(), self.normalized_shape, None, self.eps).type_as(x) * self.weight
+        return fused.rms_norm(x, self.weight, self.eps)
 
 
 def make_norm(d_model: int, flavor: Flavor) -> nn.Module:
@@ -108,7 +109,10 @@ class SwiGLU(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: Tensor) -> Tensor:
-        gate, up = self.c_fc(x).chunk(2, dim=-1)  # (B, T, 2h) -> 2 × (B, T, h)
+        h = self.c_fc(x)  # (B, T, 2h): the gate's and the up projection's halves
+        if not torch.compiler.is_compiling():
+            return self.dropout(self.c_proj(fused.swiglu(h)))  # no cat in the backward, SiLU's output not kept
+        gate, up = h.chunk(2, dim=-1)  # 2 × (B, T, h)
         return self.dropout(self.c_proj(F.silu(gate) * up))
 
 

@@ -16,7 +16,7 @@ Two forms, equal in exact arithmetic (tests/test_recurrent.py, against fla's own
 references too):
 
 - ``recurrent_*``: the recurrence token by token, the definition (tests; O(T) Python steps);
-- ``chunked_*``: chunks of C tokens (C = 64). Inside a chunk, with b_t = Σ_{s<=t} g_s the
+- ``chunked_*``: chunks of C tokens (C = 32). Inside a chunk, with b_t = Σ_{s<=t} g_s the
   within-chunk cumulative log decay, the decays between tokens are D_tj = exp(b_t - b_j) (j <= t,
   same segment) and the chunk reads the state S_0 it starts from:
 
@@ -35,8 +35,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-#: tokens per chunk (fla's default chunk size)
-CHUNK = 64
+#: tokens per chunk: 32 (fla's kernels take 64); on a CPU the per-chunk solve and the C x C
+#: decay products grow as C², and at C = 32 a training step of the gated delta rule took 0.6x
+#: the CPU time it took at C = 64 (docs/hybrids.md, Cost), against twice the chunk-to-chunk steps
+CHUNK = 32
 
 
 def _starts(seg: Tensor | None, B: int, T: int, device: torch.device) -> Tensor:
@@ -125,26 +127,35 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, se
     # tokens whose segment began before the chunk: they read (and carry) the incoming state
     carry = (s == _chunks(F.pad(seg_id, (1, 0), value=-1)[:, None, :-1], C)[..., :1]).to(dtype)  # (B, 1, N, C)
     eb = b.exp() * carry  # (B, H, N, C): e^{b_t}, zero after a reset inside the chunk
+    dv = v.shape[-1]
     if beta is None:
-        U0, W = v, None
+        UW = v  # (B, H, N, C, dv): u = v
     else:
         beta = _chunks(_pad(beta.to(dtype), pad, -1), C)[..., None]  # (B, H, N, C, 1)
-        A = ((beta * k) @ k.transpose(-1, -2) * D).tril(-1)  # A_tj = β_t D_tj k_t·k_j, j < t
-        eye = torch.eye(C, dtype=dtype, device=q.device)
+        # A_tj = β_t D_tj k_t·k_j; the solve reads only j < t (unitriangular: the diagonal is taken
+        # as 1 and the upper part ignored), so I + A needs no tril and no identity added
+        A = (beta * k) @ k.transpose(-1, -2) * D  # (B, H, N, C, C)
         rhs = torch.cat((beta * v, beta * eb[..., None] * k), dim=-1)  # (B, H, N, C, dv + dk)
-        U0, W = torch.linalg.solve_triangular(A + eye, rhs, upper=False, unitriangular=True).split(
-            (v.shape[-1], dk), dim=-1)  # u_t = U0_t - S_0 W_t
+        UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)  # [U0 | W]: u_t = U0_t - S_0 W_t
     P = q @ k.transpose(-1, -2) * D  # (B, H, N, C, C): D_tj q_t·k_j
-    o_local = P @ U0  # (B, H, N, C, dv)
-    q_state = q * eb[..., None] - (P @ W if W is not None else 0.0)  # what of S_0ᵀ each output reads
+    PUW = P @ UW  # one product for P U0 and P W
+    if beta is None:
+        o_local, q_state, U0, W = PUW, q * eb[..., None], v, None  # (B, H, N, C, dv)
+    else:
+        (o_local, PW), (U0, W) = PUW.split((dv, dk), dim=-1), UW.split((dv, dk), dim=-1)
+        q_state = q * eb[..., None] - PW  # what of S_0ᵀ each output reads
     last = b[..., -1:]  # (B, H, N, 1)
     k_end = k * ((last - b).exp() * (s == s[..., -1:]))[..., None]  # D_Cj k_j: (B, H, N, C, dk)
     decay_end = (last.exp() * carry[..., -1:])[..., None]  # e^{b_C}, zero if the chunk reset: (B, H, N, 1, 1)
     S = q.new_zeros(B, H, dk, v.shape[-1])  # Sᵀ (dk x dv), as fla keeps it
     out = []
-    for n in range(q.shape[2]):
-        out.append(o_local[:, :, n] + q_state[:, :, n] @ S)
-        u = U0[:, :, n] - (W[:, :, n] @ S if W is not None else 0.0)  # (B, H, C, dv)
-        S = decay_end[:, :, n] * S + k_end[:, :, n].transpose(-1, -2) @ u
-    o = torch.stack(out, dim=2).flatten(2, 3)[:, :, :T]  # (B, H, T, dv)
+    # chunk by chunk, each tensor unbound once: indexing [:, :, n] would cost a zero-filled
+    # gradient of the whole tensor per chunk in the backward, unbind's backward is one stack
+    for o_n, q_n, u_n, w_n, k_n, d_n in zip(o_local.unbind(2), q_state.unbind(2), U0.unbind(2),
+                                           W.unbind(2) if W is not None else [None] * q.shape[2],
+                                           k_end.unbind(2), decay_end.unbind(2)):
+        out.append(torch.baddbmm(o_n.flatten(0, 1), q_n.flatten(0, 1), S.flatten(0, 1)))  # (B·H, C, dv)
+        u = u_n - w_n @ S if w_n is not None else u_n  # (B, H, C, dv)
+        S = d_n * S + k_n.transpose(-1, -2) @ u
+    o = torch.stack(out, dim=1).unflatten(0, (B, H)).flatten(2, 3)[:, :, :T]  # (B, H, T, dv)
     return o.to(out_dtype)

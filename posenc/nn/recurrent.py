@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn import fla_kernels
+from posenc.nn import fla_kernels, fused
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla
 
@@ -52,18 +52,17 @@ def wide(x: Tensor) -> Tensor:
 def causal_conv(x: Tensor, weight: Tensor, seg: Tensor | None) -> Tensor:
     """Depthwise causal convolution y_t = Σ_{i<K} w_i ⊙ x_{t-i}, taking no token of another document.
 
-    x: (B, T, C), weight: (C, K) with w_0 on the current token, seg: (B, T) segment ids or None."""
+    x: (B, T, C), weight: (C, K) with w_0 on the current token, seg: (B, T) segment ids or None.
+    K shifted multiply-adds in x's own (B, T, C) layout: on a CPU, conv1d's depthwise backward and
+    the transposes around it cost more than these passes (and SiLU then runs on contiguous memory)."""
     T, K = x.shape[1], weight.shape[1]
-    if seg is None:  # one depthwise conv1d over the left-padded sequence (its kernel runs oldest first)
-        y = F.conv1d(F.pad(x.transpose(1, 2), (K - 1, 0)), weight.flip(-1)[:, None], groups=x.shape[2])
-        return y.transpose(1, 2)  # (B, C, T) -> (B, T, C)
+    xp = F.pad(x, (0, 0, K - 1, 0))  # (B, K - 1 + T, C): x_{t-i} = xp[:, t + K - 1 - i], zero before the window
     y = x * weight[:, 0]
-    for i in range(1, weight.shape[1]):
-        shifted = F.pad(x, (0, 0, i, 0))[:, :T]  # x_{t-i}, zero before the window
+    for i in range(1, K):
+        shifted = xp[:, K - 1 - i:K - 1 - i + T]  # x_{t-i}
         if seg is not None:  # a token of an earlier document is not seen
-            same = F.pad(seg, (i, 0), value=-1)[:, :T] == seg  # (B, T)
-            shifted = shifted * same[..., None]
-        y = y + shifted * weight[:, i]
+            shifted = shifted * (F.pad(seg, (i, 0), value=-1)[:, :T] == seg)[..., None]
+        y = torch.addcmul(y, shifted, weight[:, i])
     return y
 
 
@@ -104,7 +103,7 @@ class RecurrentMixer(nn.Module):
         g = (-wide(self.A_log).exp() * F.softplus(wide(a) + self.dt_bias)).transpose(1, 2)  # (B, H, T) log α
         beta = torch.sigmoid(wide(b[0])).transpose(1, 2) if b else None  # (B, H, T)
         o = self.mix(q, k, v, g, beta, seg)  # (B, H, T, hd)
-        o = self.o_norm(wide(o)).type_as(x).transpose(1, 2).reshape(B, T, C)
+        o = fused.rms_norm(wide(o), self.o_norm.weight, self.o_norm.eps).type_as(x).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(o * F.silu(gate))
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:

@@ -25,10 +25,27 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.encodings.rope_scaling import (LENGTH_DEPENDENT, ScalingOptions, attention_scale, check_scaling,
-                                               scaled_inv_freq)
+from posenc.nn.encodings.rope_scaling import (LENGTH_DEPENDENT, attention_scale, scaled_inv_freq,
+                                               scaling_options)
+from posenc.nn.fused import complex_rotation
 
 STYLES = ("interleaved", "half")
+
+
+def rotated_dims(fraction: float, head_dim: int) -> int:
+    """How many of head_dim's dimensions a fraction rotates: whole pairs, at least one."""
+    if fraction == 1.0 and head_dim % 2:
+        raise ValueError(
+            f"RoPE rotates pairs of dimensions, but head_dim = d_model/n_head = {head_dim} is odd — "
+            f"choose model.d_model and model.n_head so that d_model/n_head is even"
+        )
+    rot_dim = int(fraction * head_dim) // 2 * 2  # rotate whole pairs only
+    if rot_dim == 0:
+        raise ValueError(
+            f"encoding.fraction={fraction} of head_dim={head_dim} rotates no pair of "
+            f"dimensions; use a larger fraction"
+        )
+    return rot_dim
 
 
 def rotated_part(x: Tensor, rot_dim: int) -> Tensor:
@@ -64,10 +81,7 @@ def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
     of six plus a copy: in eager mode (CPU) it makes interleaved RoPE the cheapest style.
     """
     rot_dim = 2 * freqs.shape[-1]
-    xr = rotated_part(x, rot_dim).float()
-    if xr.stride(-1) != 1 or any(s % 2 for s in xr.stride()[:-1]) or xr.storage_offset() % 2:
-        xr = xr.contiguous()  # view_as_complex needs (re, im) pairs adjacent in memory
-    out = torch.view_as_real(torch.view_as_complex(xr.unflatten(-1, (-1, 2))) * freqs).flatten(-2)
+    out = complex_rotation(rotated_part(x, rot_dim).float(), freqs)  # its backward copies nothing
     return torch.cat((out.type_as(x), x[..., rot_dim:]), dim=-1) if rot_dim < x.shape[-1] else out.type_as(x)
 
 
@@ -106,22 +120,9 @@ class RoPE(PositionalEncoding):
             raise ValueError(f"encoding.fraction must be in (0, 1], got {fraction}")
         if base <= 1.0:
             raise ValueError(f"encoding.base must be > 1, got {base}")
-        if fraction == 1.0 and self.head_dim % 2:
-            raise ValueError(
-                f"RoPE rotates pairs of dimensions, but head_dim = d_model/n_head = {self.head_dim} is odd — "
-                f"choose model.d_model and model.n_head so that d_model/n_head is even"
-            )
-        rot_dim = int(fraction * self.head_dim) // 2 * 2  # rotate whole pairs only
-        if rot_dim == 0:
-            raise ValueError(
-                f"encoding.fraction={fraction} of head_dim={self.head_dim} rotates no pair of "
-                f"dimensions; use a larger fraction"
-            )
-        options = ScalingOptions(float(low_freq_factor), float(high_freq_factor),
-                                 tuple(short_factor) if short_factor else None,
-                                 tuple(long_factor) if long_factor else None,
-                                 float(beta_fast), float(beta_slow), bool(truncate), mscale, mscale_all_dim)
-        check_scaling(scaling, float(scaling_factor), original_max_len, options)
+        rot_dim = rotated_dims(fraction, self.head_dim)
+        options = scaling_options(scaling, float(scaling_factor), original_max_len, low_freq_factor, high_freq_factor,
+                                  short_factor, long_factor, beta_fast, beta_slow, truncate, mscale, mscale_all_dim)
         self.base = float(base)
         self.fraction = float(fraction)
         self.style = style

@@ -183,6 +183,20 @@ def scaled_inv_freq(scaling: str, base: float, d: int, s: float, T: int | None, 
     raise ValueError(f"encoding.scaling must be one of {', '.join(SCALINGS)}, got '{scaling}'")
 
 
+def scaling_options(scaling: str, factor: float, original_max_len: int | None, low_freq_factor: float = 1.0,
+                    high_freq_factor: float = 4.0, short_factor: Sequence[float] | None = None,
+                    long_factor: Sequence[float] | None = None, beta_fast: float = 32.0, beta_slow: float = 1.0,
+                    truncate: bool = True, mscale: float | None = None, mscale_all_dim: float | None = None
+                    ) -> ScalingOptions:
+    """The methods' options from the encoding's config values (lists, ints), checked against the
+    method, the factor and the training length (``check_scaling``)."""
+    options = ScalingOptions(float(low_freq_factor), float(high_freq_factor),
+                             tuple(short_factor) if short_factor else None, tuple(long_factor) if long_factor else None,
+                             float(beta_fast), float(beta_slow), bool(truncate), mscale, mscale_all_dim)
+    check_scaling(scaling, factor, original_max_len, options)
+    return options
+
+
 def check_scaling(scaling: str, factor: float, original_max_len: int | None,
                   options: ScalingOptions = ScalingOptions()) -> None:
     if scaling not in SCALINGS:
