@@ -9,8 +9,8 @@ then needs another copy to the projection's layout. Each function below computes
 as the composite (tests/test_fused.py holds them to it, and to float64 gradients), saves only
 what LayerNorm or GELU would save, and writes its gradients in as few passes as it can.
 
-``torch.compile`` (the CUDA default) fuses the composites itself, so these are used only when
-not compiling.
+``torch.compile`` (the CUDA default) fuses the composites itself, and on a GPU in eager mode each
+composite op is one kernel already: these are used on a CPU in eager mode only.
 """
 
 from __future__ import annotations
@@ -18,6 +18,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+
+def _hand_written(x: Tensor) -> bool:
+    """Where the hand-written backwards run: eager mode on a CPU, where they were measured
+    (docs/results.md). Elsewhere torch's composites: compiled, inductor fuses them itself; on a
+    GPU in eager mode each op is already one kernel."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
 class _RMSNorm(torch.autograd.Function):
@@ -50,8 +57,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """x · (mean(x²) + eps)^(-1/2) · weight over the last dim: the hand-written backward on a CPU
     in float32 (or float64) eager mode; otherwise torch's, normalised in float32 (bf16's mean of squares loses
     digits) and returned in x's dtype before the weight multiplies it."""
-    if (x.device.type == "cpu" and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.float64)
-            and not torch.compiler.is_compiling()):
+    if _hand_written(x) and x.dtype == weight.dtype and x.dtype in (torch.float32, torch.float64):
         return _RMSNorm.apply(x, weight, eps)
     return F.rms_norm(x.float(), x.shape[-1:], None, eps).type_as(x) * weight
 
@@ -81,7 +87,10 @@ class _SwiGLU(torch.autograd.Function):
 
 def swiglu(h: Tensor) -> Tensor:
     """SiLU(h[..., :n]) ⊙ h[..., n:], n = h.shape[-1] / 2."""
-    return _SwiGLU.apply(h)
+    if _hand_written(h):
+        return _SwiGLU.apply(h)
+    a, b = h.chunk(2, dim=-1)
+    return F.silu(a) * b
 
 
 class _ComplexRotation(torch.autograd.Function):
@@ -111,4 +120,4 @@ def _rotate(x: Tensor, freqs: Tensor) -> Tensor:
 def complex_rotation(x: Tensor, freqs: Tensor) -> Tensor:
     """(x_{2i} + i·x_{2i+1}) · freqs_i, back as real pairs: x (..., 2n) float32, freqs (..., n)
     complex64 without a gradient (a fixed rotation)."""
-    return _ComplexRotation.apply(x, freqs) if not freqs.requires_grad else _rotate(x, freqs)
+    return _ComplexRotation.apply(x, freqs) if _hand_written(x) and not freqs.requires_grad else _rotate(x, freqs)
