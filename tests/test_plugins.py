@@ -1,5 +1,5 @@
 """An encoding kept outside posenc (a package made here, in a temp dir, put on PYTHONPATH) goes
-through every command by one mechanism, the config search path (posenc/searchpath.py):
+through every command by one mechanism, the config search path (posenc/config/searchpath.py):
 `--config-dir` on any command, POSENC_CONFIG_PATH, or a `posenc.plugins` entry point. A run
 records where its encoding's code came from (posenc/provenance.py), and what posenc draws and
 probes comes from the hooks an encoding offers, not from its name."""
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import TINY, cli_env, run_cli, run_dirs
 from posenc.errors import UserError
-from posenc.searchpath import ENV_VAR
+from posenc.config.searchpath import ENV_VAR
 
 ENCODINGS_PY = '''\
 """Two encodings a researcher keeps in their own package."""
