@@ -42,7 +42,7 @@ from posenc.cli.sweep import SweepStopped, prepare_job, run_sweep
 from posenc.cli.sweep_names import sweep_naming, swept_keys
 from posenc.config import apply_choice_schemas
 from posenc.errors import UserError
-from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
+from posenc.run.directory import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
 from posenc.config.searchpath import add_config_dirs, config_search_path
 from posenc.train import distributed
 

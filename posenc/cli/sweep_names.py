@@ -41,7 +41,7 @@ def sweep_naming(argv_overrides: list[str], swept: dict[str, list], cfg: DictCon
     nor an experiment names it, and the keys a job's directory leaves out (the fixed ones, as
     Hydra's own override_dirname.exclude_keys), so it shows only the swept values."""
     from posenc.config import parse_overrides
-    from posenc.rundir import sweep_name
+    from posenc.run.directory import sweep_name
 
     added = [] if cfg.get("name") else [f"name='{sweep_name(swept)}'"]  # quoted: its commas are no sweep
     fixed = {o.key for o in parse_overrides(argv_overrides) if not o.key.startswith("hydra") and o.key not in swept}

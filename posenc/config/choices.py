@@ -33,7 +33,7 @@ def choice_schema(target: str) -> type | None:
     """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
     (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
     ``**kwargs`` gets no schema (None): any key is valid for it."""
-    from posenc.provenance import import_module_of
+    from posenc.run.provenance import import_module_of
 
     import_module_of(target)  # a plugin module that cannot be imported: one line saying how to fix it
     cls = get_class(target)

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from posenc.figures import legend_below, log2_positions, pyplot, save_figure
+from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
 
 
 def log_buckets(T: int, buckets: int = 64) -> Tensor:

@@ -34,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import load_run_config, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
+from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
 
 log = logging.getLogger("posenc")
 

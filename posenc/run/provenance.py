@@ -24,7 +24,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from posenc.errors import UserError
-from posenc.rundir import write_json_atomic
+from posenc.run.directory import write_json_atomic
 from posenc.config.searchpath import plugin_sources
 
 PROVENANCE_FILE = "provenance.json"
