@@ -175,7 +175,7 @@ def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_
     from typer.testing import CliRunner
 
     import posenc.build
-    import posenc.train.init_from as init_from
+    from posenc.train import init_from
     from conftest import cli_env
     from posenc.cli.app import app
 

@@ -25,8 +25,8 @@ class PluginSearchPath(TyperGroup):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         from posenc.cli.common import fail
-        from posenc.errors import UserError
         from posenc.config.searchpath import take_config_dirs
+        from posenc.errors import UserError
 
         try:
             args = take_config_dirs(args)

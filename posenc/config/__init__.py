@@ -16,9 +16,26 @@ from posenc.config.choices import CHOICE_GROUPS, apply_choice_schemas, choice_sc
 from posenc.config.load import MOVED_MODULES, compose, load_run_config
 from posenc.config.overrides import ParsedOverride, parse_overrides
 from posenc.config.rules import RULES, Rule, head_split_fix, validate
-from posenc.config.schema import (SCHEMA_NAME, BenchConfig, BudgetConfig, EvalConfig, LayerKindConfig,
-                                  LayoutConfig, LoggerConfig, ModelConfig, PosencConfig, TrainerConfig, steps_times)
-from posenc.config.searchpath import CONFIG_MODULE, CONFIG_PATH, config_file, config_search_path, group_options
+from posenc.config.schema import (
+    SCHEMA_NAME,
+    BenchConfig,
+    BudgetConfig,
+    EvalConfig,
+    LayerKindConfig,
+    LayoutConfig,
+    LoggerConfig,
+    ModelConfig,
+    PosencConfig,
+    TrainerConfig,
+    steps_times,
+)
+from posenc.config.searchpath import (
+    CONFIG_MODULE,
+    CONFIG_PATH,
+    config_file,
+    config_search_path,
+    group_options,
+)
 
 __all__ = [
     "CHOICE_GROUPS", "CONFIG_MODULE", "CONFIG_PATH", "MOVED_MODULES", "RULES", "SCHEMA_NAME", "BenchConfig",

@@ -28,9 +28,9 @@ import torch
 from posenc.data.windows import Windows
 from posenc.errors import UserError
 from posenc.eval.loss import score_windows
-from posenc.run.metrics import EXTRAPOLATION_PPL
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.nn.model import GPT
+from posenc.run.metrics import EXTRAPOLATION_PPL
 
 
 @dataclass

@@ -20,7 +20,6 @@ Everything returned is plain lists and numbers (JSON-ready); ``write_probe_figur
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 

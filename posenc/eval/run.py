@@ -16,8 +16,8 @@ from pathlib import Path
 
 from posenc.config import load_run_config
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
 from posenc.output.terminal import make_console
+from posenc.run.directory import write_json_atomic
 
 console = make_console()  # the `posenc eval` command's output, for people
 err_console = make_console(stderr=True)  # warnings

@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc.data.synthetic import SyntheticTask, make_task
-from posenc.run.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
 from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.run.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
 
 MULTIPLES = (1, 2, 4, 8)
 

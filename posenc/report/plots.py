@@ -19,10 +19,10 @@ plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter  # noqa: E402
 
-from posenc.run.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import group_families, styles_for  # noqa: E402
+from posenc.run.metrics import TOKENS, Target, lookup  # noqa: E402
 
 
 def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

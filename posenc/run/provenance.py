@@ -23,9 +23,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from posenc.config.searchpath import plugin_sources
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
-from posenc.config.searchpath import plugin_sources
 
 PROVENANCE_FILE = "provenance.json"
 ALLOW_KEY = "trainer.allow_code_change"

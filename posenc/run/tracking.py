@@ -19,8 +19,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posenc.run.metrics import METRICS, STEP, TOKENS, lookup
 from posenc.run.directory import METRICS_FILE, SUMMARY_FILE, write_json_atomic
+from posenc.run.metrics import METRICS, STEP, TOKENS, lookup
 
 log = logging.getLogger("posenc")
 

@@ -43,10 +43,8 @@ encoding (posenc/nn/encodings/mechanism.py) passes every hook through and adds i
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
 offers is *derived* from which hooks it overrides (``offers``: ``has_position_bias``, ``has_decay``…):
-there is no flag to remember, and attention never asks which encoding it has.
-
-The vocabulary (position_bias, distance_bias, score_mod, …) is defined in
-posenc/nn/encodings/context.py, with the per-forward ``Context``.
+there is no flag to remember, and attention never asks which encoding it has. The vocabulary
+(position_bias, distance_bias, score_mod, …) and ``Context`` are in posenc/nn/encodings/context.py.
 """
 
 from __future__ import annotations
@@ -54,9 +52,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from posenc.nn.encodings.context import Context, Normaliser, ScoreMod, ScoreRows  # noqa: F401 - re-exported
-from posenc.nn.encodings.context import distance_score_mod, positions_at  # noqa: F401 - re-exported
-from posenc.nn.encodings.options import BUILDER_ARGUMENTS, constructor_arguments, outermost_encodings  # noqa: F401 - re-exported
+from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
+    Context,
+    Normaliser,
+    ScoreMod,
+    ScoreRows,
+    distance_score_mod,
+    positions_at,
+)
+from posenc.nn.encodings.options import (  # noqa: F401 - re-exported
+    BUILDER_ARGUMENTS,
+    constructor_arguments,
+    outermost_encodings,
+)
 
 #: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
 #: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
