@@ -62,7 +62,7 @@ CASES = [
                                                    "did you mean trainer.max_steps?"),
 ]
 
-# A wrong type or an unknown key is refused by the schema (posenc/config.py) while Hydra
+# A wrong type or an unknown key is refused by the schema (posenc/config/schema.py) while Hydra
 # composes: the line carries OmegaConf's own words, the full key, and the type the schema
 # declares, or the schema node the key is not in. (case id, overrides, texts the line must hold)
 SCHEMA_CASES = [
