@@ -15,7 +15,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from posenc.metrics import EXTRAPOLATION_PPL
+from posenc.run.metrics import EXTRAPOLATION_PPL
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import format_stat
 

@@ -14,7 +14,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from posenc.metrics import TASK_ACCURACY
+from posenc.run.metrics import TASK_ACCURACY
 from posenc.report.stats import aggregate, scale_of
 
 

@@ -142,5 +142,5 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def _posenc_configs_only(monkeypatch: pytest.MonkeyPatch) -> None:
     """Every test composes with posenc's own configs: no plugin dir from the user's shell, and none
     left behind by an in-process command's --config-dir (it adds to POSENC_CONFIG_PATH for the
-    process, posenc/searchpath.py); monkeypatch restores the variable after the test."""
+    process, posenc/config/searchpath.py); monkeypatch restores the variable after the test."""
     monkeypatch.delenv("POSENC_CONFIG_PATH", raising=False)

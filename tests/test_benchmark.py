@@ -28,9 +28,9 @@ from posenc.benchmark.protocol import (
     protocol_hash,
     resolved,
 )
+from posenc.config.searchpath import ENV_VAR
 from posenc.report.runs import find_runs, group_runs
 from posenc.report.verdicts import ranking_of, versus_baseline
-from posenc.searchpath import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 PPL, ACC = "extrapolation/ppl@1024", "tasks/flip_flop/accuracy@128"

@@ -14,7 +14,7 @@ from posenc.config import encoding_catalogue
 from posenc.data.corpora import TextFiles
 from posenc.data.packing import cache_root
 from posenc.eval.run import output_name
-from posenc.rundir import plain_number
+from posenc.run.directory import plain_number
 
 
 def test_a_piped_encodings_list_shows_every_option_whole(tmp_path: Path):

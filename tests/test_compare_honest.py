@@ -14,7 +14,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 
 from posenc.report.compare import compare
-from posenc.metrics import TOKENS_PER_S
+from posenc.run.metrics import TOKENS_PER_S
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import format_stat
 from test_compare import make_run, ppl_at
@@ -229,7 +229,7 @@ def test_an_interval_wider_than_its_mean_is_no_number_and_the_seeds_are_shown_in
 def test_the_summary_flag_of_a_target_passed_before_the_first_evaluation_is_what_compare_reads(tmp_path: Path):
     """summary.json says a tokens-to-target count is only a bound (convergence/before_first_eval_loss@x):
     compare treats it as censored even where the run's metrics.jsonl is gone."""
-    from posenc.metrics import Target, convergence_metrics
+    from posenc.run.metrics import Target, convergence_metrics
     from posenc.report.compare import at_first_eval
     from posenc.report.runs import find_runs
 

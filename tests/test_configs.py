@@ -51,9 +51,9 @@ def test_the_builder_passes_the_training_length_and_layer_count_under_one_name_e
     from posenc.build import build_encoding
     from posenc.train.init_from import incompatible
 
-    conf = Path(posenc_config.__file__).resolve().parent.parent / "conf" / "encoding"
+    conf = Path(posenc_config.__file__).resolve().parents[2] / "conf" / "encoding"
     if not conf.is_dir():  # an installed wheel keeps conf inside the package
-        conf = Path(posenc_config.__file__).resolve().parent / "conf" / "encoding"
+        conf = Path(posenc_config.__file__).resolve().parents[1] / "conf" / "encoding"
     for yaml in conf.glob("*.yaml"):
         assert "${trainer.seq_len}" not in yaml.read_text() and "${model.n_layer}" not in yaml.read_text(), yaml.name
 

@@ -19,7 +19,7 @@ from typer.main import get_command
 from conftest import cli_env
 from posenc.cli.app import app
 from posenc.config import compose, validate
-from posenc.searchpath import ENV_VAR
+from posenc.config.searchpath import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "extending.md"

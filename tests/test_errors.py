@@ -62,7 +62,7 @@ CASES = [
                                                    "did you mean trainer.max_steps?"),
 ]
 
-# A wrong type or an unknown key is refused by the schema (posenc/config.py) while Hydra
+# A wrong type or an unknown key is refused by the schema (posenc/config/schema.py) while Hydra
 # composes: the line carries OmegaConf's own words, the full key, and the type the schema
 # declares, or the schema node the key is not in. (case id, overrides, texts the line must hold)
 SCHEMA_CASES = [
@@ -189,7 +189,7 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
 def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     import torch
 
-    from posenc.rundir import load_checkpoint
+    from posenc.run.directory import load_checkpoint
     from posenc.errors import UserError
 
     from safetensors.torch import save_file

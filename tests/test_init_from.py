@@ -19,7 +19,7 @@ from conftest import TINY, run_cli, run_dirs
 from posenc.build import build_data, build_model
 from posenc.config import load_run_config
 from posenc.data.windows import RandomWindows
-from posenc.rundir import load_checkpoint, read_jsonl
+from posenc.run.directory import load_checkpoint, read_jsonl
 
 PARENT_STEPS = 40
 
@@ -163,3 +163,45 @@ def test_init_from_set_where_the_cli_cannot_see_it_must_name_the_training_length
     cfg = compose([*tiny, "trainer.seq_len=128", f"trainer.init_from={parent}", "encoding.original_max_len=32"],
                   bench=False)
     assert check(cfg) == parent.resolve()
+
+
+def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_once(
+        parent: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CLI's overrides, its pre-check and the job's check all ask for the parent: in one
+    `posenc train` process its config is read once and its encoding built at most once (to
+    compare parameter shapes); the child's shapes come from the encoding training builds anyway."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    import posenc.build
+    from posenc.train import init_from
+    from conftest import cli_env
+    from posenc.cli.app import app
+
+    fresh = tmp_path / "parent"  # a path this process has never read (the module's parent may have been)
+    shutil.copytree(parent, fresh)
+    reads, parent_configs, parent_builds = [], [], []
+    read, build = init_from.load_run_config, posenc.build.build_encoding
+
+    def counted_read(run_dir, overrides):
+        reads.append(Path(run_dir))
+        parent_configs.append(read(run_dir, overrides))
+        return parent_configs[-1]
+
+    def counted_build(cfg):
+        parent_builds.extend([cfg] if any(cfg is p for p in parent_configs) else [])
+        return build(cfg)
+
+    monkeypatch.setattr(init_from, "load_run_config", counted_read)
+    monkeypatch.setattr(posenc.build, "build_encoding", counted_build)
+    for key, value in cli_env().items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, ["train", *TINY, "trainer.seq_len=64", "trainer.max_steps=1",
+                                      f"trainer.init_from={fresh}", "encoding.scaling=linear"])
+    assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
+    assert reads == [fresh.resolve()]
+    assert len(parent_builds) <= 1
+    [child] = run_dirs(tmp_path)
+    assert json.loads((child / "parent.json").read_text())["path"] == str(fresh.resolve())

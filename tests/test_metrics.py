@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc import metrics as M
-from posenc.tracking import Tracker
+from posenc.run import metrics as M
+from posenc.run.tracking import Tracker
 
 #: the names the README promises in metrics.jsonl / summary.json / W&B, and which way is better
 EXPECTED = {

@@ -1,7 +1,7 @@
 """An encoding kept outside posenc (a package made here, in a temp dir, put on PYTHONPATH) goes
-through every command by one mechanism, the config search path (posenc/searchpath.py):
+through every command by one mechanism, the config search path (posenc/config/searchpath.py):
 `--config-dir` on any command, POSENC_CONFIG_PATH, or a `posenc.plugins` entry point. A run
-records where its encoding's code came from (posenc/provenance.py), and what posenc draws and
+records where its encoding's code came from (posenc/run/provenance.py), and what posenc draws and
 probes comes from the hooks an encoding offers, not from its name."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from conftest import TINY, cli_env, run_cli, run_dirs
 from posenc.errors import UserError
-from posenc.searchpath import ENV_VAR
+from posenc.config.searchpath import ENV_VAR
 
 ENCODINGS_PY = '''\
 """Two encodings a researcher keeps in their own package."""
@@ -236,7 +236,7 @@ def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plu
 
 
 def test_a_run_whose_module_is_gone_says_where_it_imported_it_from(trained, plugin, monkeypatch):
-    from posenc import provenance
+    from posenc.run import provenance
 
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugin[0])])
     for name in [m for m in sys.modules if m == "myplug" or m.startswith("myplug.")]:
@@ -246,7 +246,7 @@ def test_a_run_whose_module_is_gone_says_where_it_imported_it_from(trained, plug
 
 
 def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, capsys):
-    from posenc import provenance
+    from posenc.run import provenance
     from posenc.cli.launch import prepare
     from posenc.eval.run import warn_code_changes
 

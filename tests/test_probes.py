@@ -171,7 +171,7 @@ def test_entropy_figures_stay_readable_with_many_heads_at_long_lengths(tmp_path,
     """8 heads at 512 positions: each layer's panel draws the mean over heads and their range, a
     bounded number of lines whatever the heads, on a log position axis where the training length
     (ticked) gets the room its doublings deserve, not 1/16 of the panel."""
-    import posenc.eval.probes as probes_module
+    import posenc.eval.probe_figures as probes_module
 
     kept = []
     monkeypatch.setattr(probes_module, "save_figure", lambda fig, path: kept.append((Path(path).name, fig)) or path)

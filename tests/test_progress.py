@@ -9,7 +9,7 @@ from pathlib import Path
 from rich.console import Console
 
 from conftest import TINY, run_cli, run_dirs
-from posenc.metrics import convergence_metrics
+from posenc.run.metrics import convergence_metrics
 from posenc.report.console import print_summary
 from posenc.train.progress import TrainProgress, eval_line, step_line
 

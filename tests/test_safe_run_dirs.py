@@ -17,10 +17,10 @@ from conftest import TINY, run_cli, run_dirs
 from posenc.build import build_model
 from posenc.cli.launch import prepare
 from posenc.config import compose
-from posenc.convert import convert
+from posenc.run.convert import convert
 from posenc.errors import UserError
 from posenc.eval.run import load_trained
-from posenc.rundir import checkpoint_path, load_checkpoint
+from posenc.run.directory import checkpoint_path, load_checkpoint
 from posenc.train import init_from
 
 
@@ -125,7 +125,7 @@ def test_a_state_comes_back_as_saved_with_tied_weights_stored_once(tmp_path):
 
     import numpy as np
 
-    from posenc.statefile import load_state, save_state
+    from posenc.run.statefile import load_state, save_state
 
     embedding = torch.nn.Embedding(5, 3)
     head = torch.nn.Linear(3, 5, bias=False)

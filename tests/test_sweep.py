@@ -11,7 +11,7 @@ from conftest import TINY, run_cli, run_dirs
 
 from posenc.benchmark.protocol import load_protocol
 from posenc.config import group_options
-from posenc.rundir import job_dir_name, sweep_group, sweep_name
+from posenc.run.directory import job_dir_name, sweep_group, sweep_name
 
 
 def sweep_dirs(cwd: Path) -> list[Path]:

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import TINY, cli_env, run_cli
-from posenc.commands import hydra_value, override
+from posenc.output.commands import hydra_value, override
 from posenc.config import parse_overrides
-from posenc.rundir import load_checkpoint, read_jsonl
+from posenc.run.directory import load_checkpoint, read_jsonl
 
 MAX_STEPS = 40
 SWEEP = ["train", "-m", "encoding=rope,nope,alibi", *TINY, f"trainer.max_steps={MAX_STEPS}",

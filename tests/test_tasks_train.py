@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import TINY, run_cli, run_dirs
-from posenc import metrics as M
+from posenc.run import metrics as M
 
 TASK = ["dataset=synthetic", "dataset.task=flip_flop", "dataset.eval_instances=8", "dataset.eval_multiples=[1,2]",
         "eval.at_end=true"]

@@ -21,12 +21,12 @@ from posenc.cli.runs import register as add_runs
 class PluginSearchPath(TyperGroup):
     """Every command takes ``--config-dir DIR`` (Hydra's flag; repeatable), wherever it stands: it
     is taken off the arguments here, once for all commands, and added to the config search path
-    (posenc/searchpath.py) that every command composes with."""
+    (posenc/config/searchpath.py) that every command composes with."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         from posenc.cli.common import fail
+        from posenc.config.searchpath import take_config_dirs
         from posenc.errors import UserError
-        from posenc.searchpath import take_config_dirs
 
         try:
             args = take_config_dirs(args)

@@ -9,7 +9,7 @@ from rich.console import Console
 from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
 from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, as_recorded, load_protocol, protocol_hash, resolved
 from posenc.errors import UserError
-from posenc.rundir import write_json_atomic
+from posenc.run.directory import write_json_atomic
 
 OUTPUTS = Path("outputs") / "benchmark"
 

@@ -21,7 +21,7 @@ from posenc.cli.benchmark_run import run_encoding, stamp
 from posenc.errors import UserError
 from posenc.report.stats import BETTER, WORSE
 from posenc.report.tables import format_difference
-from posenc.rundir import write_json_atomic
+from posenc.run.directory import write_json_atomic
 
 VERDICT_MARK = {BETTER: "better", WORSE: "worse"}
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from posenc.benchmark.data import Row
 from posenc.benchmark.protocol import Arm, Protocol
 from posenc.errors import UserError
-from posenc.rundir import write_json_atomic
+from posenc.run.directory import write_json_atomic
 
 Echo = Callable[[str], None]
 

@@ -13,7 +13,7 @@ from typing import TypeVar
 import typer
 from rich.markup import escape
 
-from posenc.terminal import make_console
+from posenc.output.terminal import make_console
 
 console = make_console()
 err_console = make_console(stderr=True)

@@ -1,6 +1,6 @@
 """Every error a user can cause, as one line: what went wrong — what to do instead.
 
-Configuration errors are Hydra's and OmegaConf's own exceptions (the schema in posenc/config.py
+Configuration errors are Hydra's and OmegaConf's own exceptions (the schema in posenc/config/schema.py
 refuses a wrong type or an unknown key while composing); the line is built from their fields
 (the key, the value, the node's type hint, the keys next to it), never from their text.
 """

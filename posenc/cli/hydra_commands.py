@@ -31,7 +31,8 @@ def train(ctx: typer.Context) -> None:
     Examples: `posenc train encoding=learned trainer.max_steps=100`,
     `posenc train -m encoding=rope,nope encoding.base=500,10000`.
     """
-    from posenc.cli.hydra_entry import failures, run_hydra
+    from posenc.cli.hydra_entry import run_hydra
+    from posenc.cli.job_returns import failures
     from posenc.cli.launch import prepare
     from posenc.train import distributed
 

@@ -18,8 +18,8 @@ and tests/test_launcher.py exercise every path it takes.
 A sweep (-m) runs through posenc/cli/sweep.py (one Ctrl-C stops it whole; it resumes in place; a
 refused one writes nothing). It is named before Hydra starts it (sweep_naming: its directory from the experiment,
 ``name=``, or the swept keys; each job's from its swept values, through Hydra's own
-override_dirname.exclude_keys), and its end prints where it went and the `posenc compare`
-command for it (print_next_step).
+override_dirname.exclude_keys; posenc/cli/sweep_names.py), and its end prints where it went and the
+`posenc compare` command for it (print_next_step, posenc/cli/job_returns.py).
 """
 
 from __future__ import annotations
@@ -32,16 +32,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.utils import JobReturn, JobStatus
+from hydra.core.utils import JobReturn
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from posenc.cli.explain import explain
+from posenc.cli.job_returns import job_returns, print_next_step
 from posenc.cli.sweep import SweepStopped, prepare_job, run_sweep
+from posenc.cli.sweep_names import sweep_naming, swept_keys
 from posenc.config import apply_choice_schemas
 from posenc.errors import UserError
-from posenc.rundir import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
-from posenc.searchpath import add_config_dirs, config_search_path
+from posenc.run.directory import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
+from posenc.config.searchpath import add_config_dirs, config_search_path
 from posenc.train import distributed
 
 log = logging.getLogger("posenc")
@@ -131,7 +133,7 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
             args.info is not None]) > 1:
         raise UserError("only one of --run, --multirun, --cfg, --info and --shell-completion can be given")
     config_name = args.config_name or CONFIG_NAME
-    if args.config_dir is not None:  # the plugin search path every command has (posenc/searchpath.py)
+    if args.config_dir is not None:  # the plugin search path every command has (posenc/config/searchpath.py)
         add_config_dirs([args.config_dir])
     search_path = config_search_path(args.config_path)
     # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
@@ -230,90 +232,3 @@ class HeldError:
     def reraise(self) -> None:
         if self.error is not None:
             raise self.error
-
-
-def swept_keys(argv_overrides: list[str], cfg: DictConfig) -> dict[str, list]:
-    """{key: values} of what a -m sweep varies: the command's sweep overrides (a,b / range(..))
-    and the sweeper's params that a config sets (experiment files)."""
-    from posenc.config import parse_overrides
-
-    params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
-    parsed = [*parse_overrides(argv_overrides), *parse_overrides([f"{k}={v}" for k, v in params.items()])]
-    swept: dict[str, list] = {}
-    for o in parsed:
-        if o.override.is_sweep_override() and o.key not in swept:
-            swept[o.key] = _sweep_values(o.key, o.value)
-    return swept
-
-
-def _sweep_values(key: str, value) -> list:
-    """A sweep override's values; a glob(...) over a config group, the options it matches."""
-    from hydra.core.override_parser.types import Glob
-
-    from posenc.config import group_options
-
-    if isinstance(value, Glob):
-        try:
-            return value.filter(group_options(key))
-        except (FileNotFoundError, ModuleNotFoundError, NotADirectoryError):
-            return [f"glob({','.join(value.include)})"]
-    return list(value)
-
-
-def sweep_naming(argv_overrides: list[str], swept: dict[str, list], cfg: DictConfig) -> list[str]:
-    """The overrides that name a sweep's directories: name=<swept keys> when neither the command
-    nor an experiment names it, and the keys a job's directory leaves out (the fixed ones, as
-    Hydra's own override_dirname.exclude_keys), so it shows only the swept values."""
-    from posenc.config import parse_overrides
-    from posenc.rundir import sweep_name
-
-    added = [] if cfg.get("name") else [f"name='{sweep_name(swept)}'"]  # quoted: its commas are no sweep
-    fixed = {o.key for o in parse_overrides(argv_overrides) if not o.key.startswith("hydra") and o.key not in swept}
-    fixed.add("name")
-    exclude = ",".join("'" + k.replace("\\", "\\\\").replace("'", "\\'") + "'" for k in sorted(fixed))
-    return [*added, f"hydra.job.config.override_dirname.exclude_keys=[{exclude}]"]
-
-
-def print_next_step(returns: list[JobReturn], swept: dict[str, list]) -> None:
-    """Where a sweep went, and the `posenc compare` command for it (grouped by the swept keys)."""
-    import shlex
-
-    from posenc.cli.common import console
-    from posenc.report.runs import NOT_A_GROUP_KEY
-
-    dirs = [Path(r.hydra_cfg.hydra.runtime.output_dir).parent for r in returns if r.hydra_cfg is not None]
-    if not dirs or not distributed.is_main():
-        return
-    sweep_dir = dirs[0]
-    try:
-        sweep_dir = sweep_dir.relative_to(Path.cwd())
-    except ValueError:
-        pass
-    by = "".join(f" --by {shlex.quote(k)}" for k in swept if k not in NOT_A_GROUP_KEY)
-    console.print(f"sweep: [bold]{sweep_dir}[/] ({len(returns)} runs)", highlight=False, soft_wrap=True)
-    console.print(f"compare them: posenc compare {shlex.quote(str(sweep_dir))}{by}", highlight=False, soft_wrap=True)
-
-
-def job_returns(returned) -> list[JobReturn]:
-    """The JobReturns in what a sweeper returned (the basic sweeper: one list per batch)."""
-    if isinstance(returned, JobReturn):
-        return [returned]
-    if isinstance(returned, (list, tuple)):
-        return [r for item in returned for r in job_returns(item)]
-    return []
-
-
-def failures(returns: list[JobReturn]) -> list[str]:
-    """One line per failed job: 'job N (overrides): what went wrong'."""
-    out = []
-    for r in returns:
-        if r.status == JobStatus.FAILED:  # an exception the task did not turn into a result
-            error = explain(r._return_value)
-        elif isinstance(r._return_value, dict) and r._return_value.get("status") == "failed":
-            error = r._return_value.get("error")
-        else:
-            continue
-        num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"
-        shown = [o for o in r.overrides or [] if not o.startswith("name=")]  # the sweep's name, not the job's
-        out.append(f"job {num} ({' '.join(shown)}): {error}")
-    return out

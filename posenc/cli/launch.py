@@ -28,10 +28,10 @@ from omegaconf import OmegaConf
 
 from posenc.cli.hydra_entry import parse_args
 from posenc.cli.sweep import resume_overrides
-from posenc.commands import command, hydra_value, override
+from posenc.output.commands import command, hydra_value, override
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
+from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
 from posenc.train import distributed, init_from
 
 RESUME_KEY = "trainer.resume"
@@ -157,7 +157,7 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
 def check_code(run_dir: Path, overrides: list[ParsedOverride]) -> None:
     """A resume composes the run with the plugin config dirs it was made with, and continues only
     with the encoding code it started with, unless trainer.allow_code_change=true says go on."""
-    from posenc import provenance
+    from posenc.run import provenance
 
     provenance.restore_config_dirs(run_dir)
     changed = provenance.changes(run_dir)

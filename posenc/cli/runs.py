@@ -64,7 +64,7 @@ def convert(
 ) -> None:
     """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
     resume and init_from read; without --trust only tensors and RNG state are unpickled."""
-    from posenc.convert import convert as convert_run
+    from posenc.run.convert import convert as convert_run
 
     written = run_guarded(lambda: convert_run(run_dir, trust), debug)
     for path in written:

@@ -30,9 +30,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.commands import command, hydra_value, override
+from posenc.output.commands import command, hydra_value, override
 from posenc.errors import UserError
-from posenc.rundir import METRICS_FILE, SUMMARY_FILE, checkpoint_path, load_checkpoint, remove_run_dir
+from posenc.run.directory import METRICS_FILE, SUMMARY_FILE, checkpoint_path, load_checkpoint, remove_run_dir
 
 log = logging.getLogger("posenc")
 MULTIRUN_FILE = "multirun.yaml"
@@ -133,7 +133,7 @@ def job_state(run_dir: Path | None) -> tuple[str, str]:
 def stopped(sweep_dir: Path, jobs: list[list[str]] | None, cfg: DictConfig, signum: int) -> SweepInterrupted:
     """Print each job's state and the command that resumes the sweep; the error that ends it."""
     from posenc.cli.common import console
-    from posenc.rundir import job_dir_name
+    from posenc.run.directory import job_dir_name
 
     shown = display_path(sweep_dir)
     resume = command("posenc train -m", override("trainer.resume", shown))

@@ -37,8 +37,8 @@ from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.figures import legend_below, log2_positions, pyplot, save_figure
-from posenc.rundir import write_json_atomic
+from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
+from posenc.run.directory import write_json_atomic
 
 BUCKETS = 64  # at most this many points per length
 STEM = "per_position"  # per_position.json and per_position.png in the run dir

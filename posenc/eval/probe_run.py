@@ -17,8 +17,8 @@ from posenc.build import encoding_summary
 from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
-from posenc.rundir import plain_numbers
-from posenc.tracking import Tracker
+from posenc.run.directory import plain_numbers
+from posenc.run.tracking import Tracker
 
 #: evaluation-length multiples probed by default
 MULTIPLES = (1, 2, 4)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 from posenc.config import load_run_config
 from posenc.errors import UserError
-from posenc.rundir import write_json_atomic
-from posenc.terminal import make_console
+from posenc.output.terminal import make_console
+from posenc.run.directory import write_json_atomic
 
 console = make_console()  # the `posenc eval` command's output, for people
 err_console = make_console(stderr=True)  # warnings
@@ -29,7 +29,7 @@ def output_name(overrides: list[str]) -> str:
     -> eval_scaling-yarn_scaling_factor-4.json (each key's last part; no '=' or '/' in the name).
     The same overrides give the same name, so a re-evaluation replaces its file (atomically)."""
     from posenc.config import parse_overrides
-    from posenc.rundir import plain_number, short_keys
+    from posenc.run.directory import plain_number, short_keys
 
     if not overrides:
         return "eval.json"
@@ -47,7 +47,7 @@ def load_trained(run_dir: Path, overrides: list[str], command: str = "eval"):
     what `posenc eval` and `posenc probe` (command) start from."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import setup_device
-    from posenc.rundir import kept_checkpoint, load_checkpoint, refuse_sweep_dir
+    from posenc.run.directory import kept_checkpoint, load_checkpoint, refuse_sweep_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -65,7 +65,7 @@ def load_trained(run_dir: Path, overrides: list[str], command: str = "eval"):
 
 def warn_code_changes(run_dir: Path) -> None:
     """One line when the run's encoding code differs from what it was trained with (provenance.json)."""
-    from posenc import provenance
+    from posenc.run import provenance
 
     changed = provenance.changes(run_dir)
     if changed:

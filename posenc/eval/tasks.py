@@ -15,8 +15,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc.data.synthetic import SyntheticTask, make_task
-from posenc.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
 from posenc.nn.encodings.base import PositionOutOfRange
+from posenc.run.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
 
 MULTIPLES = (1, 2, 4, 8)
 
@@ -152,7 +152,7 @@ def show(record: dict, task: str, results: list[dict]) -> None:
     """The terminal table of `posenc eval` on a task: exact-match accuracy per length."""
     from rich.table import Table
 
-    from posenc.terminal import make_console
+    from posenc.output.terminal import make_console
 
     table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
                   title_justify="left")

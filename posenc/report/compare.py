@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from posenc.errors import UserError
-from posenc.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU,
+from posenc.run.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU,
                             VAL_LOSS, VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of,
                             val_curve)
 from posenc.report.comparison import Comparison, columns_for, length_order
@@ -34,7 +34,7 @@ from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
 from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
 from posenc.report.write import report_title, write_report
-from posenc.terminal import make_console
+from posenc.output.terminal import make_console
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:

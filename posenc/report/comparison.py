@@ -7,7 +7,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from posenc.metrics import (EXTRAPOLATION_PPL, TASK_ACCURACY, TOKENS_PER_S, TRAIN_MFU, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
+from posenc.run.metrics import (EXTRAPOLATION_PPL, TASK_ACCURACY, TOKENS_PER_S, TRAIN_MFU, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
                             VAL_PPL, Target, lookup)
 from posenc.report.ranking import Agreement, Leader, Ranking
 from posenc.report.runs import Group, Run
@@ -26,7 +26,7 @@ class Column:
 
     @property
     def lower_is_better(self) -> bool:
-        """From the metric's declaration (posenc.metrics); an undeclared key: lower."""
+        """From the metric's declaration (posenc.run.metrics); an undeclared key: lower."""
         metric = lookup(self.key)
         return metric is None or metric.lower_is_better
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posenc.metrics import (BEFORE_FIRST_EVAL_LOSS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
+from posenc.run.metrics import (BEFORE_FIRST_EVAL_LOSS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
                             TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
-from posenc.terminal import make_console
+from posenc.output.terminal import make_console
 
 console = make_console()
 

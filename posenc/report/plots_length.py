@@ -15,8 +15,8 @@ import matplotlib.ticker
 import numpy as np
 
 from posenc.errors import UserError
-from posenc.figures import legend_below
-from posenc.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
+from posenc.output.figures import legend_below
+from posenc.run.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import interval_note, save_figure, titled  # selects the Agg backend first
 from posenc.report.runs import Group, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line

@@ -22,7 +22,7 @@ from posenc.config import parse_overrides
 from posenc.errors import UserError
 from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
-from posenc.rundir import read_jsonl
+from posenc.run.directory import read_jsonl
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.metrics import TOKENS_SEEN
+from posenc.run.metrics import TOKENS_SEEN
 from posenc.report.runs import Run, format_value, is_run_specific
 from posenc.report.format import format_number
 

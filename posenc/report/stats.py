@@ -1,7 +1,7 @@
 """Statistics a reviewer accepts, computed by scipy.stats: a group's mean over seeds with its 95%
 t-interval, and a group's difference to another with Welch's interval and a verdict.
 
-Each metric is averaged on its own scale (its declaration in posenc.metrics). Perplexity,
+Each metric is averaged on its own scale (its declaration in posenc.run.metrics). Perplexity,
 token counts and rates are positive and multiplicative (perplexity = e^loss): their interval is
 the t-interval of the mean *log* (for perplexity: of the loss), mapped back with exp, so it is
 never negative and is the same interval whether a table shows the loss or the perplexity; the
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats
 
-from posenc.metrics import lookup
+from posenc.run.metrics import lookup
 
 CONFIDENCE = 0.95
 NO_ERROR_BARS = "1 seed: no error bars"

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
+from posenc.run.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
 from posenc.report.comparison import Column, Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number, format_value

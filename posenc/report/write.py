@@ -11,7 +11,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.metrics import EXTRAPOLATION_PPL
+from posenc.run.metrics import EXTRAPOLATION_PPL
 from posenc.report.comparison import Comparison
 from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
@@ -20,7 +20,7 @@ from posenc.report.plots_rank import plot_ranks
 from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_lines
 from posenc.report.setup import describe, describe_varied, setup_line
 from posenc.report.tables import text_tables
-from posenc.rundir import read_sweep
+from posenc.run.directory import read_sweep
 
 NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one seed: the value alone, no "
          "interval). Perplexity, token counts and rates are positive and multiplicative: their cell is the geometric "

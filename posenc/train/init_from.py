@@ -23,7 +23,9 @@ path, step and config) and its summary a ``parent`` entry.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +34,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import load_run_config, parse_overrides
 from posenc.errors import UserError
-from posenc.rundir import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
+from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
 
 log = logging.getLogger("posenc")
 
@@ -46,6 +48,8 @@ SCALING_KEYS = ("scaling", "scaling_factor", "original_max_len", "low_freq_facto
                 "short_factor", "long_factor", "beta_fast", "beta_slow", "truncate", "mscale", "mscale_all_dim")
 #: tokenizers whose vocabulary is learned from the corpus: the dataset is part of the vocabulary
 TRAINED_TOKENIZERS = ("posenc.data.tokenizers.BPETokenizer",)
+#: an encoding's parameter shapes by state_dict name
+Shapes = dict[str, tuple[int, ...]]
 
 
 def requested(value: Any) -> bool:
@@ -65,8 +69,37 @@ def parent_dir(value: Any) -> Path:
 
 
 def parent_config(run_dir: Path) -> DictConfig:
-    """The parent's composed config (.hydra/config.yaml), typed as posenc reads a run."""
-    return load_run_config(run_dir, [])
+    """The parent's composed config (.hydra/config.yaml), typed as posenc reads a run, read once
+    per process: the CLI's overrides, its pre-check and the job's check all ask for it. Cached by
+    the resolved path and the file's time and size (a parent re-run in place is read again);
+    read-only, since every caller shares it."""
+    return _read_parent(*_parent_key(run_dir))
+
+
+def parent_shapes(run_dir: Path) -> Shapes:
+    """The parameter shapes of the parent's encoding, built once per process (as parent_config)."""
+    return _parent_shapes(*_parent_key(run_dir))
+
+
+def _parent_key(run_dir: Path) -> tuple[str, tuple[int, int]]:
+    run_dir = Path(run_dir).resolve()
+    try:
+        stat = (run_dir / ".hydra" / "config.yaml").stat()
+    except OSError:  # no config: load_run_config says what to do, and nothing is cached
+        return str(run_dir), (0, 0)
+    return str(run_dir), (stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_parent(run_dir: str, stamp: tuple[int, int]) -> DictConfig:
+    cfg = load_run_config(Path(run_dir), [])
+    OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+@functools.lru_cache(maxsize=16)
+def _parent_shapes(run_dir: str, stamp: tuple[int, int]) -> Shapes:
+    return _encoding_shapes(_read_parent(run_dir, stamp))
 
 
 def _flat(node: Any, prefix: str) -> dict[str, Any]:
@@ -82,14 +115,23 @@ def _differing(parent: dict[str, Any], child: dict[str, Any], skip: tuple[str, .
             if k.rpartition(".")[2] not in skip and parent.get(k) != child.get(k)]
 
 
-def _encoding_shapes(cfg: DictConfig) -> dict[str, tuple[int, ...]]:
+def _encoding_shapes(cfg: DictConfig) -> Shapes:
+    """The parameter shapes of cfg's encoding: the encoding module alone is built, not a model."""
     from posenc.build import build_encoding
 
-    return {name: tuple(t.shape) for name, t in build_encoding(cfg).state_dict().items()}
+    return shapes_of(build_encoding(cfg))
 
 
-def incompatible(parent: DictConfig, child: DictConfig) -> list[str]:
-    """The keys on which child's weights would not be parent's: 'key (parent X, this run Y)'."""
+def shapes_of(encoding: torch.nn.Module) -> Shapes:
+    return {name: tuple(t.shape) for name, t in encoding.state_dict().items()}
+
+
+def incompatible(parent: DictConfig, child: DictConfig, parent_shapes: Callable[[], Shapes] | None = None,
+                 child_shapes: Callable[[], Shapes] | None = None) -> list[str]:
+    """The keys on which child's weights would not be parent's: 'key (parent X, this run Y)'.
+    Their encodings' parameter shapes are compared only when every other key agrees: built from
+    each config, unless parent_shapes / child_shapes give them (a parent's shapes held, the
+    child's encoding already built)."""
     out = _differing(_flat(parent.model, "model"), _flat(child.model, "model"), FREE_MODEL_KEYS)
     out += _differing(_flat(parent.tokenizer, "tokenizer"), _flat(child.tokenizer, "tokenizer"))
     if child.tokenizer.get("_target_") in TRAINED_TOKENIZERS:
@@ -98,7 +140,8 @@ def incompatible(parent: DictConfig, child: DictConfig) -> list[str]:
     target = "encoding._target_"
     if p_enc.get(target) != c_enc.get(target):  # another encoding: its options cannot be compared
         return [*out, *_differing({target: p_enc.get(target)}, {target: c_enc.get(target)})]
-    if not out and _encoding_shapes(parent) != _encoding_shapes(child):
+    if not out and ((parent_shapes or functools.partial(_encoding_shapes, parent))()
+                    != (child_shapes or functools.partial(_encoding_shapes, child))()):
         # an option that sizes a parameter table differs: name the non-scaling options that do,
         # or the training length that a null size follows (learned's max_len, CoPE's npos_max)
         out += _differing(p_enc, c_enc, SCALING_KEYS) or _length_sized(parent, child, c_enc) \
@@ -122,15 +165,17 @@ def follows_training_length(enc: DictConfig, key: str) -> bool:
     return key in enc and (enc.get(key) is None or OmegaConf.is_interpolation(enc, key))
 
 
-def check(cfg: DictConfig) -> Path | None:
+def check(cfg: DictConfig, encoding: torch.nn.Module | None = None) -> Path | None:
     """The parent run dir if cfg sets trainer.init_from and the two fit; else None. A misfit is
-    one UserError naming every differing key."""
+    one UserError naming every differing key. encoding: cfg's, when already built (training's):
+    its shapes are compared, not a second build's."""
     value = OmegaConf.select(cfg, KEY, default=None)
     if not requested(value):
         return None
     run_dir = parent_dir(value)
     parent = parent_config(run_dir)
-    differing = incompatible(parent, cfg)
+    differing = incompatible(parent, cfg, functools.partial(parent_shapes, run_dir),
+                             None if encoding is None else functools.partial(shapes_of, encoding))
     if differing:
         raise UserError(f"{KEY}={value}: this run's weights would not be the parent's — it differs on "
                         f"{'; '.join(differing)}; use the parent's values for these keys "
@@ -185,7 +230,7 @@ def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, wr
     returns the summary's ``{"parent": ...}`` entry, or {} for a run with no parent."""
     from posenc.build import restore_weights
 
-    parent = check(cfg)
+    parent = check(cfg, getattr(model, "encoding", None))
     if parent is None:
         return {}
     state = load_checkpoint(parent)

@@ -15,15 +15,15 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc import metrics as M
-from posenc import provenance
+from posenc.run import metrics as M
+from posenc.run import provenance
 from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
 from posenc.config import validate as validate_config
 from posenc.eval import final
 from posenc.eval.loss import validator
 from posenc.hardware import machine_load, peak_flops, setup_device
-from posenc.rundir import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
-from posenc.tracking import Tracker
+from posenc.run.directory import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
+from posenc.run.tracking import Tracker
 from posenc.train import distributed, init_from
 from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
 from posenc.train.eval_schedule import is_eval_step

@@ -18,7 +18,7 @@ from datetime import timedelta
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-from posenc.terminal import make_console
+from posenc.output.terminal import make_console
 
 log = logging.getLogger("posenc.progress")
 

@@ -17,8 +17,13 @@ import numpy as np
 import torch
 
 from posenc.errors import UserError
-from posenc.rundir import CHECKPOINT_VERSION, LEGACY_SUFFIX, REQUIRED_KEYS, checkpoint_path
-from posenc.statefile import save_state
+from posenc.run.directory import (
+    CHECKPOINT_VERSION,
+    LEGACY_SUFFIX,
+    REQUIRED_KEYS,
+    checkpoint_path,
+)
+from posenc.run.statefile import save_state
 
 #: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as; numpy 1.x
 #: wrote the reconstructor under numpy.core

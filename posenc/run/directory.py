@@ -4,7 +4,7 @@ A run directory (Hydra's output dir) holds ``.hydra/`` (the composed config and 
 overrides), ``train.log``, ``metrics.jsonl`` (one JSON object per log step), ``summary.json``
 (written once, at the end, atomically), ``checkpoints/`` (``last.safetensors`` and/or
 ``best.safetensors``, as ``trainer.checkpoint`` says: tensors and JSON, never a pickle,
-posenc/statefile.py) and ``wandb/``. A sweep lands in
+posenc/run/statefile.py) and ``wandb/``. A sweep lands in
 ``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<swept values>`` (conf/config.yaml):
 ``<name>`` is the experiment's (or ``name=``), else the swept keys and values
 (``encoding-rope,alibi_seed-0,1``: sweep_name), and each job's directory carries its own
@@ -28,7 +28,7 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from posenc.errors import UserError
-from posenc.statefile import load_state
+from posenc.run.statefile import load_state
 
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -132,7 +132,7 @@ def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:
 def refuse_sweep_dir(path: Path, command: str) -> None:
     """A sweep dir given where one run is wanted (``posenc eval``, ``posenc probe``) is refused with
     its runs and the command for one of them."""
-    from posenc.commands import shell_word
+    from posenc.output.commands import shell_word
 
     path = Path(path)
     if (path / ".hydra").is_dir() or not ((path / "multirun.yaml").is_file() or (path / SWEEP_FILE).is_file()):

@@ -23,9 +23,9 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from posenc.config.searchpath import plugin_sources
 from posenc.errors import UserError
-from posenc.rundir import write_json_atomic
-from posenc.searchpath import plugin_sources
+from posenc.run.directory import write_json_atomic
 
 PROVENANCE_FILE = "provenance.json"
 ALLOW_KEY = "trainer.allow_code_change"
@@ -171,7 +171,7 @@ def changes(run_dir: Path) -> list[str]:
 def restore_config_dirs(run_dir: Path) -> None:
     """Add the plugin config directories the run was composed with to this process's search path
     (a resume composes the run again), those that still exist."""
-    from posenc.searchpath import add_config_dirs
+    from posenc.config.searchpath import add_config_dirs
 
     saved = read(run_dir) or {}
     dirs = [url.removeprefix("file://") for url in saved.get("config_dirs", []) if url.startswith("file://")]

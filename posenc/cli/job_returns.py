@@ -1,0 +1,56 @@
+"""What Hydra hands back from a `posenc train` run or sweep, read: each job's JobReturn, one line
+per failed job, and at a sweep's end where it went and the `posenc compare` command for it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra.core.utils import JobReturn, JobStatus
+
+from posenc.cli.explain import explain
+from posenc.train import distributed
+
+
+def print_next_step(returns: list[JobReturn], swept: dict[str, list]) -> None:
+    """Where a sweep went, and the `posenc compare` command for it (grouped by the swept keys)."""
+    import shlex
+
+    from posenc.cli.common import console
+    from posenc.report.runs import NOT_A_GROUP_KEY
+
+    dirs = [Path(r.hydra_cfg.hydra.runtime.output_dir).parent for r in returns if r.hydra_cfg is not None]
+    if not dirs or not distributed.is_main():
+        return
+    sweep_dir = dirs[0]
+    try:
+        sweep_dir = sweep_dir.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    by = "".join(f" --by {shlex.quote(k)}" for k in swept if k not in NOT_A_GROUP_KEY)
+    console.print(f"sweep: [bold]{sweep_dir}[/] ({len(returns)} runs)", highlight=False, soft_wrap=True)
+    console.print(f"compare them: posenc compare {shlex.quote(str(sweep_dir))}{by}", highlight=False, soft_wrap=True)
+
+
+def job_returns(returned) -> list[JobReturn]:
+    """The JobReturns in what a sweeper returned (the basic sweeper: one list per batch)."""
+    if isinstance(returned, JobReturn):
+        return [returned]
+    if isinstance(returned, (list, tuple)):
+        return [r for item in returned for r in job_returns(item)]
+    return []
+
+
+def failures(returns: list[JobReturn]) -> list[str]:
+    """One line per failed job: 'job N (overrides): what went wrong'."""
+    out = []
+    for r in returns:
+        if r.status == JobStatus.FAILED:  # an exception the task did not turn into a result
+            error = explain(r._return_value)
+        elif isinstance(r._return_value, dict) and r._return_value.get("status") == "failed":
+            error = r._return_value.get("error")
+        else:
+            continue
+        num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"
+        shown = [o for o in r.overrides or [] if not o.startswith("name=")]  # the sweep's name, not the job's
+        out.append(f"job {num} ({' '.join(shown)}): {error}")
+    return out

@@ -1,0 +1,70 @@
+"""Reading a config outside a Hydra run: ``compose`` (what every command but `posenc train`
+composes through) and ``load_run_config`` (a run directory's saved config, with overrides)."""
+
+from __future__ import annotations
+
+from importlib.resources import files
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from posenc.config.choices import apply_choice_schemas
+from posenc.config.overrides import parse_overrides
+from posenc.config.schema import PosencConfig
+from posenc.config.searchpath import CONFIG_MODULE, config_search_path
+from posenc.errors import UserError
+
+
+def compose(overrides: list[str], bench: bool = True) -> DictConfig:
+    """conf/config.yaml (+ conf/bench/default.yaml for `posenc bench`) with the user's overrides,
+    outside a Hydra run (no run dir, no logging), typed by the schema. The one function every
+    command but `posenc train` composes through: its search path (posenc/config/searchpath.py) holds
+    the plugins' config directories, so a plugin's encoding is an option like a built-in one."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    GlobalHydra.instance().clear()
+    try:  # Hydra's compose API, with posenc's search path instead of one config module
+        hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=config_search_path())
+        cfg = hydra.compose_config("config", overrides=[*(["+bench=default"] if bench else []), *overrides],
+                                   run_mode=RunMode.RUN, with_log_configuration=False)
+    finally:
+        GlobalHydra.instance().clear()
+    with open_dict(cfg):
+        del cfg["hydra"]  # as hydra.compose(return_hydra_config=False)
+    return apply_choice_schemas(cfg)
+
+
+def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:
+    """The run's config, typed by the schema, with Hydra-syntax overrides of existing keys
+    (``+key=value`` adds one)."""
+    path = run_dir / ".hydra" / "config.yaml"
+    if not path.exists():
+        raise UserError(f"{run_dir} has no .hydra/config.yaml — pass a run directory made by `posenc train`")
+    saved = OmegaConf.load(path)
+    if "layout" not in saved:  # runs made before layouts: every layer global
+        saved["layout"] = OmegaConf.load(files(CONFIG_MODULE).joinpath("layout", "uniform.yaml").open())
+    # eval keys added since the run was made (eval.packing, eval.batch_tokens) take today's defaults,
+    # so the evaluators read cfg.eval.<key> with no default of their own
+    saved["eval"] = OmegaConf.merge(OmegaConf.load(files(CONFIG_MODULE).joinpath("eval", "default.yaml").open()),
+                                    saved.get("eval") or {})
+    for group in ("model", "encoding", "dataset", "tokenizer"):  # runs made before the subpackages
+        target = OmegaConf.select(saved, f"{group}._target_")
+        if isinstance(target, str) and target.rpartition(".")[0] in MOVED_MODULES:
+            module, _, name = target.rpartition(".")
+            saved[group]["_target_"] = f"{MOVED_MODULES[module]}.{name}"
+    cfg = OmegaConf.merge(OmegaConf.structured(PosencConfig), saved)
+    OmegaConf.set_struct(cfg, True)  # a key the run does not have is an error, as in `posenc train`
+    for key, value, o in parse_overrides(overrides):
+        if isinstance(OmegaConf.select(cfg, key, default=None), DictConfig):
+            raise UserError(f"'{key}' is a config group; `posenc eval` can change its keys ({key}.<key>=…), not swap it")
+        OmegaConf.update(cfg, key, value, merge=False, force_add=o.is_add())
+    return apply_choice_schemas(cfg)
+
+
+#: where the classes named by ``_target_`` in run dirs written before 0.2 live now
+MOVED_MODULES = {"posenc.model": "posenc.nn.model", "posenc.tokenizers": "posenc.data.tokenizers",
+                 "posenc.corpora": "posenc.data.hub_corpora", "posenc.data": "posenc.data.corpora",
+                 **{f"posenc.encodings.{m}": f"posenc.nn.encodings.{m}"
+                    for m in ("alibi", "learned", "nope", "rope", "sinusoidal", "t5_bias", "xpos")}}

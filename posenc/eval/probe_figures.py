@@ -1,0 +1,147 @@
+"""The probes' figures: what posenc/eval/probes.py measures, drawn (matplotlib Agg) and written
+with probes.json: entropy against query position per layer (log-spaced buckets), mean distance
+per layer and head, rotary pair norms, bias curves, and entropy against the probed lengths."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
+
+
+def log_buckets(T: int, buckets: int = 64) -> Tensor:
+    """Edges 0 = e_0 < e_1 < ... = T of at most ``buckets`` query-position buckets equal in width
+    on a log axis: single positions near the start (where entropy changes fastest), wider ones
+    further out, each averaging away the position-to-position noise of a few probe windows."""
+    edges = torch.logspace(0, math.log10(T), buckets).round().long()
+    return torch.unique(torch.cat((torch.tensor([0]), edges, torch.tensor([T]))))
+
+
+def _entropy_figure(plt, probes: dict, train_length: int | None):
+    """Attention entropy against query position, a panel per layer, on the log-2 position axis
+    of the per-position loss: the mean over heads as a line, the range over heads (min to max)
+    shaded, a uniform row's log(i+1) dotted; positions averaged in log-spaced buckets. One line
+    per head at every position tangles into noise at 512+ positions; the mean and range read at
+    any length and still show a head gone sharp (the band's lower edge) or uniform (its upper)."""
+    n_layer = len(probes["entropy"])
+    T = len(probes["max_entropy"])
+    edges = log_buckets(T)
+    centres = (edges[:-1] + edges[1:] - 1) / 2  # mean position of each bucket
+    width = (edges[1:] - edges[:-1]).double()
+
+    def bucketed(rows: Tensor) -> Tensor:  # (..., T) -> (..., buckets): the mean inside each bucket
+        sums = torch.cumsum(torch.nn.functional.pad(rows.double(), (1, 0)), -1)
+        return (sums[..., edges[1:]] - sums[..., edges[:-1]]) / width
+
+    fig, axes = plt.subplots(1, n_layer, figsize=(3.2 * n_layer, 3), sharey=True, squeeze=False)
+    for layer, ax in enumerate(axes[0]):
+        heads = bucketed(torch.tensor(probes["entropy"][layer]))  # (H, buckets)
+        ax.fill_between(centres, heads.min(0).values, heads.max(0).values, color="C0", alpha=0.25, linewidth=0,
+                        label=f"range over the {len(heads)} heads")
+        ax.plot(centres, heads.mean(0), color="C0", lw=1.4, label="mean over heads")
+        ax.plot(centres, bucketed(torch.tensor(probes["max_entropy"])), "k:", lw=1, label="uniform row, log(i+1)")
+        if train_length and train_length < T:
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8, label=f"training length {train_length}")
+        log2_positions(ax, T, train_length if train_length and train_length < T else None)
+        ax.set(title=f"layer {layer}", xlabel="query position i (log scale)")
+    axes[0][0].set_ylabel("attention entropy (nats)")
+    return fig
+
+
+def _bias_figure(plt, b: dict):
+    """b_h(n) against distance, a line per head: a legend names up to 8 heads; more are coloured
+    by head index on a colour bar (a legend of 16 heads would be longer than the plot)."""
+    fig, ax = plt.subplots(figsize=(4.5, 3))
+    n_head = len(b["bias"])
+    many = n_head > 8
+    colours = plt.get_cmap("viridis")([h / max(1, n_head - 1) for h in range(n_head)]) if many else [None] * n_head
+    for h, (row, colour) in enumerate(zip(b["bias"], colours)):
+        ax.plot(b["distance"], row, lw=1, color=colour, label=None if many else f"head {h}")
+    if many:
+        bar = fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(0, n_head - 1), "viridis"), ax=ax)
+        bar.set_label("head h")
+    ax.set(xlabel="distance n = i - j", ylabel="b_h(n)", title="position bias")
+    return fig
+
+
+def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None,
+                        title: str | None = None) -> list[Path]:
+    """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
+    mean distance per layer and head, rotary pair norms, bias curves, each titled with ``title``
+    (the run and its encoding) and the length. Returns the paths written."""
+    plt = pyplot()
+    out, T = Path(out_dir), probes["length"]
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+
+    def save(fig, name: str) -> None:
+        if title:
+            fig.suptitle(f"{title} · T={T}", fontsize=8)
+        fig.tight_layout()
+        legend_below(fig.axes, fontsize=7)  # under the panels: it covers no curve
+        paths.append(save_figure(fig, out / name))
+
+    fig = _entropy_figure(plt, probes, train_length)
+    save(fig, f"entropy_T{T}.png")
+
+    fig, ax = plt.subplots(figsize=(4, 3))
+    im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis")
+    ax.set(xlabel="head", ylabel="layer", title=f"mean attention distance (T={T})")
+    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens")
+    save(fig, f"distance_T{T}.png")
+
+    if probes["rotary"]:
+        rot = probes["rotary"]
+        fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
+        for ax, key in zip(axes, ("q_sq_norm", "k_sq_norm")):
+            for layer, row in enumerate(rot[key]):
+                ax.plot(row, marker=".", lw=1, label=f"layer {layer}")
+            if rot["rotated_pairs"] < len(rot["theta"]):  # partial rotary: the unrotated pairs on the right
+                ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
+            ax.set(xlabel="pair i (θ_i falls with i)", title=f"mean ‖{key[0]}‖² per pair")
+        save(fig, "rotary_pairs.png")
+
+    if probes["bias"]:
+        save(_bias_figure(plt, probes["bias"]), "bias.png")
+    return paths
+
+
+def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None,
+                 title: str | None = None) -> list[Path]:
+    """probes.json plus each length's figures (in T<length>/ when there are several lengths)
+    and entropy_vs_length.png: each layer's mean entropy over heads and queries against T, on a
+    log axis ticked at the probed lengths. ``title`` (the run and its encoding) heads every figure."""
+    import json
+
+    plt = pyplot()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = out / "probes.json.tmp"
+    tmp.write_text(json.dumps(probes_by_length))
+    tmp.replace(out / "probes.json")  # never a half-written file
+    paths = [out / "probes.json"]
+    several = len(probes_by_length) > 1
+    for T, probes in probes_by_length.items():
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title)
+    if several:
+        lengths = [int(T) for T in probes_by_length]
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        n_layer = len(next(iter(probes_by_length.values()))["entropy"])
+        for layer in range(n_layer):
+            means = [float(torch.tensor(p["entropy"][layer]).mean()) for p in probes_by_length.values()]
+            ax.plot(lengths, means, marker="o", label=f"layer {layer}")
+        if train_length:
+            ax.axvline(train_length, color="grey", ls="--", lw=0.8, label=f"training length {train_length}")
+        ax.set(xscale="log", xlabel="context length T", ylabel="mean attention entropy (nats)")
+        ax.set_xticks(lengths, [str(L) for L in lengths])  # 64, 128, 256: not 3×10², 4×10²
+        ax.minorticks_off()
+        if title:
+            ax.set_title(title, fontsize=8)
+        fig.tight_layout()
+        legend_below([ax], fontsize=7)
+        paths.append(save_figure(fig, out / "entropy_vs_length.png"))
+    return paths

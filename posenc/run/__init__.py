@@ -1,0 +1,4 @@
+"""A run on disk: its directory's layout and atomic writes (``directory``), its state files
+(``statefile``: safetensors, no pickle), their conversion from old pickles (``convert``), where
+its encoding's code came from (``provenance``), the metrics it records, declared once
+(``metrics``), and the one interface that writes them to metrics.jsonl and W&B (``tracking``)."""
