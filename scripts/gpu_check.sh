@@ -12,7 +12,8 @@ mkdir -p "$out"
 export WANDB_MODE=offline WANDB_SILENT=true
 
 echo "== CUDA tests -> $out/cuda_tests.xml"
-python -m pytest -m cuda -q -p no:cacheprovider --junitxml "$out/cuda_tests.xml" tests | tee "$out/cuda_tests.txt"
+# -n 0: one process on the one GPU (pyproject runs a worker per core, 16 CUDA contexts here)
+python -m pytest -m cuda -n 0 -q -p no:cacheprovider --junitxml "$out/cuda_tests.xml" tests | tee "$out/cuda_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 
 echo "== bench: model=base, T=1024, B=16, bf16, compiled -> $out/bench.json"
