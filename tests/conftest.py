@@ -36,12 +36,24 @@ def _private_caches() -> Path:
 TEST_CACHE = _private_caches()
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject's addopts): one worker per core this process may use, at most 6. Past
+    that the longest end-to-end test sets the time, and each worker holds torch (~0.5 GB); a
+    container whose CPU quota is smaller than the host it reports gets no more than 6 either."""
+    return max(1, min(6, _cores()))
+
+
+def _cores() -> int:
+    """The cores this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 def _threads_per_worker() -> int:
     """The CPU threads each test process may use: the machine's cores shared among pytest-xdist's
     workers. Two workers each running torch's default thread count on 2 cores oversubscribe them,
     and OpenMP's waiting threads then slow every test several-fold."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    return max(1, (os.cpu_count() or 1) // workers)
+    return max(1, _cores() // workers)
 
 
 THREADS = _threads_per_worker()
