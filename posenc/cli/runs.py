@@ -58,15 +58,13 @@ def compare(
 
 def convert(
     run_dir: Path = typer.Argument(..., help="a run directory made before checkpoint format 2 (holds checkpoints/*.pt)"),
-    trust: bool = typer.Option(False, "--trust", help="unpickle the checkpoints fully: this runs any code they "
-                               "contain, so only for files whose maker you trust"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
-    resume and init_from read; without --trust only tensors and RNG state are unpickled."""
+    resume and init_from read; only tensors and RNG state are unpickled, never code."""
     from posenc.run.convert import convert as convert_run
 
-    written = run_guarded(lambda: convert_run(run_dir, trust), debug)
+    written = run_guarded(lambda: convert_run(run_dir), debug)
     for path in written:
         console.print(f"wrote [bold]{path}[/]")
     console.print("the pickled checkpoints/*.pt are kept as they were; delete them once you no longer need them")

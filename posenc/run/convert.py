@@ -4,9 +4,9 @@ as safetensors + JSON (format 2), once, when its owner asks.
 By default the pickle is read with ``torch.load(weights_only=True)`` and an allow-list of exactly
 what posenc's format 1 held besides tensors and plain Python values: numpy's RNG state (an array
 of uint32). PyTorch's restricted unpickler refuses any other global, so a file that names
-``os.system`` or ``exec`` is refused and nothing in it runs. ``--trust`` unpickles the file fully
-(``weights_only=False``), which runs whatever code it contains: only for a file whose maker you
-trust (e.g. one written by a posenc older than the allow-list knows about).
+``os.system`` or ``exec`` is refused and nothing in it runs. There is no full unpickle
+(``weights_only=False``): every format-1 file posenc wrote holds only what the allow-list admits,
+and a file that needs more is not posenc's checkpoint.
 """
 
 from __future__ import annotations
@@ -31,20 +31,17 @@ NUMPY_RNG_STATE = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dt
                    (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
-def read_pickled(path: Path, trust: bool) -> dict:
-    """A format-1 checkpoint: restricted unpickling (tensors, Python values, numpy's RNG state),
-    or, with trust, a full one."""
-    if trust:
-        return torch.load(path, map_location="cpu", weights_only=False)
+def read_pickled(path: Path) -> dict:
+    """A format-1 checkpoint, by restricted unpickling: tensors, Python values, numpy's RNG state."""
     try:
         with torch.serialization.safe_globals(NUMPY_RNG_STATE):
             return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - pickle.UnpicklingError naming the refused global, or garbage
         unsafe = _unsafe_globals(path)
         what = f"it names {', '.join(unsafe)}" if unsafe else f"it is not a checkpoint torch can read ({type(e).__name__})"
-        raise UserError(f"'{path}' holds more than tensors and RNG state ({what}), so it was not loaded and "
-                        f"nothing in it ran — if you trust whoever made it, run `posenc convert "
-                        f"{path.parent.parent} --trust`, which unpickles it and runs any code it contains") from None
+        raise UserError(f"'{path}' holds more than tensors and RNG state ({what}), so it is not a checkpoint "
+                        f"posenc wrote: it was not loaded and nothing in it ran — retrain the run, or remove "
+                        f"the file if it does not belong there") from None
 
 
 def _unsafe_globals(path: Path) -> list[str]:
@@ -58,7 +55,7 @@ def _unsafe_globals(path: Path) -> list[str]:
     return [n for n in names if n not in allowed]
 
 
-def convert(run_dir: Path, trust: bool = False) -> list[Path]:
+def convert(run_dir: Path) -> list[Path]:
     """Write checkpoints/<kind>.safetensors beside each checkpoints/<kind>.pt of run_dir (the
     pickles are left as they are); returns the files written. Refused with a UserError, writing
     nothing, when the run dir has no pickled checkpoint or one is not a posenc checkpoint."""
@@ -69,7 +66,7 @@ def convert(run_dir: Path, trust: bool = False) -> list[Path]:
                         f"pass the directory of a run made by posenc before checkpoint format {CHECKPOINT_VERSION}")
     states = {}
     for path in pickled:  # read every file before writing any: a refusal leaves the run dir as it was
-        state = read_pickled(path, trust)
+        state = read_pickled(path)
         if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS) or state["version"] != 1:
             raise UserError(f"'{path}' is not a posenc checkpoint of format 1 — nothing was converted")
         states[path.stem] = {**state, "version": CHECKPOINT_VERSION}

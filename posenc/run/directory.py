@@ -58,14 +58,13 @@ def legacy_checkpoints(run_dir: Path) -> list[Path]:
 
 def refuse_legacy(run_dir: Path) -> None:
     """A run dir whose checkpoints are pickles is refused (unpickling runs whatever code the file
-    names), with the command that converts it once its owner trusts it."""
+    names), with the command that converts it (reading tensors and RNG state only)."""
     old = legacy_checkpoints(run_dir)
     if old:
         names = ", ".join(str(p.relative_to(run_dir)) for p in old)
         raise UserError(f"'{run_dir}' holds checkpoints in the old pickle format ({names}); loading a pickle can run "
                         f"any code in it, so posenc no longer does — convert the run once with "
-                        f"`posenc convert {run_dir}` (it reads only tensors and RNG state, or, with --trust, "
-                        f"unpickles a file you trust)")
+                        f"`posenc convert {run_dir}` (it reads only tensors and RNG state)")
 
 
 def run_checkpoint_kind(run_dir: Path) -> str:
