@@ -38,7 +38,7 @@ def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     _counting(monkeypatch, counts, "compose", Hydra, "compose_config")
     _counting(monkeypatch, counts, "validate", posenc.config, "validate")
     _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
-    _counting(monkeypatch, counts, "tensor reads", posenc.run.statefile, "load_file")
+    _counting(monkeypatch, counts, "tensor reads", posenc.run.statefile, "read_tensors")
     _counting(monkeypatch, counts, "encoding builds", posenc.build, "build_encoding")
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]

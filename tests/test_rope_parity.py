@@ -7,16 +7,31 @@ llama3, longrope) and, for ``dynamic``, its ``max_position_embeddings``."""
 
 from __future__ import annotations
 
+import functools
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+
 import pytest
 import torch
 
-transformers = pytest.importorskip("transformers")  # the test extra installs it
-from transformers import LlamaConfig  # noqa: E402
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # noqa: E402
-from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb  # noqa: E402
+from posenc.nn.encodings.base import Context
+from posenc.nn.encodings.rope import RoPE
 
-from posenc.nn.encodings.base import Context  # noqa: E402
-from posenc.nn.encodings.rope import RoPE  # noqa: E402
+if TYPE_CHECKING:
+    from transformers import LlamaConfig
+
+
+@functools.cache
+def hf() -> SimpleNamespace:
+    """transformers' pieces, imported by the first test that needs them (not at collection: it
+    costs every pytest-xdist worker seconds); the test extra installs it."""
+    pytest.importorskip("transformers")
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, apply_rotary_pos_emb
+
+    return SimpleNamespace(LlamaConfig=LlamaConfig, ROPE_INIT_FUNCTIONS=ROPE_INIT_FUNCTIONS,
+                           LlamaRotaryEmbedding=LlamaRotaryEmbedding, apply_rotary_pos_emb=apply_rotary_pos_emb)
 
 #: (base, head_dim, factor s, T): the issue's case, the context-extension study's, Llama 3's base
 SHAPES = [(10_000.0, 64, 4.0, 1024), (10_000.0, 32, 4.0, 64), (500_000.0, 128, 8.0, 8192), (10_000.0, 64, 16.0, 256)]
@@ -50,7 +65,7 @@ def hf_config(scaling: str, base: float, head_dim: int, s: float, T: int, **extr
     else:
         params["original_max_position_embeddings"] = T
         max_pos = int(s * T)
-    return LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
+    return hf().LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
                        max_position_embeddings=max_pos, rope_parameters=params)
 
 
@@ -68,7 +83,7 @@ def test_inv_freq_and_attention_factor_equal_hugging_faces(scaling, shape, where
     length = T // 2 if where == "inside" else 3 * T  # a length inside the original, and one past it
     ours = posenc_rope(scaling, base, head_dim, s, T)
     ours.prepare(length)
-    theirs, factor = ROPE_INIT_FUNCTIONS[scaling](hf_config(scaling, base, head_dim, s, T), "cpu", seq_len=length)
+    theirs, factor = hf().ROPE_INIT_FUNCTIONS[scaling](hf_config(scaling, base, head_dim, s, T), "cpu", seq_len=length)
     torch.testing.assert_close(ours.inv_freq, theirs, rtol=2e-6, atol=0)
     assert ours.attention_scale == pytest.approx(factor, rel=1e-12)
 
@@ -79,7 +94,7 @@ def test_inv_freq_and_attention_factor_equal_hugging_faces(scaling, shape, where
 def test_yarns_options_mean_what_they_mean_in_hugging_face(extra):
     base, head_dim, s, T = 10_000.0, 64, 4.0, 1024
     ours = posenc_rope("yarn", base, head_dim, s, T, **extra)
-    theirs, factor = ROPE_INIT_FUNCTIONS["yarn"](hf_config("yarn", base, head_dim, s, T, **extra), "cpu")
+    theirs, factor = hf().ROPE_INIT_FUNCTIONS["yarn"](hf_config("yarn", base, head_dim, s, T, **extra), "cpu")
     torch.testing.assert_close(ours.inv_freq, theirs, rtol=2e-6, atol=0)
     assert ours.attention_scale == pytest.approx(factor, rel=1e-12)
 
@@ -88,8 +103,8 @@ def hf_rotate(config: LlamaConfig, q: torch.Tensor, k: torch.Tensor) -> tuple[to
     """LlamaRotaryEmbedding's cos/sin (attention factor folded in) and apply_rotary_pos_emb."""
     T = q.shape[-2]
     position_ids = torch.arange(T)[None]
-    cos, sin = LlamaRotaryEmbedding(config)(q, position_ids)
-    return apply_rotary_pos_emb(q, k, cos, sin)
+    cos, sin = hf().LlamaRotaryEmbedding(config)(q, position_ids)
+    return hf().apply_rotary_pos_emb(q, k, cos, sin)
 
 
 @pytest.mark.parametrize("scaling", ["default", *SCALINGS])
@@ -102,7 +117,7 @@ def test_half_style_rotation_equals_apply_rotary_pos_emb(scaling):
     q, k = torch.randn(2, 2, 2, length, head_dim).unbind(0)  # (B, H, T, hd) each
     if scaling == "default":
         ours = RoPE(2 * head_dim, 2, base=base, style="half")
-        config = LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
+        config = hf().LlamaConfig(hidden_size=2 * head_dim, num_attention_heads=2, head_dim=head_dim,
                              max_position_embeddings=length, rope_parameters={"rope_type": "default", "rope_theta": base})
     else:
         ours, config = posenc_rope(scaling, base, head_dim, s, T, style="half"), hf_config(scaling, base, head_dim, s, T)

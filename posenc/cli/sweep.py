@@ -19,6 +19,7 @@ which jobs it planned.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import shutil
@@ -84,7 +85,7 @@ def run_sweep(hydra, config_name: str, overrides: list[str], task: Callable[[Dic
     callbacks = Callbacks(cfg)
     callbacks.on_multirun_start(config=cfg, config_name=config_name)
     sweeper = Plugins.instance().instantiate_sweeper(
-        config=cfg, hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+        config=cfg, hydra_context=HydraContext(config_loader=ComposeOnce(hydra.config_loader), callbacks=callbacks),
         task_function=task)
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     existed = sweep_dir.exists()
@@ -100,6 +101,27 @@ def run_sweep(hydra, config_name: str, overrides: list[str], task: Callable[[Dic
         raise
     callbacks.on_multirun_end(config=cfg, config_name=config_name)
     return returned
+
+
+class ComposeOnce:
+    """Hydra's config loader, composing each job of a sweep once. The basic sweeper composes every
+    job of a batch to refuse a bad one before any starts, then its launcher composes each again to
+    run it (hydra-core 1.3): the second is a copy of the first (~0.3 s a job saved)."""
+
+    def __init__(self, loader) -> None:
+        self._loader = loader
+        self._jobs: dict[tuple[int, tuple[str, ...]], DictConfig] = {}
+
+    def load_sweep_config(self, master_config: DictConfig, sweep_overrides: list[str]) -> DictConfig:
+        key = (id(master_config), tuple(sweep_overrides))
+        if key not in self._jobs:
+            self._jobs[key] = self._loader.load_sweep_config(master_config, list(sweep_overrides))
+        return copy.deepcopy(self._jobs[key])  # the launcher writes the job's id and number into it
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):  # unpickling (a submitit launcher ships it) looks these up first
+            raise AttributeError(name)
+        return getattr(self._loader, name)
 
 
 def planned_jobs(sweeper) -> list[list[str]] | None:

@@ -19,7 +19,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 from posenc.run.metrics import lookup
 
@@ -109,6 +108,8 @@ def aggregate(values: Sequence[float | None], scale: Scale = Scale(), confidence
         return Stat(cleaned, present[0], 0.0, log=log)
     back = np.exp if log else (lambda v: v)
     centre, std = float(back(x.mean())), float(np.std(present, ddof=1))
+    from scipy import stats  # here, not at import (2 s): a figure of one run needs no interval
+
     sem = stats.sem(x)
     low, high = (x.mean(), x.mean()) if sem == 0 else stats.t.interval(confidence, len(x) - 1, loc=x.mean(), scale=sem)
     low, high = float(back(low)), float(back(high))
@@ -152,6 +153,8 @@ def compare_to_baseline(group: Sequence[float], baseline: Sequence[float], highe
     if a.var() == 0 and b.var() == 0:  # every seed gave the same value on both sides: the difference is exact
         low, high, df = diff, diff, float(len(a) + len(b) - 2)
     else:
+        from scipy import stats
+
         with warnings.catch_warnings():  # nearly equal values: scipy warns of precision loss, the interval stands
             warnings.simplefilter("ignore", RuntimeWarning)
             result = stats.ttest_ind(a, b, equal_var=False)

@@ -19,12 +19,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 from safetensors import safe_open
-from safetensors.torch import load_file, save_file
+
+if TYPE_CHECKING:
+    import torch
 
 FORMAT = "posenc-state"
 TENSOR, TUPLE, ITEMS, NDARRAY = "$tensor", "$tuple", "$items", "$ndarray"
@@ -47,6 +48,8 @@ class Encoder:
         return {TENSOR: self._seen[view]}
 
     def encode(self, obj: Any, path: str = "") -> Any:
+        import torch  # here, not at import: reading a run's header (compare, plot) needs no torch
+
         if isinstance(obj, torch.Tensor):
             return self.tensor(obj, path or "tensor")
         if isinstance(obj, np.ndarray):
@@ -95,6 +98,8 @@ def _hashable(key: Any) -> Any:
 
 def save_state(state: dict, path: Path) -> None:
     """Write state to path (safetensors: tensors + JSON metadata) via a temp file and a rename."""
+    from safetensors.torch import save_file
+
     encoder = Encoder()
     tree = encoder.encode(state)
     tmp = path.with_name(path.name + ".tmp")
@@ -114,8 +119,15 @@ def load_state(path: Path, tensors: bool = True) -> dict:
     numbers, strings and config, each tensor None, no tensor bytes read). A file that is not
     one, including any pickle, raises ValueError (safetensors reads a JSON header and raw
     bytes, never code)."""
-    with safe_open(str(path), framework="pt") as f:
+    with safe_open(str(path), framework="numpy") as f:  # the header alone: no torch needed
         metadata = f.metadata() or {}
     if metadata.get("format") != FORMAT or "state" not in metadata:
         raise ValueError(f"{path} is a safetensors file but not a posenc state")
-    return decode(json.loads(metadata["state"]), load_file(str(path)) if tensors else _NoTensors())
+    return decode(json.loads(metadata["state"]), read_tensors(path) if tensors else _NoTensors())
+
+
+def read_tensors(path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a safetensors file, on the CPU (torch imported here: a header needs none)."""
+    from safetensors.torch import load_file
+
+    return load_file(str(path))

@@ -1,0 +1,114 @@
+"""`posenc` for a shell script that runs many posenc commands (the docs tutorial): each command is a
+fork of one warm interpreter instead of a new Python.
+
+A new `python -m posenc` spends ~5 s importing torch, its compiler (which the optimiser pulls in)
+and matplotlib before doing anything; over the tutorial's dozen commands that was most of the
+suite's longest test. The server imports those third-party modules once and, per command, forks:
+the child takes the client's stdin/stdout/stderr (passed over a Unix socket), working directory,
+environment, PYTHONPATH and argv, and runs ``python -m posenc`` (runpy) from there, so posenc
+itself is imported fresh in every command under that command's environment. The client is what
+the script finds as ``posenc`` on PATH; it exits with the command's exit code.
+
+    python warm_posenc.py serve SOCKET      # the server (tests start it; it preloads, then serves)
+    warm_posenc.write_client(bin_dir, SOCKET)  # bin_dir/posenc: the client
+
+What differs from a new process: the preloaded modules were imported under the server's
+environment (the test's cli_env()), and a signal sent to the client does not reach the command.
+Tests whose point is the process itself (signals, HOME, import-time behaviour) start real ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+from pathlib import Path
+
+PRELOAD = ("torch", "torch._dynamo", "torch.optim", "matplotlib.pyplot", "hydra.compose", "omegaconf",
+           "scipy.stats", "typer", "rich.console", "safetensors.torch")
+READY = b"ready\n"
+
+
+def write_client(bin_dir: Path, sock: Path) -> Path:
+    """bin_dir/posenc: sends its argv, cwd, environment and standard streams to the server at
+    sock and exits with the command's code (python -S: no site packages, started in ~20 ms)."""
+    client = bin_dir / "posenc"
+    client.write_text(f"""#!{sys.executable} -S
+import json, os, socket, sys
+s = socket.socket(socket.AF_UNIX)
+s.connect({str(sock)!r})
+request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
+s.sendall(request)
+sys.exit(int(s.makefile("rb").read() or b"1"))
+""")
+    client.chmod(0o755)
+    return client
+
+
+def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
+    header, fds, _, _ = socket.recv_fds(conn, 8, 3)
+    size, body = int.from_bytes(header, "big"), b""
+    while len(body) < size:
+        body += conn.recv(size - len(body))
+    return json.loads(body), list(fds)
+
+
+def _run_command(request: dict, fds: list[int]) -> int:
+    """In the forked child: become the client's `python -m posenc ARGV`; its exit code."""
+    import runpy
+
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
+    sys.path[:0] = [os.getcwd(), *extra]  # what `python -m` puts first: the cwd, then PYTHONPATH
+    sys.argv = ["posenc", *request["argv"]]
+    try:
+        runpy.run_module("posenc", run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, (int, type(None))):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        import traceback
+
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return code
+
+
+def serve(path: str) -> None:
+    import importlib
+
+    for name in PRELOAD:
+        importlib.import_module(name)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    sys.stdout.buffer.write(READY)
+    sys.stdout.flush()
+    while True:
+        conn, _ = server.accept()
+        request, fds = _receive(conn)
+        pid = os.fork()
+        if pid == 0:
+            server.close()
+            conn.close()
+            os._exit(_run_command(request, fds))
+        for fd in fds:
+            os.close(fd)
+        _, status = os.waitpid(pid, 0)
+        conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+        conn.close()
+
+
+if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
+    serve(sys.argv[2])
