@@ -108,12 +108,28 @@ def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None
     In this process by default (typer's CliRunner on posenc's own app, the same code the entry
     point runs): a new Python process costs ~5 s of imports (torch, its compiler for the
     optimiser, Hydra), which over the suite's ~100 commands was most of its time. A test whose
-    point is the process itself (signals, exit codes from the shell, another HOME, torchrun)
-    asks for ``fresh_process=True``, as does one that passes its own ``env``."""
-    if fresh_process or env is not None:
+    point is a process of its own (its exit code and streams as a shell sees them) asks for
+    ``fresh_process=True``: a fork of a warm interpreter (tests/warm_posenc.py), posenc imported
+    afresh. One that passes its own ``env`` (another HOME, no COLUMNS) gets a new Python."""
+    if env is not None:
         return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env=env or cli_env())
+                              timeout=timeout, env=env)
+    if fresh_process:
+        return subprocess.run([str(warm_bin() / "posenc"), *args], cwd=cwd, capture_output=True, text=True,
+                              timeout=timeout, env=cli_env())
     return _run_in_process(list(args), cwd)
+
+
+def warm_bin() -> Path:
+    """The directory of the warm `posenc` client (tests/warm_posenc.py), its server started by
+    this test process's first call."""
+    import warm_posenc
+
+    from posenc.config.searchpath import ENV_VAR
+
+    env = cli_env()
+    env.pop(ENV_VAR, None)
+    return warm_posenc.bin_dir(env)
 
 
 def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:

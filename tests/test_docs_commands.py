@@ -10,16 +10,12 @@ import os
 import re
 import shlex
 import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from conftest import cli_env, warm_bin
 from typer.main import get_command
 
-from conftest import cli_env
 from posenc.cli.app import app
 from posenc.config import compose, validate
 from posenc.config.searchpath import ENV_VAR
@@ -135,26 +131,6 @@ def tutorial(page: Path) -> tuple[dict[str, str], str]:
     return files, "\n".join(script)
 
 
-@contextmanager
-def warm_posenc(env: dict[str, str]) -> Iterator[Path]:
-    """A directory whose `posenc` runs each command in a fork of a warm interpreter
-    (tests/warm_posenc.py): the tutorial's dozen commands without a dozen torch imports."""
-    import warm_posenc as warm
-
-    with tempfile.TemporaryDirectory(prefix="posenc-") as short:  # a Unix socket's path: ≤ 107 bytes
-        sock, bin_dir = Path(short) / "sock", Path(short) / "bin"
-        bin_dir.mkdir()
-        warm.write_client(bin_dir, sock)
-        server = subprocess.Popen([sys.executable, warm.__file__, "serve", str(sock)], env=env,
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-        try:
-            assert server.stdout.readline() == warm.READY, "the warm posenc server did not start"
-            yield bin_dir
-        finally:
-            server.kill()
-            server.wait()
-
-
 def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
     files, script = tutorial(TUTORIAL)
     assert {"mine/myenc/encodings.py", "mine/conf/encoding/logdist.yaml"} <= set(files)
@@ -165,10 +141,10 @@ def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
         (tmp_path / path).write_text(text)
     env = cli_env()
     env.pop(ENV_VAR, None)
-    with warm_posenc(env) as bin_dir:  # `posenc` on PATH: each command a fork of one warm interpreter
-        env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-        result = subprocess.run(["bash", "-euo", "pipefail", "-x", "-c", script], cwd=tmp_path, env=env,
-                                capture_output=True, text=True, timeout=1800)  # a guard against a hang
+    # `posenc` on PATH: each command a fork of one warm interpreter (tests/warm_posenc.py)
+    env["PATH"] = f"{warm_bin()}{os.pathsep}{env.get('PATH', '')}"
+    result = subprocess.run(["bash", "-euo", "pipefail", "-x", "-c", script], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=1800)  # a guard against a hang
     assert result.returncode == 0, result.stderr[-4000:]
     assert "logdist" in result.stdout and (tmp_path / "outputs/logdist/provenance.json").is_file()
     assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report.md").is_file()

@@ -12,10 +12,10 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import TINY, cli_env, run_cli, warm_bin
 
-from conftest import TINY, cli_env, run_cli
-from posenc.output.commands import hydra_value, override
 from posenc.config import parse_overrides
+from posenc.output.commands import hydra_value, override
 from posenc.run.directory import load_checkpoint, read_jsonl
 
 MAX_STEPS = 40
@@ -24,14 +24,11 @@ SWEEP = ["train", "-m", "encoding=rope,nope,alibi", *TINY, f"trainer.max_steps={
 
 
 def shell_env(tmp_path: Path) -> dict[str, str]:
-    """cli_env with `posenc` on PATH (this interpreter's), for commands pasted into bash."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir(exist_ok=True)
-    (bin_dir / "posenc").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m posenc "$@"\n')
-    (bin_dir / "posenc").chmod(0o755)
+    """cli_env with `posenc` on PATH, for commands pasted into bash (each a fork of a warm
+    interpreter, tests/warm_posenc.py: none of them is signalled)."""
     env = cli_env()
     env.pop("COLUMNS")  # no terminal and no COLUMNS: where rich would fall back to 80 columns
-    env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
+    env["PATH"] = f"{warm_bin()}{os.pathsep}{env['PATH']}"
     return env
 
 

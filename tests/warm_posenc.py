@@ -9,8 +9,7 @@ environment, PYTHONPATH and argv, and runs ``python -m posenc`` (runpy) from the
 itself is imported fresh in every command under that command's environment. The client is what
 the script finds as ``posenc`` on PATH; it exits with the command's exit code.
 
-    python warm_posenc.py serve SOCKET      # the server (tests start it; it preloads, then serves)
-    warm_posenc.write_client(bin_dir, SOCKET)  # bin_dir/posenc: the client
+    warm_posenc.bin_dir(env)  # a directory whose `posenc` is the client (the server started once)
 
 What differs from a new process: the preloaded modules were imported under the server's
 environment (the test's cli_env()), and a signal sent to the client does not reach the command.
@@ -19,15 +18,40 @@ Tests whose point is the process itself (signals, HOME, import-time behaviour) s
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import socket
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 PRELOAD = ("torch", "torch._dynamo", "torch.optim", "matplotlib.pyplot", "hydra.compose", "omegaconf",
            "scipy.stats", "typer", "rich.console", "safetensors.torch")
 READY = b"ready\n"
+
+
+_started: dict[str, Path] = {}
+
+
+def bin_dir(env: dict[str, str]) -> Path:
+    """A directory whose `posenc` runs each command in a fork of the warm server, which this
+    process starts on its first call (with env; preloading takes a few seconds) and stops at exit."""
+    if "bin" not in _started:
+        short = Path(tempfile.mkdtemp(prefix="posenc-"))  # a Unix socket's path must be ≤ 107 bytes
+        sock, bin_path = short / "sock", short / "bin"
+        bin_path.mkdir()
+        write_client(bin_path, sock)
+        server = subprocess.Popen([sys.executable, __file__, "serve", str(sock)], env=env,
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        atexit.register(shutil.rmtree, short, ignore_errors=True)
+        atexit.register(server.kill)
+        if server.stdout.readline() != READY:
+            raise RuntimeError("the warm posenc server did not start")
+        _started["bin"] = bin_path
+    return _started["bin"]
 
 
 def write_client(bin_dir: Path, sock: Path) -> Path:

@@ -31,8 +31,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from posenc.output.commands import command, hydra_value, override
 from posenc.errors import UserError
+from posenc.output.commands import command, hydra_value, override
 from posenc.run.directory import METRICS_FILE, SUMMARY_FILE, checkpoint_path, load_checkpoint, remove_run_dir
 
 log = logging.getLogger("posenc")
