@@ -88,10 +88,11 @@ def cli_env() -> dict[str, str]:
 
 def interrupt_training(args: list[str], cwd: Path, sig: int) -> tuple[int, str]:
     """`posenc train ARGS` in cwd, sent signal sig once its first checkpoint exists, as a user's
-    Ctrl-C (SIGINT) or a scheduler's SIGTERM; returns (exit code, stderr)."""
+    Ctrl-C (SIGINT) or a scheduler's SIGTERM; returns (exit code, stderr). The command is a process
+    of its own (a fork of the warm interpreter, tests/warm_posenc.py, which passes the signal on)."""
     import time
 
-    proc = subprocess.Popen([sys.executable, "-m", "posenc", "train", *args], cwd=cwd, env=cli_env(),
+    proc = subprocess.Popen([str(warm_bin() / "posenc"), "train", *args], cwd=cwd, env=cli_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 120
     while not list(cwd.glob("outputs/*/*/checkpoints/last.safetensors")) and time.time() < deadline:
@@ -102,21 +103,22 @@ def interrupt_training(args: list[str], cwd: Path, sig: int) -> tuple[int, str]:
 
 
 def run_cli(*args: str, cwd: Path, timeout: float = 300, env: dict | None = None,
-            fresh_process: bool = False) -> subprocess.CompletedProcess:
+            fresh_process: bool = False, new_python: bool = False) -> subprocess.CompletedProcess:
     """`posenc ARGS` as a user would type it, in directory cwd, with cli_env()'s environment.
 
     In this process by default (typer's CliRunner on posenc's own app, the same code the entry
     point runs): a new Python process costs ~5 s of imports (torch, its compiler for the
     optimiser, Hydra), which over the suite's ~100 commands was most of its time. A test whose
-    point is a process of its own (its exit code and streams as a shell sees them) asks for
-    ``fresh_process=True``: a fork of a warm interpreter (tests/warm_posenc.py), posenc imported
-    afresh. One that passes its own ``env`` (another HOME, no COLUMNS) gets a new Python."""
-    if env is not None:
+    point is a process of its own (its exit code and streams as a shell sees them, its own
+    ``env``) asks for ``fresh_process=True`` or passes ``env``: a fork of a warm interpreter
+    (tests/warm_posenc.py), posenc imported afresh under that environment. A test whose point
+    is what a new interpreter reads at import (another HOME) asks for ``new_python=True``."""
+    if new_python:
         return subprocess.run([sys.executable, "-m", "posenc", *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env=env)
-    if fresh_process:
+                              timeout=timeout, env=env or cli_env())
+    if fresh_process or env is not None:
         return subprocess.run([str(warm_bin() / "posenc"), *args], cwd=cwd, capture_output=True, text=True,
-                              timeout=timeout, env=cli_env())
+                              timeout=timeout, env=env or cli_env())
     return _run_in_process(list(args), cwd)
 
 

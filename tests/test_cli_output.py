@@ -73,7 +73,7 @@ def test_the_suite_keeps_out_of_the_users_cache(tmp_path: Path, monkeypatch):
     home = tmp_path / "home"
     home.mkdir()
     result = run_cli("train", *TINY, "logger=wandb", "logger.mode=offline", cwd=tmp_path,
-                     env={**cli_env(), "HOME": str(home)})
+                     env={**cli_env(), "HOME": str(home)}, new_python=True)
     assert result.returncode == 0, result.stderr[-2000:]
     assert run_dirs(tmp_path)
     assert not (home / ".cache").exists(), sorted(str(p) for p in (home / ".cache").rglob("*"))[:10]

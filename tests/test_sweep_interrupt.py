@@ -7,7 +7,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,10 +33,11 @@ def shell_env(tmp_path: Path) -> dict[str, str]:
 
 def interrupt_sweep(cwd: Path, sig: int, env: dict[str, str]) -> tuple[int, str, str]:
     """The sweep in its own process group, sent sig once job 0's train.log shows a training step:
-    a terminal's Ctrl-C reaches the whole group. Returns (exit code, stdout, stderr), read from files."""
+    a terminal's Ctrl-C reaches the whole group (here the warm client, tests/warm_posenc.py, which
+    passes it on to the command). Returns (exit code, stdout, stderr), read from files."""
     out, err = cwd / "stdout.log", cwd / "stderr.log"
     with open(out, "w") as stdout, open(err, "w") as stderr:
-        proc = subprocess.Popen([sys.executable, "-m", "posenc", *SWEEP], cwd=cwd, env=env, stdout=stdout,
+        proc = subprocess.Popen([str(warm_bin() / "posenc"), *SWEEP], cwd=cwd, env=env, stdout=stdout,
                                 stderr=stderr, start_new_session=True)
         deadline = time.time() + 120
         while time.time() < deadline and not any("step 1/" in p.read_text()

@@ -11,9 +11,10 @@ the script finds as ``posenc`` on PATH; it exits with the command's exit code.
 
     warm_posenc.bin_dir(env)  # a directory whose `posenc` is the client (the server started once)
 
-What differs from a new process: the preloaded modules were imported under the server's
-environment (the test's cli_env()), and a signal sent to the client does not reach the command.
-Tests whose point is the process itself (signals, HOME, import-time behaviour) start real ones.
+A signal sent to the client (SIGINT, SIGTERM, SIGHUP) is sent on to the command, and a command
+that dies of one takes the client with it. What differs from a new process: the preloaded modules
+were imported under the server's environment (the test's cli_env()), so tests whose point is that
+environment (another HOME, no COLUMNS) or the imports start a new Python.
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from __future__ import annotations
 import atexit
 import json
 import os
+import select
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -59,13 +62,19 @@ def write_client(bin_dir: Path, sock: Path) -> Path:
     sock and exits with the command's code (python -S: no site packages, started in ~20 ms)."""
     client = bin_dir / "posenc"
     client.write_text(f"""#!{sys.executable} -S
-import json, os, socket, sys
+import json, os, signal, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect({str(sock)!r})
 request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
 socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
 s.sendall(request)
-sys.exit(int(s.makefile("rb").read() or b"1"))
+for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a signal for the client is the command's
+    signal.signal(sig, lambda signum, frame: s.send(bytes([signum])))
+code = int(s.makefile("rb").read() or b"1")
+if code < 0:  # the command died of a signal: so does the client, as a shell would see it
+    signal.signal(-code, signal.SIG_DFL)
+    os.kill(os.getpid(), -code)
+sys.exit(code)
 """)
     client.chmod(0o755)
     return client
@@ -129,9 +138,22 @@ def serve(path: str) -> None:
             os._exit(_run_command(request, fds))
         for fd in fds:
             os.close(fd)
-        _, status = os.waitpid(pid, 0)
+        status = _wait_forwarding_signals(pid, conn)
         conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
         conn.close()
+
+
+def _wait_forwarding_signals(pid: int, conn: socket.socket) -> int:
+    """Wait for the command, sending it each signal the client forwards (a byte each); a client
+    gone (killed by a test's timeout) takes its command with it. The command's wait status."""
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if select.select([conn], [], [], 0.05)[0]:
+            forwarded = conn.recv(16)
+            for signum in forwarded or [signal.SIGKILL]:
+                os.kill(pid, signum)
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["serve"]:
