@@ -39,14 +39,17 @@ def test_swiglu_matches_silu_times_up_and_gradcheck():
     assert torch.autograd.gradcheck(swiglu, (h,))
 
 
+@pytest.mark.parametrize("modulus", ["rope", "xpos"])
 @pytest.mark.parametrize("transposed", [False, True])
-def test_complex_rotation_gradient_is_the_inverse_rotation(transposed):
-    """Rotating by e^{iφ} is orthogonal, so its gradient is the rotation by e^{-iφ}: the same as
-    autograd's through view_as_complex, for q as attention sees it (a head view of the projection)."""
+def test_complex_rotation_gradient_is_the_inverse_rotation(transposed, modulus):
+    """Rotating by e^{iφ} is orthogonal, so its gradient is the rotation by e^{-iφ}; scaled by r
+    (xPos), it is the product by r·e^{-iφ}, the conjugate: the same as autograd's through
+    view_as_complex, for q as attention sees it (a head view of the projection)."""
     torch.manual_seed(0)
     qkv = torch.randn(2, 6, 3 * 16, dtype=torch.float64)  # (B, T, 3C), two heads of 8
     x = qkv[..., :16].view(2, 6, 2, 8).transpose(1, 2) if transposed else qkv[..., 16:24].view(2, 1, 6, 8)
-    freqs = torch.polar(torch.ones(6, 4, dtype=torch.float64), torch.randn(6, 4, dtype=torch.float64))
+    r = torch.ones(6, 4, dtype=torch.float64) if modulus == "rope" else 0.5 + torch.rand(6, 4, dtype=torch.float64)
+    freqs = torch.polar(r, torch.randn(6, 4, dtype=torch.float64))
     composite = lambda t: torch.view_as_real(torch.view_as_complex(t.contiguous().unflatten(-1, (-1, 2))) * freqs).flatten(-2)
     out, (dx,) = grads(lambda t: complex_rotation(t, freqs), x.requires_grad_())
     ref, (rx,) = grads(composite, x)

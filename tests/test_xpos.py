@@ -50,3 +50,31 @@ def test_without_decay_xpos_is_rope():
     q, k = torch.randn(2, 32).unbind(0)
     for n, m in ((5, 2), (300, 17), (40, 40)):
         assert score(xpos, q, k, n, m) == pytest.approx(score(rope, q, k, n, m), rel=1e-4, abs=1e-5)
+
+
+def test_the_eager_complex_product_is_the_papers_real_formula_forward_and_backward():
+    """Eager xPos multiplies pairs by ζ^(±n/B)·e^{inθ} as one complex product; the real formula
+    (apply_rotary on ζ-scaled cos and sin, what compiled code runs) gives the same q, k and
+    gradients, in float64."""
+    from posenc.nn.encodings.rope import apply_rotary
+
+    torch.manual_seed(2)
+    enc = XPos(d_model=64, n_head=2, scale_base=16)
+    enc.prepare(40)
+    ctx = Context.arange(40, dtype=torch.float64)
+    q0, k0 = (torch.randn(2, 2, 40, 32, dtype=torch.float64) for _ in range(2))
+    g = torch.randn(2, 2, 40, 32, dtype=torch.float64)
+
+    def run(fn):
+        q, k = q0.clone().requires_grad_(), k0.clone().requires_grad_()
+        rq, rk = fn(q, k)
+        ((rq * g).sum() + (rk * g.flip(-1)).sum()).backward()
+        return rq.detach(), rk.detach(), q.grad, k.grad
+
+    def real(q, k):
+        cos, sin = enc.cos_and_sin(ctx)
+        scale = enc.zeta_powers(ctx.pos)
+        return apply_rotary(q, cos * scale, sin * scale, "interleaved"), apply_rotary(k, cos / scale, sin / scale, "interleaved")
+
+    for ours, theirs in zip(run(lambda q, k: enc.transform_qk(q, k, ctx)), run(real)):
+        torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-6)

@@ -94,10 +94,12 @@ def swiglu(h: Tensor) -> Tensor:
 
 
 class _ComplexRotation(torch.autograd.Function):
-    """Pairs (x_{2i}, x_{2i+1}) as complex numbers times e^{iφ} (RoPE's rotation, RoFormer §3.4.2).
+    """Pairs (x_{2i}, x_{2i+1}) as complex numbers times f = r·e^{iφ} (RoPE's rotation, RoFormer
+    §3.4.2, r = 1; xPos's rotation and scale, r = ζ^(±n/B)).
 
-    Its gradient is the inverse rotation, e^{-iφ}, applied to the gradient in whatever layout
-    attention hands back, so the result keeps the projection's layout and no copy is made."""
+    Multiplying by f is the real 2×2 map [[a, −b], [b, a]] per pair (f = a + ib); its transpose,
+    the gradient, is multiplying by conj(f) (for RoPE the inverse rotation). It is applied to the
+    gradient in whatever layout attention hands back, so no copy is made."""
 
     @staticmethod
     def forward(ctx, x: Tensor, freqs: Tensor) -> Tensor:
@@ -119,5 +121,5 @@ def _rotate(x: Tensor, freqs: Tensor) -> Tensor:
 
 def complex_rotation(x: Tensor, freqs: Tensor) -> Tensor:
     """(x_{2i} + i·x_{2i+1}) · freqs_i, back as real pairs: x (..., 2n) float32, freqs (..., n)
-    complex64 without a gradient (a fixed rotation)."""
+    complex64 without a gradient (a fixed rotation, scaled or not)."""
     return _ComplexRotation.apply(x, freqs) if _hand_written(x) and not freqs.requires_grad else _rotate(x, freqs)

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context
-from posenc.nn.encodings.rope import RoPE, apply_rotary
+from posenc.nn.encodings.rope import RoPE, apply_rotary, rotate_complex
 
 
 def xpos_zeta(rot_dim: int, gamma: float = 0.4) -> Tensor:
@@ -60,6 +60,11 @@ class XPos(RoPE):
     def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         cos, sin = self.cos_and_sin(ctx)  # (T, rot/2) or (B, 1, T, rot/2)
         scale = self.zeta_powers(ctx.pos)  # the same shape: queries scaled up by it, keys down
+        if self.style == "interleaved" and not torch.compiler.is_compiling():
+            # eager: RoPE's one complex product, the scale its modulus: ζ^(n/B)·e^{inθ} for queries
+            # (compiled: inductor fuses the real formula below and has no complex ops)
+            freqs = torch.complex(cos, sin)
+            return rotate_complex(q, freqs * scale), rotate_complex(k, freqs / scale)
         q = apply_rotary(q, cos * scale, sin * scale, self.style)
         k = apply_rotary(k, cos / scale, sin / scale, self.style)
         return q, k
