@@ -108,7 +108,7 @@ def _run_command(request: dict, fds: list[int]) -> int:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, (int, type(None))):
             print(e.code, file=sys.stderr)
-    except BaseException:
+    except BaseException:  # noqa: BLE001 — as Python itself: print the traceback, exit 1
         import traceback
 
         traceback.print_exc()
