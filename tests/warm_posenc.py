@@ -128,8 +128,13 @@ def serve(path: str) -> None:
     server.listen()
     sys.stdout.buffer.write(READY)
     sys.stdout.flush()
-    while True:
-        conn, _ = server.accept()
+    parent = os.getppid()
+    server.settimeout(1.0)  # to notice a test process that died without stopping it
+    while os.getppid() == parent:
+        try:
+            conn, _ = server.accept()  # a blocking socket (CPython's accept when no default timeout)
+        except TimeoutError:
+            continue
         request, fds = _receive(conn)
         pid = os.fork()
         if pid == 0:
