@@ -1,20 +1,21 @@
-"""`posenc` for a shell script that runs many posenc commands (the docs tutorial): each command is a
-fork of one warm interpreter instead of a new Python.
+"""`posenc` as a process of its own without a new Python: each command is a fork of one warm
+interpreter (the docs tutorial's dozen commands, the shell's exit codes, interrupted runs).
 
 A new `python -m posenc` spends ~5 s importing torch, its compiler (which the optimiser pulls in)
-and matplotlib before doing anything; over the tutorial's dozen commands that was most of the
-suite's longest test. The server imports those third-party modules once and, per command, forks:
-the child takes the client's stdin/stdout/stderr (passed over a Unix socket), working directory,
-environment, PYTHONPATH and argv, and runs ``python -m posenc`` (runpy) from there, so posenc
-itself is imported fresh in every command under that command's environment. The client is what
-the script finds as ``posenc`` on PATH; it exits with the command's exit code.
+and matplotlib before doing anything; over the suite's commands that run as processes that was
+most of its longest tests. The server imports those third-party modules once and, per command,
+forks a handler, which forks the command: the command takes the client's stdin/stdout/stderr
+(passed over a Unix socket), working directory, environment, PYTHONPATH and argv, and runs
+``python -m posenc`` (runpy) from there, so posenc itself is imported fresh in every command
+under that command's environment. The client is what a test or a script runs as ``posenc``; it
+exits with the command's exit code.
 
     warm_posenc.bin_dir(env)  # a directory whose `posenc` is the client (the server started once)
 
 A signal sent to the client (SIGINT, SIGTERM, SIGHUP) is sent on to the command, and a command
 that dies of one takes the client with it. What differs from a new process: the preloaded modules
-were imported under the server's environment (the test's cli_env()), so tests whose point is that
-environment (another HOME, no COLUMNS) or the imports start a new Python.
+were imported under the server's environment (the test's cli_env()), so a test whose point is
+what an interpreter reads at import (another HOME) starts a new Python.
 """
 
 from __future__ import annotations
@@ -131,21 +132,40 @@ def serve(path: str) -> None:
     parent = os.getppid()
     server.settimeout(1.0)  # to notice a test process that died without stopping it
     while os.getppid() == parent:
+        _reap()
         try:
             conn, _ = server.accept()  # a blocking socket (CPython's accept when no default timeout)
         except TimeoutError:
             continue
-        request, fds = _receive(conn)
-        pid = os.fork()
-        if pid == 0:
+        if os.fork() == 0:  # a handler per command: one command may run while a test starts another
             server.close()
-            conn.close()
-            os._exit(_run_command(request, fds))
-        for fd in fds:
-            os.close(fd)
-        status = _wait_forwarding_signals(pid, conn)
-        conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+            _handle(conn)
+            os._exit(0)
         conn.close()
+
+
+def _handle(conn: socket.socket) -> None:
+    """In a handler process: run one command in a child of its own, pass it the client's
+    signals, and send back its exit code."""
+    request, fds = _receive(conn)
+    pid = os.fork()
+    if pid == 0:
+        conn.close()
+        os._exit(_run_command(request, fds))
+    for fd in fds:
+        os.close(fd)
+    status = _wait_forwarding_signals(pid, conn)
+    conn.sendall(str(os.waitstatus_to_exitcode(status)).encode())
+    conn.close()
+
+
+def _reap() -> None:
+    """Collect the handlers that have finished (no zombies)."""
+    try:
+        while os.waitpid(-1, os.WNOHANG)[0]:
+            pass
+    except ChildProcessError:  # none running
+        pass
 
 
 def _wait_forwarding_signals(pid: int, conn: socket.socket) -> int:
