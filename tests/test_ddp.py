@@ -13,12 +13,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import TINY, cli_env, run_cli, run_dirs
+from conftest import TINY, cli_env, run_cli, run_dirs, warm_bin
 
 
 def test_torchrun_two_processes_one_run(tmp_path: Path) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-           "-m", "posenc", "train", *TINY, "device=cpu"]
+    # each rank a process of its own, torchrun's environment and all: `--no-python` runs the warm
+    # posenc client (tests/warm_posenc.py) as the rank's command instead of a new `python -m posenc`
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "--no-python",
+           str(warm_bin() / "posenc"), "train", *TINY, "device=cpu"]
     result = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300, env=cli_env())
     assert result.returncode == 0, result.stderr[-3000:]
     [run_dir] = run_dirs(tmp_path)
@@ -49,7 +51,7 @@ def test_accumulation_all_reduces_once_per_optimizer_step_and_trains_as_one_proc
     steps, grad_accum, global_batch = 3, 4, 8
     args = [str(steps), str(grad_accum), str(global_batch)]
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                          str(worker), str(tmp_path / "ddp"), *args],
+                          "--no-python", str(warm_bin() / "python-script"), str(worker), str(tmp_path / "ddp"), *args],
                          capture_output=True, text=True, timeout=300, env=cli_env())
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     from ddp_accumulation_worker import main  # one process needs no launcher: in this one

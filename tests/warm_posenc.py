@@ -1,5 +1,6 @@
 """`posenc` as a process of its own without a new Python: each command is a fork of one warm
-interpreter (the docs tutorial's dozen commands, the shell's exit codes, interrupted runs).
+interpreter (the docs tutorial's dozen commands, the shell's exit codes, interrupted runs,
+torchrun's ranks through ``--no-python``; ``python-script`` runs a script the same way).
 
 A new `python -m posenc` spends ~5 s importing torch, its compiler (which the optimiser pulls in)
 and matplotlib before doing anything; over the suite's commands that run as processes that was
@@ -10,7 +11,7 @@ forks a handler, which forks the command: the command takes the client's stdin/s
 under that command's environment. The client is what a test or a script runs as ``posenc``; it
 exits with the command's exit code.
 
-    warm_posenc.bin_dir(env)  # a directory whose `posenc` is the client (the server started once)
+    warm_posenc.bin_dir(env)  # its `posenc` and `python-script` are the clients (the server started once)
 
 A signal sent to the client (SIGINT, SIGTERM, SIGHUP) is sent on to the command, and a command
 that dies of one takes the client with it. What differs from a new process: the preloaded modules
@@ -58,15 +59,19 @@ def bin_dir(env: dict[str, str]) -> Path:
     return _started["bin"]
 
 
-def write_client(bin_dir: Path, sock: Path) -> Path:
-    """bin_dir/posenc: sends its argv, cwd, environment and standard streams to the server at
-    sock and exits with the command's code (python -S: no site packages, started in ~20 ms)."""
-    client = bin_dir / "posenc"
-    client.write_text(f"""#!{sys.executable} -S
+def write_client(bin_dir: Path, sock: Path) -> None:
+    """bin_dir/posenc (``python -m posenc ARGV``) and bin_dir/python-script (``python SCRIPT
+    ARGV``, for torchrun --no-python): each sends its argv, cwd, environment and standard
+    streams to the server at sock and exits with the command's code (python -S: no site
+    packages, started in ~20 ms)."""
+    for name, run in (("posenc", {"module": "posenc"}), ("python-script", {"script": True})):
+        client = bin_dir / name
+        client.write_text(f"""#!{sys.executable} -S
 import json, os, signal, socket, sys
 s = socket.socket(socket.AF_UNIX)
 s.connect({str(sock)!r})
-request = json.dumps({{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ)}}).encode()
+request = {{"argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ), "run": {run!r}}}
+request = json.dumps(request).encode()
 socket.send_fds(s, [len(request).to_bytes(8, "big")], [0, 1, 2])
 s.sendall(request)
 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):  # a signal for the client is the command's
@@ -77,8 +82,7 @@ if code < 0:  # the command died of a signal: so does the client, as a shell wou
     os.kill(os.getpid(), -code)
 sys.exit(code)
 """)
-    client.chmod(0o755)
-    return client
+        client.chmod(0o755)
 
 
 def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
@@ -90,7 +94,8 @@ def _receive(conn: socket.socket) -> tuple[dict, list[int]]:
 
 
 def _run_command(request: dict, fds: list[int]) -> int:
-    """In the forked child: become the client's `python -m posenc ARGV`; its exit code."""
+    """In the forked child: become the client's `python -m posenc ARGV` (or `python SCRIPT
+    ARGV`); its exit code."""
     import runpy
 
     for target, fd in enumerate(fds):
@@ -100,10 +105,17 @@ def _run_command(request: dict, fds: list[int]) -> int:
     os.environ.clear()
     os.environ.update(request["env"])
     extra = [p for p in request["env"].get("PYTHONPATH", "").split(os.pathsep) if p]
-    sys.path[:0] = [os.getcwd(), *extra]  # what `python -m` puts first: the cwd, then PYTHONPATH
-    sys.argv = ["posenc", *request["argv"]]
+    script = request["run"].get("script")
+    # what Python puts first: the cwd for `-m`, the script's directory for a script; then PYTHONPATH
+    first = os.path.dirname(os.path.abspath(request["argv"][0])) if script else os.getcwd()
+    sys.path[:0] = [first, *extra]
     try:
-        runpy.run_module("posenc", run_name="__main__", alter_sys=True)
+        if script:
+            sys.argv = list(request["argv"])
+            runpy.run_path(sys.argv[0], run_name="__main__")
+        else:
+            sys.argv = ["posenc", *request["argv"]]
+            runpy.run_module(request["run"]["module"], run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
