@@ -104,7 +104,7 @@ def test_dead_and_unfinished_runs_are_listed_not_averaged(sweep: Path, tmp_path:
 
 def test_by_groups_on_a_config_key_the_runs_did_not_override(sweep: Path):
     c = build_comparison(find_runs([sweep]), by=["encoding.name", "trainer.seq_len"], metric="val/loss")
-    assert [g.label for g in c.groups] == ["name=learned, seq_len=32", "name=rope, seq_len=32"]
+    assert [g.label for g in c.groups] == ["encoding=learned, seq_len=32", "encoding=rope, seq_len=32"]
 
 
 def test_a_path_that_does_not_exist_is_one_error_line(tmp_path: Path):

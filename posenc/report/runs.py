@@ -238,7 +238,15 @@ def group_label(by: Sequence[str], values: tuple) -> str:
         return "all runs"
     if len(by) == 1:
         return format_value(values[0])
-    return ", ".join(f"{k.split('.')[-1]}={format_value(v)}" for k, v in zip(by, values))
+    return ", ".join(f"{short_key(k)}={format_value(v)}" for k, v in zip(by, values))
+
+
+def short_key(key: str) -> str:
+    """A by-key as a label shows it: its last part (trainer.seq_len -> seq_len), but a config
+    group's name as the group, as the user chose it (layout.name -> layout, as in layout=hybrid;
+    "name=rope, name=hybrid" would not say which is which)."""
+    parts = key.split(".")
+    return parts[-2] if parts[-1] == "name" and len(parts) > 1 else parts[-1]
 
 
 def _parse_scalar(text: str) -> Any:
