@@ -181,7 +181,7 @@ def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_
 
     fresh = tmp_path / "parent"  # a path this process has never read (the module's parent may have been)
     shutil.copytree(parent, fresh)
-    reads, parent_configs, parent_builds = [], [], []
+    reads, parent_configs, parent_builds, builds = [], [], [], []
     read, build = init_from.load_run_config, posenc.build.build_encoding
 
     def counted_read(run_dir, overrides):
@@ -190,6 +190,7 @@ def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_
         return parent_configs[-1]
 
     def counted_build(cfg):
+        builds.append(cfg)
         parent_builds.extend([cfg] if any(cfg is p for p in parent_configs) else [])
         return build(cfg)
 
@@ -203,5 +204,8 @@ def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
     assert reads == [fresh.resolve()]
     assert len(parent_builds) <= 1
+    # the child's encoding: once by the CLI's pre-check (a misfit refused before any job starts),
+    # once in the model training builds; no other build of either
+    assert len(builds) - len(parent_builds) <= 2
     [child] = run_dirs(tmp_path)
     assert json.loads((child / "parent.json").read_text())["path"] == str(fresh.resolve())

@@ -1,7 +1,7 @@
 """`posenc convert RUN_DIR`: rewrite a run dir's pickled checkpoints (format 1, ``checkpoints/*.pt``)
 as safetensors + JSON (format 2), once, when its owner asks.
 
-By default the pickle is read with ``torch.load(weights_only=True)`` and an allow-list of exactly
+The pickle is read with ``torch.load(weights_only=True)`` and an allow-list of exactly
 what posenc's format 1 held besides tensors and plain Python values: numpy's RNG state (an array
 of uint32). PyTorch's restricted unpickler refuses any other global, so a file that names
 ``os.system`` or ``exec`` is refused and nothing in it runs. There is no full unpickle
