@@ -89,6 +89,36 @@ def test_rows_appear_and_are_saved_as_measured_and_a_failing_encoding_leaves_its
         assert saved == [r["name"] for r in final[: i + 1]], name
 
 
+@pytest.mark.parametrize("recipe", ["model.flavor=llama", "model.flavor=gpt2 model.norm=rmsnorm model.tie_embeddings=false"])
+def test_the_reference_is_the_recipes_block_and_does_the_work_of_nope(recipe: str):
+    """The price of the framework is measured at the same recipe: the plain reference takes the
+    recipe's norm, MLP, biases and head (a llama posenc model against nanoGPT's GELU block would
+    fold the recipe's cost into "vs reference"), and does what posenc's nope model does, the same
+    6N + 12·L·d·T, its position table aside."""
+    from posenc.bench.reference import REFERENCE
+    from posenc.nn.flavors import swiglu_hidden
+
+    cfg = compose([*TINY, *recipe.split()])
+    data = build_data(cfg)
+    batches = RandomWindows(data.train, 32, 4, seed=0)
+    made = {name: build_subject(name, cfg, data.vocab_size, batches, torch.device("cpu"), nullcontext)
+            for name in (REFERENCE, "nope")}
+    reference, nope = (made[n].state.model for n in (REFERENCE, "nope"))
+    assert made[REFERENCE].flops_per_token == made["nope"].flops_per_token
+    matrices = lambda model: sorted(tuple(p.shape) for n, p in model.named_parameters()
+                                    if p.dim() == 2 and not n.startswith(("wpe.", "encoding.")))
+    # SwiGLU's W1 and W3 are one (d, 2h) matrix in posenc, two (d, h) in Llama's code
+    h = swiglu_hidden(32)
+    split = lambda shapes: sorted(s for a, b in shapes for s in ([(h, b)] * 2 if a == 2 * h else [(a, b)]))
+    assert split(matrices(nope)) == matrices(reference)
+    norm_types = lambda model: {type(m).__name__ for m in model.modules() if "Norm" in type(m).__name__}
+    assert norm_types(reference) == norm_types(nope) == ({"RMSNorm"} if "llama" in recipe or "rmsnorm" in recipe
+                                                         else {"LayerNorm"})
+    biases = lambda model: any(n.endswith(".bias") for n, _ in model.named_parameters())
+    assert biases(reference) == biases(nope) and (reference.lm_head.weight is reference.wte.weight) == \
+        (nope.lm_head.weight is nope.wte.weight)
+
+
 def test_json_on_stdout_and_rows_on_stderr(tmp_path: Path):
     result = run_cli("bench", *BENCH, "bench.encodings=[nope,rope]", "--json", cwd=tmp_path)
     assert result.returncode == 0, result.stderr
