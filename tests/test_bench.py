@@ -234,6 +234,11 @@ def test_the_bench_says_how_long_it_will_take_after_its_first_model(monkeypatch)
     # the full bench: warm-up 3, 3 rounds of 10 steps: 34 + 64 + 94 steps
     assert notes[1].endswith("the full bench (bench=default): about 32 min") and result["estimate"] == notes[1]
 
+    # a full bench whose timing the user set: bench=quick would run those same steps, so it is not offered
+    notes.clear()
+    bench([*TINY, "bench.steps=2", "bench.rounds=1", "bench.warmup=1", "bench.encodings=[nope,rope]"], Notes())
+    assert notes[1].startswith("estimate: about 2 min left (bench=default,") and "bench=quick" not in notes[1], notes
+
 
 def test_on_a_cpu_the_bare_bench_is_the_quick_one_and_a_choice_or_timing_override_is_kept():
     from posenc.bench.estimate import choose_preset

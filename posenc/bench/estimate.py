@@ -55,9 +55,12 @@ def estimate_line(order: Sequence[str], baselines: Sequence[str], done: int, ste
     left = duration(order, baselines, done, step_s, presets[chosen])
     other = FULL if chosen == QUICK else QUICK
     alternative = duration(order, baselines, 0, step_s, presets[other])
+    line = (f"estimate: {clock(left)} left (bench={chosen}, {len(order) - done} more models at ~{step_s:.2f} s/step, "
+            f"the first model's pace; encodings with a bias take longer)")
+    if other == QUICK and alternative >= left:  # starting over would not be quicker: the user's own
+        return line                             # bench.steps/rounds/warmup are the quick preset's too
     what = "the full bench" if other == FULL else "a first look"
-    return (f"estimate: {clock(left)} left (bench={chosen}, {len(order) - done} more models at ~{step_s:.2f} s/step, "
-            f"the first model's pace; encodings with a bias take longer); {what} (bench={other}): {clock(alternative)}")
+    return f"{line}; {what} (bench={other}): {clock(alternative)}"
 
 
 def choose_preset(overrides: list[str]) -> tuple[list[str], str]:
