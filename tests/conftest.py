@@ -11,6 +11,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import yaml_memo
 
 
 def _private_caches() -> Path:
@@ -57,6 +58,7 @@ def _threads_per_worker() -> int:
 
 
 THREADS = _threads_per_worker()
+yaml_memo.install()  # Hydra's composes parse each config text once per test process (tests/yaml_memo.py)
 # in-process commands write to a stream that is no terminal; posenc's consoles are then wide
 # (posenc/terminal.py) unless COLUMNS is set, which pytest-xdist's workers find set to 80
 for _var in ("COLUMNS", "LINES"):
