@@ -126,7 +126,8 @@ def test_json_on_stdout_and_rows_on_stderr(tmp_path: Path):
     assert [r["name"] for r in out["results"]] == ["reference", "nope", "rope"]
     assert out["shape"] == {"n_layer": 1, "n_head": 2, "d_model": 32, "batch_size": 4, "seq_len": 32}
     lines = result.stderr.splitlines()
-    assert any(line.startswith("posenc bench") for line in lines)
+    assert any(line.startswith("posenc bench") and "recipe gpt2," in line for line in lines)  # what the reference is
+    assert out["recipe"] == "gpt2"
     for name in ("reference", "nope", "rope"):
         assert any(line.startswith(f"{name} ") and "tokens/s" in line for line in lines), name
 

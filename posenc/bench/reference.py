@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+from omegaconf import DictConfig
 from torch import Tensor, nn
 
-from posenc.nn.flavors import Flavor, swiglu_hidden
+from posenc.nn.flavors import SWITCHES, Flavor, get_flavor, swiglu_hidden
 
 REFERENCE = "reference"
+
+
+def recipe_of(model_cfg: DictConfig) -> Flavor:
+    """The recipe posenc's models take from ``cfg.model``: the flavour with its switches applied
+    ('llama', 'gpt2+norm=rmsnorm')."""
+    return get_flavor(model_cfg.flavor, **{switch: model_cfg.get(switch) for switch in SWITCHES})
 
 
 def plain_norm(d: int, flavor: Flavor) -> nn.Module:

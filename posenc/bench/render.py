@@ -25,8 +25,14 @@ def title(result: dict) -> str:
     shape = result["shape"]
     accum = f" ×{result['grad_accum']} accum" if result.get("grad_accum", 1) > 1 else ""
     return (f"posenc bench — {result['device']}, {result['precision']}, "
-            f"{'compiled' if result['compile'] else 'eager'}, L={shape['n_layer']} H={shape['n_head']} "
+            f"{'compiled' if result['compile'] else 'eager'}, {recipe(result)}L={shape['n_layer']} H={shape['n_head']} "
             f"d={shape['d_model']} B={shape['batch_size']} T={shape['seq_len']}{accum}{masks(result)}")
+
+
+def recipe(result: dict) -> str:
+    """'recipe llama, ' (the block every row, the reference's included, is built with); '' in results
+    written before the bench recorded it."""
+    return f"recipe {result['recipe']}, " if result.get("recipe") else ""
 
 
 def masks(result: dict) -> str:

@@ -29,7 +29,7 @@ from posenc.bench.estimate import QUICK, choose_preset, estimate_line, model_ste
 from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
 from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
-from posenc.bench.reference import REFERENCE
+from posenc.bench.reference import REFERENCE, recipe_of
 from posenc.bench.timing import FixedBatch, Subject, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
 from posenc.errors import UserError
@@ -74,6 +74,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     result = {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": precision, "compile": use_compile(cfg.trainer.compile, device), "torch": torch.__version__,
+        "recipe": recipe_of(cfg.model).name,  # every model's block, the plain reference's included
         "shape": {**{k: cfg.model[k] for k in ("n_layer", "n_head", "d_model")}, "batch_size": B, "seq_len": T},
         "grad_accum": int(cfg.trainer.grad_accum),
         "steps": b.steps, "warmup": b.warmup, "rounds": b.rounds, "peak_flops": peak,

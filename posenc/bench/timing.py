@@ -24,10 +24,9 @@ import torch
 from omegaconf import DictConfig
 
 from posenc.bench.memory import sync
-from posenc.bench.reference import REFERENCE, PlainGPT
+from posenc.bench.reference import REFERENCE, PlainGPT, recipe_of
 from posenc.build import build_model, seed_everything
 from posenc.data.batches import Batch
-from posenc.nn.flavors import SWITCHES, get_flavor
 from posenc.train.state import BatchSource, TrainState, micro_batches, new_train_state, train_step
 
 
@@ -68,7 +67,7 @@ def build_subject(name: str, cfg: DictConfig, vocab: int, batches: BatchSource, 
     T = int(cfg.bench.seq_len)
     if name == REFERENCE:
         m = cfg.model
-        flavor = get_flavor(m.flavor, **{switch: m.get(switch) for switch in SWITCHES})  # the recipe posenc's models take
+        flavor = recipe_of(m)  # the recipe posenc's models take
         model, options = PlainGPT(vocab, T, m.n_layer, m.n_head, m.d_model, flavor), {"recipe": flavor.name}
     else:
         model = build_model(cfg, vocab)
