@@ -3,8 +3,8 @@
 Every path (SDPA is_causal, the dense float mask, the query-chunked path of long sequences,
 FlexAttention's eager forward) against the float64 reference, under causal, document and window
 masks, and score_mod = position_bias = distance_bias, for every encoding: `posenc check`
-(posenc/check/paths.py), run on each in tests/test_check.py. Here: the compiled FlexAttention
-kernel (what CUDA runs, compiled on the CPU), the kernel choice, and RoPE's fast rotation.
+(posenc/check/paths.py), run on each in tests/test_check.py. Here: FlexAttention
+as CUDA compiles it (traced by dynamo, run eagerly on the CPU), the kernel choice, and RoPE's fast rotation.
 """
 
 from __future__ import annotations
@@ -60,19 +60,22 @@ def rotated_qkv(encoding: PositionalEncoding):
     return q, k, v, pos
 
 
-# Compiling costs 8-18 s of CPU per encoding with a cold inductor cache (as in CI): on CPU, the
-# score_mod that reads a captured table by a bucket index computed from i - j (T5's) stands for
-# the rest, closed forms (ALiBi's slopes are a captured table too) included; every biased
-# encoding's score_mod equals its bias in FlexAttention's eager forward (test_check.py), and
-# tests/test_cuda.py runs every encoding through the compiled kernel on a GPU.
-COMPILED_ON_CPU = ["t5_bias"]
+# One closed-form score_mod (ALiBi's slopes by head) and one that reads a captured table by a
+# bucket index computed from i - j (T5's) stand for the rest: every biased encoding's score_mod
+# equals its bias in FlexAttention's eager forward (test_check.py), and tests/test_cuda.py runs
+# every encoding through posenc's compiled kernel on a GPU.
+COMPILED_ON_CPU = ["alibi", "t5_bias"]
 
 
 @pytest.mark.parametrize("name", COMPILED_ON_CPU)
 def test_compiled_flex_kernel_equals_the_masked_reference(name):
-    """The kernel CUDA runs, compiled by inductor (its forward also compiles on CPU): the
-    score_mod inside the fused kernel gives the dense-bias attention (head_dim 16, T = 128)."""
-    from posenc.nn.flex import compiled_flex_attention
+    """What CUDA compiles, traced as CUDA traces it: dynamo captures the score_mod whole
+    (fullgraph), its tables lifted into the graph, and the traced FlexAttention gives the
+    dense-bias attention (head_dim 16, T = 128). The graph runs on AOTAutograd's eager backend:
+    inductor's codegen here would be CPU C++, a path posenc never takes (on a CPU a bias goes
+    to SDPA as a mask, attention.select_kernel) and costs 20 s of g++ with a cold cache; the
+    Triton kernel itself is test_cuda.py's."""
+    from torch.nn.attention.flex_attention import flex_attention
 
     encoding = tiny_model(name).encoding
     assert encoding.has_position_bias
@@ -80,9 +83,10 @@ def test_compiled_flex_kernel_equals_the_masked_reference(name):
     q, k, v = (torch.randn(1, 4, 128, 16, generator=g) for _ in range(3))
     pos = torch.arange(128)
     encoding.prepare(128)
+    traced = torch.compile(flex_attention, backend="aot_eager", dynamic=False, fullgraph=True)
     with torch.no_grad():
-        out = compiled_flex_attention()(q, k, v, score_mod=encoding.score_mod(Context.arange(128)),
-                                        block_mask=static_block_mask(128, GLOBAL, torch.device("cpu")))
+        out = traced(q, k, v, score_mod=encoding.score_mod(Context.arange(128)),
+                     block_mask=static_block_mask(128, GLOBAL, torch.device("cpu")))
         expected = reference(q.double(), k.double(), v.double(), encoding.position_bias(pos, pos).double())
     torch.testing.assert_close(out, expected.float(), atol=1e-5, rtol=1e-4)
 
