@@ -36,10 +36,10 @@ class PlainMLP(nn.Module):
 
     def __init__(self, d: int, flavor: Flavor) -> None:
         super().__init__()
-        self.swiglu = flavor.mlp == "swiglu"
-        hidden = swiglu_hidden(d) if self.swiglu else 4 * d
+        swiglu = flavor.mlp == "swiglu"
+        hidden = swiglu_hidden(d) if swiglu else 4 * d
         self.w1, self.w2 = nn.Linear(d, hidden, bias=flavor.bias), nn.Linear(hidden, d, bias=flavor.bias)
-        self.w3 = nn.Linear(d, hidden, bias=flavor.bias) if self.swiglu else None
+        self.w3 = nn.Linear(d, hidden, bias=flavor.bias) if swiglu else None
 
     def forward(self, x: Tensor) -> Tensor:
         if self.w3 is not None:

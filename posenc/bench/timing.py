@@ -67,8 +67,8 @@ def build_subject(name: str, cfg: DictConfig, vocab: int, batches: BatchSource, 
     T = int(cfg.bench.seq_len)
     if name == REFERENCE:
         m = cfg.model
-        flavor = recipe_of(m)  # the recipe posenc's models take
-        model, options = PlainGPT(vocab, T, m.n_layer, m.n_head, m.d_model, flavor), {"recipe": flavor.name}
+        # the recipe posenc's models take (the bench's result names it once, for every row)
+        model, options = PlainGPT(vocab, T, m.n_layer, m.n_head, m.d_model, recipe_of(m)), {}
     else:
         model = build_model(cfg, vocab)
         model.encoding.check_length(T)  # learned beyond max_len: PositionOutOfRange, this row fails
