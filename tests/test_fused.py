@@ -1,11 +1,18 @@
 """The hand-written backwards (posenc/nn/fused.py) compute autograd's gradients of the composites
-they replace: torch's own RMSNorm, SiLU(a)·b and the complex rotation, and float64 gradcheck."""
+they replace: torch's own RMSNorm, SiLU(a)·b, the complex rotation, a depthwise causal conv1d and
+F.normalize, and float64 gradcheck."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from posenc.nn.fused import complex_rotation, rms_norm, swiglu
+from posenc.nn.fused import (
+    causal_conv_silu,
+    complex_rotation,
+    l2_normalize,
+    rms_norm,
+    swiglu,
+)
 
 
 def grads(fn, *inputs, seed: int = 0):
@@ -56,3 +63,42 @@ def test_complex_rotation_gradient_is_the_inverse_rotation(transposed, modulus):
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, rx)
     assert torch.autograd.gradcheck(lambda t: complex_rotation(t, freqs), (x.detach().requires_grad_(),))
+
+
+def depthwise_conv1d_silu(x, weight):
+    """SiLU(torch's depthwise Conv1d, zero-padded on the left): x (B, T, C), weight (C, K) with
+    w_0 on the current token (conv1d's kernel runs oldest first, so it is flipped)."""
+    K = weight.shape[1]
+    y = F.conv1d(F.pad(x.transpose(1, 2), (K - 1, 0)), weight.flip(-1)[:, None], groups=x.shape[-1])
+    return F.silu(y.transpose(1, 2))
+
+
+def test_the_causal_convolution_is_torchs_depthwise_conv1d_and_keeps_to_its_document():
+    """One sequence: Conv1d's values and gradients. Documents packed [0]*3 + [1]*4 + [2]*2: each
+    document's rows are the convolution of that document alone."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 9, 6, dtype=torch.float64)
+    w = torch.randn(6, 4, dtype=torch.float64, requires_grad=True)
+    out, (dx, dw) = grads(lambda a, b: causal_conv_silu(a, b, None), x.requires_grad_(), w)
+    ref, (rx, rw) = grads(depthwise_conv1d_silu, x, w)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, rx)
+    torch.testing.assert_close(dw, rw)
+    seg = torch.tensor([0] * 3 + [1] * 4 + [2] * 2).expand(2, 9)
+    packed = causal_conv_silu(x, w, seg)
+    for lo, hi in ((0, 3), (3, 7), (7, 9)):
+        torch.testing.assert_close(packed[:, lo:hi], depthwise_conv1d_silu(x[:, lo:hi], w))
+    x, w = x.detach().requires_grad_(), w.detach().requires_grad_()
+    assert torch.autograd.gradcheck(lambda a, b: causal_conv_silu(a, b, seg), (x, w))
+
+
+def test_l2_normalize_is_f_normalize_and_scales_after():
+    """Gradients too, for a zero row (below eps F.normalize divides by eps, a constant)."""
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
+    x[0, 1, 2] = 0.0
+    out, (dx,) = grads(lambda t: l2_normalize(t, scale=0.25), x.requires_grad_())
+    ref, (rx,) = grads(lambda t: F.normalize(t, dim=-1) * 0.25, x)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(dx, rx)
+    assert torch.autograd.gradcheck(lambda t: l2_normalize(t, scale=0.25), (torch.randn(3, 8, dtype=torch.float64, requires_grad=True),))

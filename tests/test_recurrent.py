@@ -21,6 +21,7 @@ from posenc.build import build_layout, build_model, restore_weights
 from posenc.config import compose
 from posenc.errors import UserError
 from posenc.eval.probes import capture_inputs
+from posenc.nn.chunkwise import unit_lower_solve
 from posenc.nn.fla_kernels import cu_seqlens
 from posenc.nn.recurrence import (
     chunked_gated_delta_rule,
@@ -57,6 +58,44 @@ def test_the_chunked_form_computes_the_recurrence(seg, chunk):
                                recurrent_gated_delta_rule(q, k, v, g, beta, seg), rtol=1e-10, atol=1e-10)
     torch.testing.assert_close(chunked_gla(q, k, v, g, seg, chunk), recurrent_gla(q, k, v, g, seg),
                                rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("rule", ["gated_delta", "gla"])
+def test_the_chunked_forms_gradients_are_the_recurrences(rule):
+    """The chunked form's hand-written backwards (posenc/nn/chunkwise.py) give autograd's
+    gradients of the token-by-token definition, for every input, across documents and padding."""
+    gen = torch.Generator().manual_seed(1)
+    raw = [torch.randn(B, H, T, d, generator=gen, dtype=torch.float64, requires_grad=True) for d in (DK, DK, DV)]
+    gates = [torch.randn(B, H, T, generator=gen, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    upstream = torch.randn(B, H, T, DV, generator=gen, dtype=torch.float64)
+
+    def gradients(form):
+        q, k, v = raw[0], F.normalize(raw[1], dim=-1), raw[2]
+        g, beta = -F.softplus(gates[0]), torch.sigmoid(gates[1])
+        if rule == "gla":
+            out, wrt = form[1](q, k, v, g, SEG, **form[2]), [*raw, gates[0]]
+        else:
+            out, wrt = form[0](q, k, v, g, beta, SEG, **form[2]), [*raw, *gates]
+        return torch.autograd.grad(out, wrt, upstream)
+
+    chunked = gradients((chunked_gated_delta_rule, chunked_gla, {"chunk": 16}))
+    for got, want in zip(chunked, gradients((recurrent_gated_delta_rule, recurrent_gla, {})), strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("C", [5, 32, 45])
+def test_the_unit_lower_solve_is_torchs_triangular_solve(C):
+    """(I + tril₋₁ A)⁻¹ R by blocks of 8, merged (C = 45: a ragged last block), against LAPACK's
+    unitriangular solve, gradients included; the upper part and diagonal of A are not read."""
+    gen = torch.Generator().manual_seed(0)
+    A = (0.3 * torch.randn(3, C, C, generator=gen, dtype=torch.float64)).requires_grad_()
+    R = torch.randn(3, C, 4, generator=gen, dtype=torch.float64, requires_grad=True)
+    up = torch.randn(3, C, 4, generator=gen, dtype=torch.float64)
+    got = unit_lower_solve(A, R)
+    want = torch.linalg.solve_triangular(A.tril(-1) + torch.eye(C, dtype=A.dtype), R, upper=False, unitriangular=True)
+    torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for a, b in zip(torch.autograd.grad(got, (A, R), up), torch.autograd.grad(want, (A, R), up), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
 
 
 def test_the_delta_rule_with_beta_one_and_no_decay_overwrites_a_key():

@@ -1,11 +1,13 @@
-"""Hand-written backward passes for three elementwise steps of the block, for eager mode.
+"""Hand-written backward passes for the elementwise steps of the blocks, for eager mode.
 
 On a CPU in eager mode every elementwise op is a pass over memory, and autograd's backward of a
 composite op is several more: ``F.rms_norm`` has no fused CPU kernel (it runs as pow, mean,
 rsqrt, mul and their backwards, about 3x LayerNorm's fused kernel), SwiGLU's ``chunk`` costs a
 ``cat`` in the backward and saves SiLU's output besides its input, and the backward of
 ``view_as_real`` copies the gradient to contiguous memory before RoPE's inverse rotation, which
-then needs another copy to the projection's layout. Each function below computes the same maths
+then needs another copy to the projection's layout; a recurrent layer's short causal convolution,
+written as shifted slices, has a zero-filled gradient per slice, and ``F.normalize`` divides
+twice backwards. Each function below computes the same maths
 as the composite (tests/test_fused.py holds them to it, and to float64 gradients), saves only
 what LayerNorm or GELU would save, and writes its gradients in as few passes as it can.
 
@@ -123,3 +125,94 @@ def complex_rotation(x: Tensor, freqs: Tensor) -> Tensor:
     """(x_{2i} + i·x_{2i+1}) · freqs_i, back as real pairs: x (..., 2n) float32, freqs (..., n)
     complex64 without a gradient (a fixed rotation, scaled or not)."""
     return _ComplexRotation.apply(x, freqs) if _hand_written(x) and not freqs.requires_grad else _rotate(x, freqs)
+
+
+class _CausalConvSiLU(torch.autograd.Function):
+    """s = SiLU(y), y_t = Σ_{i<K} w_i ⊙ m_i,t x_{t-i}: a depthwise causal convolution (w_0 on the
+    current token; m_i,t = 0 where x_{t-i} lies in another document, or before the sequence).
+
+    Backward, with dy = SiLU'(y) ds:  dx_s = Σ_i w_i m_i,s+i dy_{s+i},  dw_i = Σ_{b,t} m_i,t dy_t x_{t-i}.
+    Saves x and y (what the composite's SiLU saves, and less than its slices)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, keep: Tensor | None) -> Tensor:
+        y = _conv(x, weight, keep)
+        ctx.save_for_backward(x, weight, keep, y)
+        return F.silu(y)
+
+    @staticmethod
+    def backward(ctx, ds: Tensor) -> tuple[Tensor, Tensor, None]:
+        x, weight, keep, y = ctx.saved_tensors
+        T, K = x.shape[1], weight.shape[1]
+        dy = torch.ops.aten.silu_backward(ds, y)  # (B, T, C)
+        dyp = F.pad(dy, (0, 0, 0, K - 1))  # (B, T + K - 1, C): dy_{s+i} = dyp[:, s + i]
+        xp = F.pad(x, (0, 0, K - 1, 0))  # x_{t-i} = xp[:, t + K - 1 - i]
+        dx = dy * weight[:, 0]
+        dw = torch.empty_like(weight)
+        dw[:, 0] = torch.linalg.vecdot(dy.flatten(0, 1).T, x.flatten(0, 1).T)  # Σ_bt dy_t x_t per channel
+        for i in range(1, K):
+            later = dyp[:, i:i + T]  # dy_{s+i}
+            if keep is not None:
+                later = later * F.pad(keep[:, i, i:], (0, i))[..., None]  # m_i,s+i
+            dx.addcmul_(later, weight[:, i])
+            shifted = xp[:, K - 1 - i:K - 1 - i + T]
+            dyi = dy if keep is None else dy * keep[:, i, :, None]
+            dw[:, i] = (dyi * shifted).sum((0, 1))
+        return dx, dw, None
+
+
+def _conv(x: Tensor, weight: Tensor, keep: Tensor | None) -> Tensor:
+    """y_t = Σ_i w_i ⊙ m_i,t x_{t-i}: x (B, T, C), weight (C, K), keep (B, K, T) or None."""
+    T, K = x.shape[1], weight.shape[1]
+    xp = F.pad(x, (0, 0, K - 1, 0))  # (B, K - 1 + T, C): x_{t-i} = xp[:, t + K - 1 - i], zero before the window
+    y = x * weight[:, 0]
+    for i in range(1, K):
+        shifted = xp[:, K - 1 - i:K - 1 - i + T]  # x_{t-i}
+        if keep is not None:  # a token of an earlier document is not seen
+            shifted = shifted * keep[:, i, :, None]
+        y = torch.addcmul(y, shifted, weight[:, i])
+    return y
+
+
+def causal_conv_silu(x: Tensor, weight: Tensor, seg: Tensor | None) -> Tensor:
+    """SiLU of the depthwise causal convolution y_t = Σ_{i<K} w_i ⊙ x_{t-i}, taking no token of
+    another document: x (B, T, C), weight (C, K) with w_0 on the current token, seg (B, T)
+    segment ids or None. K shifted multiply-adds in x's own (B, T, C) layout: on a CPU,
+    conv1d's depthwise backward and the transposes around it cost more than these passes."""
+    keep = None
+    if seg is not None:  # keep[:, i, t]: x_{t-i} is of t's document (i = 0 always)
+        K, T = weight.shape[1], x.shape[1]
+        keep = torch.stack([F.pad(seg, (i, 0), value=-1)[:, :T] == seg for i in range(K)], 1).to(x.dtype)
+    if _hand_written(x) and x.dtype == weight.dtype:
+        return _CausalConvSiLU.apply(x, weight, keep)
+    return F.silu(_conv(x, weight, keep))
+
+
+class _L2Normalize(torch.autograd.Function):
+    """y = x · r · c, r = 1 / max(‖x‖, eps) over the last dim (``F.normalize``), c a constant.
+
+    Backward: dx = c · r · (dy - x̂ (x̂ · dy)) with x̂ = x · r (where ‖x‖ > eps; below it r is the
+    constant 1/eps and dx = c · r · dy). Saves x̂ and r."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, eps: float, scale: float) -> Tensor:
+        norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
+        r = norm.clamp_min(eps).reciprocal_()
+        xh = x * r
+        ctx.save_for_backward(xh, r, norm > eps)
+        ctx.scale = scale
+        return xh * scale if scale != 1.0 else xh
+
+    @staticmethod
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, None, None]:
+        xh, r, above = ctx.saved_tensors
+        proj = torch.linalg.vecdot(xh, dy).unsqueeze(-1) * above  # x̂ · dy where ‖x‖ > eps
+        return dy.addcmul(xh, proj, value=-1).mul_(r * ctx.scale), None, None
+
+
+def l2_normalize(x: Tensor, scale: float = 1.0, eps: float = 1e-12) -> Tensor:
+    """scale · x / max(‖x‖, eps) over the last dim, as ``F.normalize`` (and its eps)."""
+    if _hand_written(x) and x.dtype in (torch.float32, torch.float64):
+        return _L2Normalize.apply(x, eps, scale)
+    y = F.normalize(x, dim=-1, eps=eps)
+    return y * scale if scale != 1.0 else y

@@ -35,6 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.nn.chunkwise import state_pass, unit_lower_solve
+
 #: tokens per chunk: 32 (fla's kernels take 64); on a CPU the per-chunk solve and the C x C
 #: decay products grow as C², and at C = 32 a training step of the gated delta rule took 0.6x
 #: the CPU time it took at C = 64 (docs/hybrids.md, Cost), against twice the chunk-to-chunk steps
@@ -136,7 +138,7 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, se
         # as 1 and the upper part ignored), so I + A needs no tril and no identity added
         A = (beta * k) @ k.transpose(-1, -2) * D  # (B, H, N, C, C)
         rhs = torch.cat((beta * v, beta * eb[..., None] * k), dim=-1)  # (B, H, N, C, dv + dk)
-        UW = torch.linalg.solve_triangular(A, rhs, upper=False, unitriangular=True)  # [U0 | W]: u_t = U0_t - S_0 W_t
+        UW = unit_lower_solve(A, rhs)  # [U0 | W]: u_t = U0_t - S_0 W_t
     P = q @ k.transpose(-1, -2) * D  # (B, H, N, C, C): D_tj q_t·k_j
     PUW = P @ UW  # one product for P U0 and P W
     if beta is None:
@@ -147,15 +149,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, se
     last = b[..., -1:]  # (B, H, N, 1)
     k_end = k * ((last - b).exp() * (s == s[..., -1:]))[..., None]  # D_Cj k_j: (B, H, N, C, dk)
     decay_end = (last.exp() * carry[..., -1:])[..., None]  # e^{b_C}, zero if the chunk reset: (B, H, N, 1, 1)
-    S = q.new_zeros(B, H, dk, v.shape[-1])  # Sᵀ (dk x dv), as fla keeps it
-    out = []
-    # chunk by chunk, each tensor unbound once: indexing [:, :, n] would cost a zero-filled
-    # gradient of the whole tensor per chunk in the backward, unbind's backward is one stack
-    for o_n, q_n, u_n, w_n, k_n, d_n in zip(o_local.unbind(2), q_state.unbind(2), U0.unbind(2),
-                                           W.unbind(2) if W is not None else [None] * q.shape[2],
-                                           k_end.unbind(2), decay_end.unbind(2)):
-        out.append(torch.baddbmm(o_n.flatten(0, 1), q_n.flatten(0, 1), S.flatten(0, 1)))  # (B·H, C, dv)
-        u = u_n - w_n @ S if w_n is not None else u_n  # (B, H, C, dv)
-        S = d_n * S + k_n.transpose(-1, -2) @ u
-    o = torch.stack(out, dim=1).unflatten(0, (B, H)).flatten(2, 3)[:, :, :T]  # (B, H, T, dv)
+    # the state from chunk to chunk, with a hand-written backward (posenc/nn/chunkwise.py); Sᵀ
+    # (dk x dv) as fla keeps it
+    flat = [t.flatten(0, 1) if t is not None else None for t in (q_state, U0, W, k_end, decay_end)]  # (B·H, N, ...)
+    o = o_local + state_pass(*flat).unflatten(0, (B, H))  # (B, H, N, C, dv)
+    o = o.flatten(2, 3)[:, :, :T]  # (B, H, T, dv)
     return o.to(out_dtype)

@@ -49,23 +49,6 @@ def wide(x: Tensor) -> Tensor:
     return x.to(torch.promote_types(x.dtype, torch.float32))
 
 
-def causal_conv(x: Tensor, weight: Tensor, seg: Tensor | None) -> Tensor:
-    """Depthwise causal convolution y_t = Σ_{i<K} w_i ⊙ x_{t-i}, taking no token of another document.
-
-    x: (B, T, C), weight: (C, K) with w_0 on the current token, seg: (B, T) segment ids or None.
-    K shifted multiply-adds in x's own (B, T, C) layout: on a CPU, conv1d's depthwise backward and
-    the transposes around it cost more than these passes (and SiLU then runs on contiguous memory)."""
-    T, K = x.shape[1], weight.shape[1]
-    xp = F.pad(x, (0, 0, K - 1, 0))  # (B, K - 1 + T, C): x_{t-i} = xp[:, t + K - 1 - i], zero before the window
-    y = x * weight[:, 0]
-    for i in range(1, K):
-        shifted = xp[:, K - 1 - i:K - 1 - i + T]  # x_{t-i}
-        if seg is not None:  # a token of an earlier document is not seen
-            shifted = shifted * (F.pad(seg, (i, 0), value=-1)[:, :T] == seg)[..., None]
-        y = torch.addcmul(y, shifted, weight[:, i])
-    return y
-
-
 class RecurrentMixer(nn.Module):
     """The token mixer of a recurrent layer kind; same call as ``CausalSelfAttention``."""
 
@@ -94,10 +77,10 @@ class RecurrentMixer(nn.Module):
         B, T, C = x.shape
         seg = ctx.doc
         qkv, gate, a, *b = self.c_in(x).split(self.widths, dim=-1)  # (B, T, 3C), (B, T, C), (B, T, H) [, (B, T, H)]
-        qkv = F.silu(causal_conv(qkv, self.conv_weight, seg))
+        qkv = fused.causal_conv_silu(qkv, self.conv_weight, seg)
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in qkv.split(C, dim=2))
         if b:  # the delta rule writes k with strength β: unit keys keep I - β k kᵀ a contraction
-            q, k = F.normalize(wide(q), dim=-1).type_as(q), F.normalize(wide(k), dim=-1).type_as(k)
+            q, k = fused.l2_normalize(wide(q)).type_as(q), fused.l2_normalize(wide(k)).type_as(k)
         q, k = encoding.transform_qk(q, k, ctx.with_input(x), layer)  # (B, H, T, hd)
         q = q / math.sqrt(self.head_dim)
         g = (-wide(self.A_log).exp() * F.softplus(wide(a) + self.dt_bias)).transpose(1, 2)  # (B, H, T) log α
