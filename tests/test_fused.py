@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from posenc.nn.fused import (
+    _conv,
     causal_conv_silu,
     complex_rotation,
     l2_normalize,
@@ -84,6 +85,10 @@ def test_the_causal_convolution_is_torchs_depthwise_conv1d_and_keeps_to_its_docu
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, rx)
     torch.testing.assert_close(dw, rw)
+    composite, (cx, cw) = grads(lambda a, b: F.silu(_conv(a, b, None)), x, w)  # what compiled and CUDA runs
+    torch.testing.assert_close(composite, ref)
+    torch.testing.assert_close(cx, rx)
+    torch.testing.assert_close(cw, rw)
     seg = torch.tensor([0] * 3 + [1] * 4 + [2] * 2).expand(2, 9)
     packed = causal_conv_silu(x, w, seg)
     for lo, hi in ((0, 3), (3, 7), (7, 9)):

@@ -145,32 +145,28 @@ class _CausalConvSiLU(torch.autograd.Function):
         x, weight, keep, y = ctx.saved_tensors
         T, K = x.shape[1], weight.shape[1]
         dy = torch.ops.aten.silu_backward(ds, y)  # (B, T, C)
-        dyp = F.pad(dy, (0, 0, 0, K - 1))  # (B, T + K - 1, C): dy_{s+i} = dyp[:, s + i]
-        xp = F.pad(x, (0, 0, K - 1, 0))  # x_{t-i} = xp[:, t + K - 1 - i]
         dx = dy * weight[:, 0]
-        dw = torch.empty_like(weight)
+        dw = torch.zeros_like(weight)
         dw[:, 0] = torch.linalg.vecdot(dy.flatten(0, 1).T, x.flatten(0, 1).T)  # Σ_bt dy_t x_t per channel
-        for i in range(1, K):
-            later = dyp[:, i:i + T]  # dy_{s+i}
+        for i in range(1, min(K, T)):
+            later = dy[:, i:]  # dy_{s+i} for s < T - i
             if keep is not None:
-                later = later * F.pad(keep[:, i, i:], (0, i))[..., None]  # m_i,s+i
-            dx.addcmul_(later, weight[:, i])
-            shifted = xp[:, K - 1 - i:K - 1 - i + T]
-            dyi = dy if keep is None else dy * keep[:, i, :, None]
-            dw[:, i] = (dyi * shifted).sum((0, 1))
+                later = later * keep[:, i, i:, None]  # m_i,s+i
+            dx[:, :T - i].addcmul_(later, weight[:, i])
+            dw[:, i] = (later * x[:, :T - i]).sum((0, 1))
         return dx, dw, None
 
 
 def _conv(x: Tensor, weight: Tensor, keep: Tensor | None) -> Tensor:
-    """y_t = Σ_i w_i ⊙ m_i,t x_{t-i}: x (B, T, C), weight (C, K), keep (B, K, T) or None."""
+    """y_t = Σ_i w_i ⊙ m_i,t x_{t-i}: x (B, T, C), weight (C, K), keep (B, K, T) or None. Each tap
+    adds into the rows it reaches (t >= i): no padded copy of x."""
     T, K = x.shape[1], weight.shape[1]
-    xp = F.pad(x, (0, 0, K - 1, 0))  # (B, K - 1 + T, C): x_{t-i} = xp[:, t + K - 1 - i], zero before the window
     y = x * weight[:, 0]
-    for i in range(1, K):
-        shifted = xp[:, K - 1 - i:K - 1 - i + T]  # x_{t-i}
+    for i in range(1, min(K, T)):
+        shifted = x[:, :T - i]  # x_{t-i} for t >= i
         if keep is not None:  # a token of an earlier document is not seen
-            shifted = shifted * keep[:, i, :, None]
-        y = torch.addcmul(y, shifted, weight[:, i])
+            shifted = shifted * keep[:, i, i:, None]
+        y[:, i:].addcmul_(shifted, weight[:, i])
     return y
 
 
