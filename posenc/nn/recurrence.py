@@ -26,7 +26,8 @@ references too):
   u_t = β_t (v_t - α_t S_{t-1} k_t), found for the whole chunk by one unit-lower-triangular solve
   (the WY / UT representation of Yang et al., 2024): (I + A) U = diag(β) V - diag(β e^b) K S_0ᵀ with
   A_tj = β_t D_tj (k_t·k_j) for j < t. Every chunk's intra-chunk terms are computed at once; only
-  the state passes from chunk to chunk (T/C small matmuls), so memory is linear in T.
+  the state passes from chunk to chunk (T/C small matmuls), so memory is linear in T. The solve
+  and the state pass have hand-written backwards (posenc/nn/chunkwise.py).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from torch import Tensor
 from posenc.nn.chunkwise import state_pass, unit_lower_solve
 
 #: tokens per chunk: 32 (fla's kernels take 64); on a CPU the per-chunk solve and the C x C
-#: decay products grow as C², and at C = 32 a training step of the gated delta rule took 0.6x
-#: the CPU time it took at C = 64 (docs/hybrids.md, Cost), against twice the chunk-to-chunk steps
+#: decay products grow as C²: the gated delta rule's forward and backward took 25% more CPU time
+#: at C = 64, and no less at C = 16, which doubles the chunk-to-chunk steps (docs/hybrids.md, Cost)
 CHUNK = 32
 
 
