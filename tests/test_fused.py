@@ -97,13 +97,13 @@ def test_the_causal_convolution_is_torchs_depthwise_conv1d_and_keeps_to_its_docu
     assert torch.autograd.gradcheck(lambda a, b: causal_conv_silu(a, b, seg), (x, w))
 
 
-def test_l2_normalize_is_f_normalize_and_scales_after():
+def test_l2_normalize_is_f_normalize():
     """Gradients too, for a zero row (below eps F.normalize divides by eps, a constant)."""
     torch.manual_seed(0)
     x = torch.randn(2, 3, 5, 8, dtype=torch.float64)
     x[0, 1, 2] = 0.0
-    out, (dx,) = grads(lambda t: l2_normalize(t, scale=0.25), x.requires_grad_())
-    ref, (rx,) = grads(lambda t: F.normalize(t, dim=-1) * 0.25, x)
+    out, (dx,) = grads(l2_normalize, x.requires_grad_())
+    ref, (rx,) = grads(lambda t: F.normalize(t, dim=-1), x)
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, rx)
-    assert torch.autograd.gradcheck(lambda t: l2_normalize(t, scale=0.25), (torch.randn(3, 8, dtype=torch.float64, requires_grad=True),))
+    assert torch.autograd.gradcheck(l2_normalize, (torch.randn(3, 8, dtype=torch.float64, requires_grad=True),))

@@ -185,30 +185,28 @@ def causal_conv_silu(x: Tensor, weight: Tensor, seg: Tensor | None) -> Tensor:
 
 
 class _L2Normalize(torch.autograd.Function):
-    """y = x · r · c, r = 1 / max(‖x‖, eps) over the last dim (``F.normalize``), c a constant.
+    """y = x · r, r = 1 / max(‖x‖, eps) over the last dim (``F.normalize``).
 
-    Backward: dx = c · r · (dy - x̂ (x̂ · dy)) with x̂ = x · r (where ‖x‖ > eps; below it r is the
-    constant 1/eps and dx = c · r · dy). Saves x̂ and r."""
+    Backward: dx = r · (dy - x̂ (x̂ · dy)) with x̂ = x · r (where ‖x‖ > eps; below it r is the
+    constant 1/eps and dx = r · dy). Saves x̂ and r."""
 
     @staticmethod
-    def forward(ctx, x: Tensor, eps: float, scale: float) -> Tensor:
+    def forward(ctx, x: Tensor, eps: float) -> Tensor:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         r = norm.clamp_min(eps).reciprocal_()
         xh = x * r
         ctx.save_for_backward(xh, r, norm > eps)
-        ctx.scale = scale
-        return xh * scale if scale != 1.0 else xh
+        return xh
 
     @staticmethod
-    def backward(ctx, dy: Tensor) -> tuple[Tensor, None, None]:
+    def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
         xh, r, above = ctx.saved_tensors
         proj = torch.linalg.vecdot(xh, dy).unsqueeze(-1) * above  # x̂ · dy where ‖x‖ > eps
-        return dy.addcmul(xh, proj, value=-1).mul_(r * ctx.scale), None, None
+        return dy.addcmul(xh, proj, value=-1).mul_(r), None
 
 
-def l2_normalize(x: Tensor, scale: float = 1.0, eps: float = 1e-12) -> Tensor:
-    """scale · x / max(‖x‖, eps) over the last dim, as ``F.normalize`` (and its eps)."""
+def l2_normalize(x: Tensor, eps: float = 1e-12) -> Tensor:
+    """x / max(‖x‖, eps) over the last dim, as ``F.normalize`` (and its eps)."""
     if _hand_written(x) and x.dtype in (torch.float32, torch.float64):
-        return _L2Normalize.apply(x, eps, scale)
-    y = F.normalize(x, dim=-1, eps=eps)
-    return y * scale if scale != 1.0 else y
+        return _L2Normalize.apply(x, eps)
+    return F.normalize(x, dim=-1, eps=eps)
