@@ -16,6 +16,7 @@ import warnings
 import pytest
 import torch
 
+from posenc import errors
 from posenc.nn import attention
 from posenc.config import compose, group_options
 from posenc.nn.encodings.base import Context, PositionalEncoding
@@ -127,7 +128,7 @@ def test_the_kernel_follows_what_the_encoding_offers_and_the_device_can_do(devic
 
 def test_a_fallback_warns_once_per_reason(monkeypatch):
     """A forward that falls back from FlexAttention says why, once: not again on the next forward."""
-    monkeypatch.setattr(attention, "_WARNED", set())
+    monkeypatch.setattr(errors, "_WARNED", set())
     monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", "FlexAttention needs head_dim >= 16"))
     encoding = tiny_model("alibi").encoding
     monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))

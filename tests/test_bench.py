@@ -247,3 +247,30 @@ def test_on_a_cpu_the_bare_bench_is_the_quick_one_and_a_choice_or_timing_overrid
     assert choose_preset(["device=cpu"]) == (["bench=quick", "device=cpu"], "quick")
     assert choose_preset(["device=cpu", "bench=default"]) == (["device=cpu", "bench=default"], "default")
     assert choose_preset(["device=cpu", "bench.rounds=5"])[1] == "default"  # the full preset, as asked
+
+
+def test_no_timed_round_contains_a_compilation(monkeypatch):
+    """A round during which dynamo compiled (a baseline recompiling after another model was built,
+    a backward graph compiled on first use) read 4-7x on an H200: such a round is taken again, and
+    the row says how many were. Here nope's first round paired with rope compiles (10 s): the ratio
+    is taken from clean rounds only."""
+    from posenc.bench import timing
+
+    cost, calls, compiles = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, [], [0]
+
+    def fake_round(subject, steps):
+        calls.append(subject.name)
+        timing.run_steps(subject, steps)
+        if subject.name == "nope" and calls.count("rope") == 1 and calls[-2] == "rope":
+            compiles[0] += 1  # this round recompiled nope (as a guard failing after rope was built would)
+            return 10.0
+        return cost[subject.name]
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    monkeypatch.setattr(timing, "compilations", lambda: compiles[0])
+    result = bench([*TINY, "bench.steps=1", "bench.rounds=2", "bench.warmup=1", "bench.encodings=[nope,rope]",
+                    "bench.reference=false"])
+    rows = {r["name"]: r for r in result["results"]}
+    assert calls == ["nope"] * 2 + ["rope", "nope", "nope", "rope", "nope"]  # the compiling round taken again
+    assert rows["rope"]["retimed"] == 1 and rows["nope"]["retimed"] == 0
+    assert rows["rope"]["vs_nope_range"] == pytest.approx([0.5, 0.5])  # never 5.0, the compiling round's

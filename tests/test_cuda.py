@@ -15,6 +15,7 @@ import torch
 from conftest import TINY, run_cli, run_dirs
 from posenc.build import build_model
 from posenc.config import compose, group_options
+from posenc import errors
 from posenc.nn import attention
 from posenc.nn.encodings.base import Context
 
@@ -176,7 +177,7 @@ def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gra
 
 def test_stick_breaking_on_cuda_falls_back_to_the_explicit_path_and_trains():
     """FlexAttention computes a softmax, which stick-breaking replaces: the explicit path, one warning."""
-    attention._WARNED.clear()
+    errors._WARNED.clear()
     model = cuda_model("stick_breaking")
     idx = torch.randint(64, (2, 256), device="cuda")
     with pytest.warns(RuntimeWarning, match="replaces softmax"):

@@ -18,6 +18,7 @@ import torch
 from posenc.build import build_encoding, build_model
 from posenc.config import compose, encoding_catalogue
 from posenc.errors import UserError
+from posenc import errors
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.stick_breaking import stick_breaking_weights
@@ -296,7 +297,7 @@ def test_flex_forms_of_decays_and_sinks_equal_the_reference(name, documents, mon
 
 
 def test_stick_breaking_falls_back_from_flex_attention_with_one_warning(monkeypatch):
-    monkeypatch.setattr(attention, "_WARNED", set())
+    monkeypatch.setattr(errors, "_WARNED", set())
     monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
     encoding = build_encoding(config("encoding=stick_breaking", "model.d_model=64"))  # head_dim 16: flex could run
     with pytest.warns(RuntimeWarning, match="stick_breaking.*replaces softmax"):

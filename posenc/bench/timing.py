@@ -6,6 +6,12 @@ measures the step and not the data pipeline. The first steps compile and fill ca
 are timed apart (``first_step_s``, ``warmup_s``) and left out of the rate, which is the median
 over ``rounds`` rounds of ``steps`` steps.
 
+No timed round contains a compilation: dynamo compiles on first use and again whenever a guard
+fails (a new shape, another model's score_mod, a kernel configuration stepped down), and a round
+that did so read 4-7x (180x with one step) on an H200. ``clean_round`` watches dynamo's count of
+compilations (forward and backward graphs) and takes a round that compiled again, untimed the
+first time; a row says how many rounds it re-took (``retimed``).
+
 Rounds are interleaved with the baselines' (``others``: the reference and NoPE, kept alive):
 after each round of the model under test, each baseline runs one round too, so every ratio
 (``vs_nope``) is a median of ratios taken under the same load, seconds apart. Timed one model
@@ -57,6 +63,7 @@ class Timing:
     round_s: list[float]       # seconds of each timed round
     tokens_per_step: int       # over all micro-batches of one optimizer step
     paired_s: dict[str, list[float]] = field(default_factory=dict)  # each baseline's round right after each of ours
+    retimed: int = 0           # rounds (ours or a baseline's) taken again because they compiled
 
 
 def build_subject(name: str, cfg: DictConfig, vocab: int, batches: BatchSource, device: torch.device,
@@ -94,6 +101,31 @@ def timed_round(subject: Subject, steps: int) -> float:
     return time.perf_counter() - start
 
 
+#: times a round is taken again when it compiled; past it the last round stands (its row says so)
+MAX_RETIMES = 3
+
+
+def compilations() -> int:
+    """How many compilation steps dynamo and AOTAutograd have run in this process: the count moves
+    for a new or re-compiled forward graph and for a backward graph compiled on its first use, and
+    never while compiled code runs."""
+    try:
+        from torch._dynamo.utils import compilation_time_metrics, counters
+    except ImportError:  # a torch without dynamo compiles nothing
+        return 0
+    return counters["frames"]["total"] + sum(len(times) for times in compilation_time_metrics.values())
+
+
+def clean_round(subject: Subject, steps: int) -> tuple[float, int]:
+    """A timed round in which nothing compiled, and how many rounds were taken again to get it."""
+    for retimes in range(MAX_RETIMES + 1):
+        before = compilations()
+        seconds = timed_round(subject, steps)
+        if compilations() == before:
+            return seconds, retimes
+    return seconds, MAX_RETIMES
+
+
 def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others: Sequence[Subject] = ()) -> Timing:
     """Warm up (the first step timed alone), then ``rounds`` timed rounds of ``steps`` steps,
     each followed by one round of every subject in ``others`` (already warm)."""
@@ -105,14 +137,16 @@ def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others:
     run_steps(subject, max(0, warmup - 1))
     sync(device)
     warm = time.perf_counter() - start
-    round_s, paired_s = [], {o.name: [] for o in others}
-    tokens_before = subject.state.tokens
+    round_s, paired_s, retimed = [], {o.name: [] for o in others}, 0
+    tokens_before, steps_before = subject.state.tokens, subject.state.step
     for _ in range(rounds):
-        round_s.append(timed_round(subject, steps))
-        for other in others:
-            paired_s[other.name].append(timed_round(other, steps))
-    tokens_per_step = (subject.state.tokens - tokens_before) // (steps * rounds)
-    return Timing(first if warmup else 0.0, warm if warmup else 0.0, round_s, tokens_per_step, paired_s)
+        for who, times in ((subject, round_s), *((o, paired_s[o.name]) for o in others)):
+            seconds, again = clean_round(who, steps)
+            times.append(seconds)
+            retimed += again
+    taken = subject.state.step - steps_before  # steps * rounds, and the steps of rounds taken again
+    tokens_per_step = (subject.state.tokens - tokens_before) // max(1, taken)
+    return Timing(first if warmup else 0.0, warm if warmup else 0.0, round_s, tokens_per_step, paired_s, retimed)
 
 
 def rate(timing: Timing, steps: int, flops_per_token: float, peak: float | None) -> dict:
@@ -125,7 +159,7 @@ def rate(timing: Timing, steps: int, flops_per_token: float, peak: float | None)
         "ms_per_step_rounds": [t / steps * 1e3 for t in timing.round_s],
         "ms_per_step_best": min(timing.round_s) / steps * 1e3,
         "mfu": tps * flops_per_token / peak if peak else None,
-        "first_step_s": timing.first_step_s, "warmup_s": timing.warmup_s,
+        "first_step_s": timing.first_step_s, "warmup_s": timing.warmup_s, "retimed": timing.retimed,
         # throughput relative to each baseline, round by round (the same batch, so a ratio of times)
         "paired": {name: [b / a for a, b in zip(timing.round_s, other)] for name, other in timing.paired_s.items()},
         # each baseline's own rate in the rounds paired with ours: what a ratio is "of", under the same load

@@ -16,6 +16,9 @@ from posenc.cli.check import register as add_check
 from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.plot import plot_app
 from posenc.cli.runs import register as add_runs
+from posenc.errors import show_as_lines
+
+show_as_lines()  # posenc's own warnings (a kernel that fell back, …) as one `warning: …` line each
 
 
 class PluginSearchPath(TyperGroup):

@@ -29,7 +29,7 @@ pairs across documents are masked, so it is the same bias with no per-sequence g
 
 from __future__ import annotations
 
-import warnings
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -37,9 +37,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import flex
+from posenc.errors import warn_once
+from posenc.nn import flex, flex_kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.flex import FlexPlan
+from posenc.nn.flex import FlexPlan, FlexUnavailable
 from posenc.nn.logits import NO_TERMS, LayerTerms, explicit_weights, float_mask, with_content, with_terms  # noqa: F401
 from posenc.nn.mask import AttentionMask
 
@@ -50,14 +51,7 @@ QUERY_CHUNK = 512
 #: FlexAttention's kernels need a head dimension of at least this
 FLEX_MIN_HEAD_DIM = 16
 
-_WARNED: set[str] = set()
-
-
-def warn_once(message: str) -> None:
-    """One warning per distinct reason per process, not one per forward."""
-    if message not in _WARNED:
-        _WARNED.add(message)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+__all__ = ["DensePlan", "FlexPlan", "Plan", "attend", "plan", "plans", "select_kernel", "warn_once"]
 
 
 def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_score_mod: bool,
@@ -155,13 +149,21 @@ def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: floa
             warn_once(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
                       f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel is wired")
         return dense_plan(encoding, ctx, layer)
-    if ctx.device.type == "cuda":
+    kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, True, encoding.has_normaliser)
+    if kernel == "flex":
         bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
         score_mod = encoding.score_mod(bias_ctx) if encoding.has_position_bias else None
-        kernel, why_not = select_kernel("cuda", encoding.head_dim, dropout_p,
-                                        not encoding.has_position_bias or score_mod is not None, encoding.has_normaliser)
-        if kernel == "flex":
-            return FlexPlan(score_mod, mask.block_mask(ctx.device))
+        if encoding.has_position_bias and score_mod is None:
+            kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, False, encoding.has_normaliser)
+    if kernel == "flex":
+        key = flex_kernels.kernel_key(encoding, encoding.head_dim, ctx.dtype)
+        options = flex_kernels.options(key, ctx.device)
+        if options == flex_kernels.DENSE:  # no configuration compiled here: said once, when it failed
+            return dense_plan(encoding, ctx, layer)
+        flex_kernels.active.add(key)  # what a failing step steps down (posenc/train/state.py)
+        return FlexPlan(score_mod, mask.block_mask(ctx.device), key=key, options=options,
+                        dense=functools.partial(dense_plan, encoding, ctx, layer))
+    if why_not is not None:  # a CUDA run that cannot take FlexAttention (on a CPU SDPA is the design)
         what = f"encoding '{encoding.name}'" if encoding.has_position_bias or per_layer else f"the {mask.window.describe()} mask"
         warn_once(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                   f"(slower, O(H·T²) memory per layer) because {why_not}")
@@ -198,7 +200,12 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
     if plan is None and terms.empty:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if isinstance(plan, FlexPlan):
-        return plan.attend(q, k, v, terms.decay, terms.sink)
+        if plan.fallback is None:
+            try:
+                return plan.attend(q, k, v, terms.decay, terms.sink)
+            except FlexUnavailable:  # no kernel configuration compiled (said in a warning): the dense path
+                pass
+        plan = plan.dense_plan()
     if plan is None:  # terms without a plan: causal over the window
         T = q.shape[-2]
         plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype)

@@ -10,18 +10,23 @@ above the diagonal, across documents or outside a window; without documents it d
 (T, window, device), so it is built once and cached.
 
 FlexAttention has no backward on CPU (torch 2.13) and needs compilation to be fast, so
-posenc.nn.attention takes this path on CUDA only.
+posenc.nn.attention takes this path on CUDA only. Its kernels are compiled on first use; a
+configuration that fails to compile is replaced by a smaller one, and in the end by the dense
+path, with one warning each (posenc/nn/flex_kernels.py): a failed kernel never ends a run.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from posenc.nn import flex_kernels
 from posenc.nn.encodings.base import ScoreMod
+from posenc.nn.flex_kernels import DENSE, KernelKey, KernelOptions
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -38,35 +43,82 @@ AVAILABLE = flex_attention is not None
 
 @functools.cache
 def compiled_flex_attention():
-    """flex_attention compiled once. Uncompiled it materialises the scores (slow, O(T²) memory)."""
-    return torch.compile(flex_attention, dynamic=False)
+    """flex_attention compiled once. Uncompiled it materialises the scores (slow, O(T²) memory), so
+    the whole call must compile (fullgraph) and dynamo's recompile limit, reached when one process
+    builds many score_mods, raises instead of running it uncompiled (flex_kernels.loud_recompile_limit)."""
+    flex_kernels.loud_recompile_limit()
+    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+
+
+class FlexUnavailable(RuntimeError):
+    """Every kernel configuration of a layer kind failed to compile: attend through the dense path."""
 
 
 @dataclass
 class FlexPlan:
     """One layer kind's attention for one forward: the bias as a score_mod (None: no bias), the
-    mask (causal, documents, window) as a BlockMask whose empty blocks the kernel skips."""
+    mask (causal, documents, window) as a BlockMask whose empty blocks the kernel skips, the
+    kernel configuration to compile with (posenc/nn/flex_kernels.py: ``key`` names the layer
+    kind, ``options`` its current step) and ``dense``, which builds the explicit-mask plan the
+    layer kind falls back to when no configuration compiles."""
 
     score_mod: ScoreMod | None
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
     eager: bool = False  # FlexAttention's eager forward (`posenc check` on CPU, where it has no backward)
+    key: KernelKey | None = None
+    options: KernelOptions = None
+    dense: Callable[[], object] | None = None  # () -> DensePlan (posenc/nn/attention.py)
+    fallback: object | None = None  # the DensePlan, once this plan fell back to it
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
                sink: Tensor | None = None) -> Tensor:
         """q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev); decay: (B, H, T) cumulative
-        log-decays of this layer; sink: (H,) its sink logits."""
-        # inside a compiled model the outer compile fuses flex_attention; in eager, our compiled copy
-        attend = flex_attention if self.eager or torch.compiler.is_compiling() else compiled_flex_attention()
+        log-decays of this layer; sink: (H,) its sink logits. Raises FlexUnavailable once no
+        kernel configuration compiles (the caller then attends through ``self.dense()``)."""
+        if self.eager or torch.compiler.is_compiling():
+            # inside a compiled model the outer compile fuses flex_attention (and a failure there
+            # is the train step's to handle); `posenc check`'s CPU forward runs it eagerly
+            return self.call(flex_attention, q, k, v, decay, sink)
+        while True:
+            try:
+                out = self.call(compiled_flex_attention(), q, k, v, decay, sink)
+                if self.key is not None:
+                    flex_kernels.settled([self.key], q.device)
+                return out
+            except Exception as e:  # noqa: BLE001 - only a failed compilation is handled, the rest re-raised
+                if flex_kernels.is_recompile_limit(e):
+                    flex_kernels.raise_recompile_limit()
+                    continue
+                if self.key is None or not flex_kernels.is_compile_error(e):
+                    raise
+                self.options = flex_kernels.step_down(self.key, e, q.device)
+                if self.options == DENSE:
+                    raise FlexUnavailable(flex_kernels.failure(self.key)) from e
+
+    def call(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
+             sink: Tensor | None) -> Tensor:
+        """One FlexAttention call (compiled or not) with this plan's score_mod, decays, mask and options."""
         score_mod = with_decay(self.score_mod, decay)
+        kwargs = {"score_mod": score_mod, "block_mask": self.block_mask}
+        if self.options is not None:
+            kwargs["kernel_options"] = self.options
         if sink is None:
-            return attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask)
+            return attend(q, k, v, **kwargs)
         if AuxRequest is not None:
-            out, aux = attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask, return_aux=AuxRequest(lse=True))
+            out, aux = attend(q, k, v, **kwargs, return_aux=AuxRequest(lse=True))
             lse = aux.lse
         else:
-            out, lse = attend(q, k, v, score_mod=score_mod, block_mask=self.block_mask, return_lse=True)
+            out, lse = attend(q, k, v, **kwargs, return_lse=True)
         # with the sink in the denominator every weight is softmax's × Σe^z / (Σe^z + e^s) = σ(lse - s)
         return out * torch.sigmoid(lse - sink[None, :, None].to(lse.dtype)).unsqueeze(-1).to(out.dtype)
+
+    def dense_plan(self) -> object:
+        """The explicit-mask plan this layer kind falls back to (built once)."""
+        if self.fallback is None:
+            if self.dense is None:
+                raise RuntimeError("this FlexPlan has no dense fallback")
+            self.fallback = self.dense()
+        return self.fallback
 
 
 def with_decay(score_mod: ScoreMod | None, c: Tensor | None) -> ScoreMod | None:

@@ -20,8 +20,15 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from posenc.data.batches import Batch
+from posenc.errors import warn_once
 from posenc.hardware import use_compile
+from posenc.nn import flex_kernels
 from posenc.train import distributed
+
+#: attempts of one step: each failed compilation moves one kernel down a finite ladder (or the model
+#: to eager, or dynamo's recompile limit up), so a step that still fails after these is a bug to show
+MAX_ATTEMPTS = 16
+
 
 class BatchSource(Protocol):
     """Where micro-batches come from: RandomWindows in training, a fixed batch in the bench."""
@@ -120,10 +127,11 @@ def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, de
         optimizer, lr_lambda(tcfg.warmup_steps, tcfg.max_steps, tcfg.min_lr_ratio))
     step_model = distributed.wrap(model, device)
     if use_compile(tcfg.compile, device):
-        # a fresh compile per TrainState: a sweep's jobs (basic launcher) and a bench build many
-        # models in one process, and past dynamo's recompile limit (8 per function) later
-        # models would silently run eager
-        torch._dynamo.reset()
+        # a sweep's jobs (basic launcher) and a bench build many models in one process: past
+        # dynamo's recompile limit later models would silently run eager, so posenc raises the
+        # limit and makes reaching it an error train_step handles. No reset here: it would make the
+        # models still in use (the bench's baselines) compile again inside their timed rounds
+        flex_kernels.loud_recompile_limit()
         step_model = torch.compile(step_model)
     return TrainState(model, step_model, optimizer, scheduler, batches, device, autocast,
                       int(tcfg.grad_accum), float(tcfg.grad_clip))
@@ -138,7 +146,59 @@ def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
     """Exactly one optimizer step over ``state.grad_accum`` micro-batches: forward under
     autocast, backward of loss / grad_accum (the gradient of the mean; under DDP all-reduced on
     the last micro-batch only), clip, AdamW, LR schedule, zero the gradients. No host
-    synchronisation inside."""
+    synchronisation inside.
+
+    Kernels are compiled on a step's first run, so a kernel that fails to compile fails a step:
+    the step is taken again, from the same micro-batches and no gradient, after ``recover``
+    chose what runs instead (one warning each); any other error ends the step as it would."""
+    batches = list(batches)  # kept: a step whose kernels failed to compile is taken again
+    for attempt in range(MAX_ATTEMPTS):
+        tokens = state.tokens
+        flex_kernels.active.clear()  # the FlexAttention kernels this attempt plans (posenc/nn/attention.py)
+        try:
+            result = take_step(state, batches)
+        except Exception as e:  # noqa: BLE001 - recover() takes failed compilations only, the rest re-raise
+            state.optimizer.zero_grad(set_to_none=True)
+            state.tokens = tokens
+            if attempt == MAX_ATTEMPTS - 1 or not recover(state, e):
+                raise
+            continue
+        flex_kernels.settled(flex_kernels.active, state.device)  # the kernels that compiled after stepping down
+        return result
+    raise AssertionError("unreachable")  # the last attempt returns or raises
+
+
+def recover(state: TrainState, error: Exception) -> bool:
+    """After a failed step, what runs next time (said in one warning), or False to re-raise error:
+
+    - dynamo's recompile limit reached: raised (flex_kernels.raise_recompile_limit);
+    - a FlexAttention kernel failed to compile: each layer kind this step planned with one steps
+      down its ladder of kernel configurations, to the dense path at the end (posenc/nn/flex_kernels.py);
+    - any other compilation of a compiled model failed (inductor lowering, Triton): the model runs
+      uncompiled for the rest of the run."""
+    if flex_kernels.is_recompile_limit(error):
+        flex_kernels.raise_recompile_limit()
+        return True
+    if not flex_kernels.is_compile_error(error):
+        return False
+    compiled = hasattr(state.step_model, "_orig_mod")  # torch.compile's wrapper keeps the module here
+    keys = [key for key in flex_kernels.active if flex_kernels.options(key, state.device) != flex_kernels.DENSE]
+    if keys and flex_kernels.mentions_flex(error):
+        for key in keys:
+            flex_kernels.step_down(key, error, state.device)
+        if compiled:
+            torch._dynamo.reset()  # the compiled graphs hold the failed kernels' configuration
+        return True
+    if compiled:
+        warn_once(f"torch.compile failed ({flex_kernels.describe_error(error)}): the model trains uncompiled "
+                  f"(slower; set trainer.compile=false to skip the attempt)")
+        state.step_model = state.step_model._orig_mod
+        return True
+    return False
+
+
+def take_step(state: TrainState, batches: list[Batch]) -> StepResult:
+    """The optimizer step of ``train_step``, once."""
     loss_sum = torch.zeros((), device=state.device)
     seen = 0
     for batch in batches:
