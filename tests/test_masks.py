@@ -105,3 +105,66 @@ def test_an_additive_encoding_cannot_differ_per_layer():
 
     with pytest.raises(UserError, match="cannot differ per layer kind"):
         build_model(compose(["encoding=learned", "layout=llama4", "model.n_layer=4"]), vocab_size=V)
+
+
+def random_documents(B: int, T: int, seed: int) -> torch.Tensor:
+    """(B, T) non-decreasing document ids: documents of random lengths, one row a single document."""
+    g = torch.Generator().manual_seed(seed)
+    starts = torch.rand(B, T, generator=g) < 0.02
+    starts[:, 0] = True
+    starts[-1, 1:] = False  # one window holding a single document
+    return starts.long().cumsum(-1)
+
+
+@pytest.mark.parametrize("T", [1, 100, 128, 300, 1024])
+@pytest.mark.parametrize("window", [Window(), Window(1), Window(48), Window(200), Window(64, chunked=True),
+                                    Window(100, chunked=True)], ids=str)
+@pytest.mark.parametrize("documents", [False, True])
+def test_the_block_mask_built_from_block_bounds_is_flex_attentions_own(T, window, documents):
+    """posenc builds FlexAttention's BlockMask from each query's first visible key (no T x T mask,
+    so the 16x evaluation stays O(T)); torch's create_block_mask, which evaluates the mask_mod at
+    every pair, is the reference: the same partial and full blocks, in the same order."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from posenc.nn.mask import AttentionMask
+
+    doc = random_documents(3, T, seed=T) if documents else None
+    mask = AttentionMask(T, doc, window)
+    ours = mask.block_mask(torch.device("cpu"))
+    theirs = create_block_mask(mask.mask_mod(), B=None if doc is None else doc.shape[0], H=None, Q_LEN=T, KV_LEN=T,
+                               device="cpu")
+    for name in ("kv_num_blocks", "full_kv_num_blocks"):
+        torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), msg=name)
+    for num, idx in (("kv_num_blocks", "kv_indices"), ("full_kv_num_blocks", "full_kv_indices")):
+        counts = getattr(theirs, num)
+        for row in torch.nonzero(torch.ones_like(counts)):  # only each row's first `count` indices are read
+            n = int(counts[tuple(row)])
+            assert torch.equal(getattr(ours, idx)[tuple(row)][:n], getattr(theirs, idx)[tuple(row)][:n]), (idx, row)
+    assert ours.seq_lengths == theirs.seq_lengths and ours.BLOCK_SIZE == theirs.BLOCK_SIZE
+    torch.testing.assert_close(ours.sparsity(), theirs.sparsity())
+
+
+def test_the_block_mask_of_a_long_evaluation_never_holds_a_t_by_t_tensor():
+    """16x the training length of model=small (16,384 tokens): every tensor built for its block masks
+    (documents and a window, or causal alone) holds O(T²/128) elements at most, never T x T (torch's
+    create_block_mask holds 268 M)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from posenc.nn.mask import AttentionMask
+
+    class Largest(TorchDispatchMode):
+        numel = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for t in out if isinstance(out, (tuple, list)) else [out]:
+                if isinstance(t, torch.Tensor):
+                    Largest.numel = max(Largest.numel, t.numel())
+            return out
+
+    T = 16384
+    doc = random_documents(1, T, seed=0)
+    with Largest():
+        AttentionMask(T, doc, Window(256)).block_mask(torch.device("cpu"))
+        AttentionMask(T, None, Window()).block_mask(torch.device("cpu"))
+    assert 0 < Largest.numel <= T * T // 128, Largest.numel

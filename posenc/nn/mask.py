@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posenc.nn.block_mask import interval_block_mask
+
 #: FlexAttention's mask_mod signature: (batch, head, q_idx, kv_idx) -> bool
 MaskMod = Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -160,7 +162,13 @@ class AttentionMask:
         """How many keys each query sees, n_i: (B or 1, T) long (SSMax's s·log n uses it).
 
         In closed form, O(T) rather than a T x T count (16× evaluation): every mask here shows
-        query i a contiguous run of keys lo_i..i, where lo_i is the latest of its document's first
+        query i a contiguous run of keys lo_i..i (``first_keys``)."""
+        first = self.first_keys(device)
+        return torch.arange(self.T, device=first.device)[None, :] - first + 1
+
+    def first_keys(self, device: torch.device | None = None) -> Tensor:
+        """lo_i, the first key query i sees: (B or 1, T) long, non-decreasing along T. Every mask here
+        shows query i the contiguous run lo_i..i, where lo_i is the latest of its document's first
         token, i - size + 1 (sliding) and its chunk's first token (chunked)."""
         device = self.doc.device if self.doc is not None else device
         i = torch.arange(self.T, device=device)[None, :]  # (1, T)
@@ -170,17 +178,15 @@ class AttentionMask:
         w = self.window
         if w.limits(self.T):
             lo = torch.maximum(lo, (i // w.size) * w.size if w.chunked else (i - w.size + 1).clamp(min=0))
-        return i - lo + 1
+        return lo
 
     def block_mask(self, device: torch.device):
         """The FlexAttention BlockMask: cached per (T, window) without documents; per forward
-        (one per distinct mask, shared by the layers that have it) with them."""
+        (one per distinct mask, shared by the layers that have it) with them. Built from each
+        query's first visible key (posenc/nn/block_mask.py), never from a T x T mask."""
         if self.doc is None:
             return static_block_mask(self.T, self.window, device)
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return create_block_mask(self.mask_mod(), B=self.doc.shape[0], H=None, Q_LEN=self.T, KV_LEN=self.T,
-                                 device=device)
+        return interval_block_mask(self.first_keys(), self.T, self.mask_mod())
 
 
 # a cache lookup, not something to trace: one graph break per forward. torch's lazy form of
@@ -189,10 +195,8 @@ class AttentionMask:
 @functools.lru_cache(maxsize=32)
 def static_block_mask(T: int, window: Window, device: torch.device):
     """The BlockMask of a mask that depends on (T, window) alone, built once and reused."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    mod = AttentionMask(T, None, window).mask_mod()
-    return create_block_mask(mod, B=None, H=None, Q_LEN=T, KV_LEN=T, device=device)
+    mask = AttentionMask(T, None, window)
+    return interval_block_mask(mask.first_keys(device), T, mask.mask_mod())
 
 
 def document_positions(doc: Tensor) -> Tensor:
