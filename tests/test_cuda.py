@@ -228,7 +228,8 @@ def flex_layers(model: torch.nn.Module, idx: torch.Tensor) -> int:
 
 
 def fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "FlexAttention" in str(w.message)]
+    return [str(w.message) for w in caught
+            if issubclass(w.category, RuntimeWarning) and "FlexAttention" in str(w.message)]
 
 
 def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4) -> tuple[list[float], list[str]]:

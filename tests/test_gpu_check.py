@@ -14,6 +14,7 @@ import pytest
 from conftest import cli_env
 
 from posenc.config import group_options
+from posenc.config.searchpath import ENV_VAR
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
@@ -24,8 +25,10 @@ BENCHED = "bench.encodings=[nope,rope,alibi,t5_bias,fox,path,stick_breaking]"
 @pytest.fixture(scope="module")
 def dry_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     cwd = tmp_path_factory.mktemp("elsewhere")
+    env = cli_env()
+    env.pop(ENV_VAR, None)  # posenc's own configs only (an in-process --config-dir of another module sets it)
     result = subprocess.run(["bash", str(SCRIPT), "--dry-run", "--install", "/wheels", str(cwd / "out")], cwd=cwd,
-                            env=cli_env(), capture_output=True, text=True, timeout=120, check=False)
+                            env=env, capture_output=True, text=True, timeout=120, check=False)
     return result, cwd
 
 

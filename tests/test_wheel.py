@@ -67,7 +67,8 @@ def wheel(tmp_path_factory) -> Path:
         else:
             shutil.copy2(src, tmp / "src" / name)
     build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-                            "-q", "-w", str(tmp / "dist"), str(tmp / "src")], check=False, capture_output=True, text=True, timeout=120)
+                            "-q", "-w", str(tmp / "dist"), str(tmp / "src")],
+                           check=False, capture_output=True, text=True, timeout=120)
     assert build.returncode == 0, build.stderr[-3000:]
     [built] = (tmp / "dist").glob("posenc-*.whl")
     return built
@@ -86,11 +87,13 @@ def test_posenc_check_runs_from_the_installed_wheel(wheel, tmp_path):
     imports posenc.check, composes through pkg://posenc.conf and every property holds."""
     site = tmp_path / "site"
     install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
-                              "--target", str(site), str(wheel)], check=False, capture_output=True, text=True, timeout=120)
+                              "--target", str(site), str(wheel)],
+                             check=False, capture_output=True, text=True, timeout=120)
     assert install.returncode == 0, install.stderr[-3000:]
     env = {**os.environ, "PYTHONPATH": str(site), "COLUMNS": "200"}
     code = "from importlib.util import find_spec as f; print(f('posenc.check').origin, f('posenc.conf').origin)"
-    where = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, env=env, capture_output=True, text=True)
+    where = subprocess.run([sys.executable, "-c", code], check=False, cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
     assert where.returncode == 0, where.stderr
     assert all(Path(line).is_relative_to(site) for line in where.stdout.split()), where.stdout
     check = subprocess.run([str(site / "bin" / "posenc"), "check", "encoding=nope"], check=False, cwd=tmp_path, env=env,

@@ -160,8 +160,10 @@ def kernel_names(model: torch.nn.Module, x: torch.Tensor, doc: torch.Tensor | No
     kinds = []
     for layer, plan in enumerate(plans(model.encoding, ctx, model.n_layer, 0.0)):
         mixer = model.layout.mixer(layer)
-        kinds.append(mixer if mixer != "softmax" else "FlexAttention" if isinstance(plan, FlexPlan)
-                     else "SDPA causal" if plan is None else "SDPA explicit mask")
+        linear = model.blocks[layer].attn.attention == "linear"
+        kinds.append(mixer if mixer != "softmax" else "linear attention" if linear else
+                     "FlexAttention" if isinstance(plan, FlexPlan) else "SDPA causal" if plan is None else
+                     "SDPA explicit mask")
     return " + ".join(dict.fromkeys(kinds))
 
 

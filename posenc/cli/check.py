@@ -1,7 +1,8 @@
 """`posenc check [overrides…]`: the encoding contract as properties (posenc/check), one table row
 each, exit 1 when one fails. The overrides are Hydra's, composed as every command composes them;
 ``--config-dir DIR`` adds a directory of the user's own configs (a plug-in encoding's YAML) to
-Hydra's search path.
+Hydra's search path; ``--only GROUP`` (repeatable) runs the groups of properties named so
+(posenc.check.CHECKS: ``--only cuda`` is the CUDA rows alone).
 """
 
 from __future__ import annotations
@@ -37,8 +38,9 @@ def search_path(config_dir: Path | None) -> list[str]:
 def check(ctx: typer.Context,
           config_dir: Optional[Path] = typer.Option(None, "--config-dir", help="a directory of your own configs "
                                                     "(encoding/<name>.yaml), searched after posenc's"),
-          only: Optional[list[str]] = typer.Option(None, "--only", metavar="GROUP", help="run only this group of properties "
-                                                   "(repeatable): causality, attention paths, …, cuda")) -> None:
+          only: Optional[list[str]] = typer.Option(None, "--only", metavar="GROUP", help="run only this group of "
+                                                   "properties (repeatable): causality, attention paths, …, cuda")
+          ) -> None:
     """Check an encoding's contract: causality, every attention path against a float64 reference,
     shift invariance, documents and windows, every parameter able to learn, checkpoints, long inputs.
 
