@@ -65,7 +65,7 @@ def cuda_checks(s: Subject) -> list[CheckResult]:
         return [not_offered(name, "no CUDA device") for d in HEAD_DIMS for name in names(d)]
     rows = []
     for head_dim in HEAD_DIMS:
-        for name, row in zip(names(head_dim), (fp32_row, bf16_training_row)):
+        for name, row in zip(names(head_dim), (fp32_row, bf16_training_row), strict=True):
             try:
                 rows.append(row(s, head_dim, name, torch.device("cuda")))
             except Exception as e:  # noqa: BLE001 - a kernel that fails to compile fails its row, with the reason
