@@ -152,3 +152,25 @@ def test_the_command_exits_0_when_every_property_holds_and_one_line_on_a_config_
         bad = CliRunner().invoke(app, argv)
         assert bad.exit_code == 1 and bad.stdout == "", bad.output
         assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: "), bad.stderr
+
+
+def test_only_runs_the_named_groups_and_refuses_an_unknown_one():
+    """`posenc check --only cuda` (scripts/gpu_check.sh runs it for every encoding): the CUDA rows
+    alone, "not offered" without a GPU; a group that does not exist is one `error:` line naming the
+    groups there are."""
+    import torch
+    from typer.testing import CliRunner
+
+    from posenc.check import cuda
+    from posenc.cli.app import app
+
+    result = CliRunner().invoke(app, ["check", "--only", "CUDA", "--only", "causality", "encoding=t5_bias"])
+    assert result.exit_code == 0, result.output
+    names = [name for d in cuda.HEAD_DIMS for name in cuda.names(d)]
+    assert all(name in result.stdout for name in names) and "causal:" in result.stdout
+    assert "loss at init" not in result.stdout and "resume" not in result.stdout
+    if not torch.cuda.is_available():
+        assert result.stdout.count("not offered: no CUDA device") == len(names)
+    bad = CliRunner().invoke(app, ["check", "--only", "cuda-rows", "encoding=rope"])
+    assert bad.exit_code == 1 and bad.stdout == "", bad.output
+    assert bad.stderr.startswith("error: --only cuda-rows") and "cuda" in bad.stderr and bad.stderr.count("\n") == 1

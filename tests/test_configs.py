@@ -28,20 +28,6 @@ def test_defaults_match_the_design():
     assert list(cfg.eval.lengths) == [1, 2, 4, 8, 16]
 
 
-def test_every_config_folder_ships_in_the_wheel():
-    """conf/ is installed as the package posenc.conf: a folder missing from pyproject's
-    packages would be left out of a non-editable install, and its configs with it."""
-    from pathlib import Path
-
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-
-    root = Path(__file__).resolve().parents[1]
-    packages = set(tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
-    folders = {"posenc.conf" + "".join("." + part for part in p.relative_to(root / "conf").parts)
-               for p in (root / "conf").rglob("*") if p.is_dir() and p.name != "__pycache__"}
-    assert folders <= packages, sorted(folders - packages)
-
-
 def test_the_builder_passes_the_training_length_and_layer_count_under_one_name_each():
     """No encoding YAML repeats ${trainer.seq_len} or ${model.n_layer}: the builder hands
     train_len and n_layer to the encodings that take them, and a null size follows train_len."""

@@ -2,12 +2,28 @@
 position bias, SDPA's fused kernels otherwise) give the same loss and gradients as the float-mask
 reference, compiled bf16 training lowers the loss, and a GPU run matches a CPU run.
 
+And at the shapes users train (issue 43): head_dim 64 and 128 at T = 1024, where a kernel can fail
+to compile that compiles at head_dim 16 (FlexAttention's tiles are bounded by shared memory, which
+grows with head_dim: T5's bias did not compile at head_dim 64 on an H200 while the head_dim-16
+tests passed). Compiled bf16 training for every encoding at head_dim 64, and at 128 for those
+whose layers run FlexAttention (without one, attention is SDPA's flash/cuDNN kernels, torch's
+own, built for both); every layout at head_dim 128 (its windows' BlockMasks, its recurrent
+mixers' kernels); FlexAttention against the explicit mask in fp32 at both head dims. A fallback
+from a planned FlexAttention announced while these run fails the test.
+
+The budget: the whole `pytest -m cuda -n 4` within ~4 minutes on an H100 (~2.5 min before these),
+and a compile costs ~5-10 s there, so these tests compile about 21 + 9 + 11 models and ~18
+FlexAttention kernels: 2 heads (a kernel's tiles depend on head_dim, not on the head count), one
+layer (two for the layouts, so that each has two layer kinds), 4 steps on one batch of 2 × 1024
+tokens — estimated at ~80 s of the 4 workers' time, not yet timed on a GPU.
+
 All skip without CUDA (CI has none). On a GPU machine: `pytest -m cuda` (scripts/gpu_check.sh).
 """
 
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -21,6 +37,7 @@ from posenc.nn.encodings.base import Context
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
 ENCODINGS = group_options("encoding")
+LAYOUTS = group_options("layout")
 # head_dim 16 (FlexAttention's smallest) and T beyond a learned table's default
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.d_model=64", "trainer.seq_len=256"]
 
@@ -60,6 +77,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_compiled_bf16_training_lowers_the_loss(name):
     model = cuda_model(name)
+    torch._dynamo.reset()  # past dynamo's recompile limit (8 per function) a worker's later models would run eager
     step_model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     idx = torch.randint(64, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
@@ -184,3 +202,103 @@ def test_stick_breaking_on_cuda_falls_back_to_the_explicit_path_and_trains():
         _, loss = model(idx, idx)
     loss.backward()
     assert torch.isfinite(loss)
+
+
+#: the shapes users train: T = 1024, head_dim 64 (GPT-2 small) and 128 (Llama and most 2024-25 models)
+USER_T = 1024
+HEAD_DIMS = (64, 128)
+
+
+def model_at(head_dim: int, *overrides: str, n_layer: int = 1) -> torch.nn.Module:
+    """2 heads of head_dim, T = USER_T, on CUDA; every encoding parameter drawn from N(0, 0.5²) so
+    that a table that starts at zero (T5's) takes part."""
+    torch.manual_seed(0)
+    cfg = compose([*overrides, f"model.n_layer={n_layer}", "model.n_head=2", f"model.d_model={2 * head_dim}",
+                   f"trainer.seq_len={USER_T}", "model.dropout=0.0"])
+    model = build_model(cfg, vocab_size=64).cuda()
+    for p in model.encoding.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    return model
+
+
+def flex_layers(model: torch.nn.Module, idx: torch.Tensor) -> int:
+    """How many layers the model plans to run through FlexAttention for idx (planning also says,
+    once, why a layer leaves it by design, before any test listens for a fallback)."""
+    ctx = model.context(idx, None, None, idx.shape[1])
+    return sum(isinstance(p, attention.FlexPlan) for p in attention.plans(model.encoding, ctx, model.n_layer, 0.0))
+
+
+def fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
+    return [str(w.message) for w in caught
+            if issubclass(w.category, RuntimeWarning) and "FlexAttention" in str(w.message)]
+
+
+def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4) -> tuple[list[float], list[str]]:
+    """AdamW steps of the compiled model under bf16 autocast on one batch of 2 × USER_T tokens: the
+    losses, and the FlexAttention fallbacks announced meanwhile."""
+    idx = torch.randint(64, (2, USER_T + 1), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+    x, y = idx[:, :-1], idx[:, 1:]
+    flex_layers(model, x)
+    torch._dynamo.reset()  # a fresh compile per model, as TrainState does
+    step_model = torch.compile(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(steps):  # the same batch: a model that can learn memorises it
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                _, loss = step_model(x, y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            losses.append(loss.item())
+    return losses, fallbacks(caught)
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_compiled_bf16_training_at_the_shapes_users_train(name, head_dim):
+    """Every encoding compiles and trains in bf16 at head_dim 64, T 1024; at head_dim 128 those
+    whose layers run FlexAttention (the kernel posenc compiles; SDPA's are torch's own)."""
+    model = model_at(head_dim, f"encoding={name}")
+    if head_dim == 128 and not flex_layers(model, torch.zeros(1, USER_T, dtype=torch.long, device="cuda")):
+        pytest.skip("no layer runs FlexAttention: SDPA's kernels, covered at head_dim 64")
+    losses, fell = compiled_bf16_losses(model)
+    assert not fell, fell
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_compiled_bf16_training_of_every_layout_at_head_dim_128(layout):
+    """Each layout's first two layers (a window's BlockMask, a recurrent mixer's kernels) with its
+    default encoding compile and train in bf16 at head_dim 128, T 1024."""
+    losses, fell = compiled_bf16_losses(model_at(128, f"layout={layout}", n_layer=2))
+    assert not fell, fell
+    assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
+
+
+@pytest.mark.parametrize("head_dim", HEAD_DIMS)
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_flex_attention_equals_the_explicit_mask_at_the_shapes_users_train(name, head_dim, monkeypatch):
+    """FlexAttention's compiled kernel, forward and backward in fp32, gives the loss and every
+    gradient of SDPA with the explicit float mask at head_dim 64 and 128, T 1024."""
+    monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    idx = torch.randint(64, (1, USER_T), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
+    results = []
+    for reference in (False, True):
+        model = model_at(head_dim, f"encoding={name}")
+        if reference:
+            monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
+        elif not flex_layers(model, idx):
+            pytest.skip("no layer runs FlexAttention: the explicit mask is this encoding's CUDA path")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            _, loss = model(idx, idx)
+            loss.backward()
+        assert reference or not fallbacks(caught), fallbacks(caught)
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
+    (loss, grads), (ref_loss, ref_grads) = results
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)

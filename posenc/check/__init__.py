@@ -9,7 +9,8 @@ One module per group of properties, each property a function ``(Subject) -> list
   hooks (reference.py), score_mod = position_bias = distance_bias, shift invariance;
 - learning.py: every parameter receives a gradient that is not negligible;
 - state.py: safetensors round trip and bit-exact resume through posenc's own checkpoint code;
-- cuda.py: FlexAttention forward and backward, bf16 (skipped without CUDA).
+- cuda.py: at head_dim 64 and 128, T = 1024: the CUDA kernels forward and backward against
+  float64, and compiled bf16 training steps (not offered without CUDA).
 
 runner.py runs them and returns typed results (results.py); posenc/cli/check.py prints them.
 What each property means and why: docs/check.md.

@@ -36,6 +36,13 @@ def not_offered(name: str, why: str) -> CheckResult:
     return CheckResult(name, Status.NOT_OFFERED, "", f"not offered: {why}")
 
 
+def raised(name: str, e: Exception) -> CheckResult:
+    """A ✗ row naming the exception a property's code raised: its first telling line (a compile
+    error's cause, not dynamo's "backend='inductor' raised:" that precedes it)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip() and not line.strip().endswith("raised:")]
+    return CheckResult(name, Status.FAIL, "raised", f"{type(e).__name__}: {lines[0] if lines else ''}"[:300])
+
+
 def max_abs(a, b) -> float:
     """max |a - b| over two tensors of one shape, as a float (0 for empty tensors)."""
     diff = (a.double() - b.double()).abs()

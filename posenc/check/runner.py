@@ -6,12 +6,12 @@ naming the exception: the encoding broke the contract, the checker did not.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
 from posenc.check import cuda, learning, model, paths, state
-from posenc.check.results import CheckResult, Status
+from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
 Check = Callable[[Subject], list[CheckResult]]
@@ -34,14 +34,16 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 )
 
 
-def run_checks(subject: Subject, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
-    """Every check of CHECKS on subject; on_result hears each row as it is measured. One CPU thread:
-    the tiny model's matmuls gain nothing from more, and on a busy machine the threads' spinning
-    makes them many times slower."""
+def run_checks(subject: Subject, on_result: Callable[[CheckResult], None] | None = None,
+               only: Collection[str] | None = None) -> list[CheckResult]:
+    """Every check of CHECKS on subject (or those whose name is in only, as CHECKS spells it); on_result
+    hears each row as it is measured. One CPU thread: the tiny model's matmuls gain nothing from
+    more, and on a busy machine the threads' spinning makes them many times slower."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return [row for what, check in CHECKS for row in run_one(what, check, subject, on_result)]
+        return [row for what, check in CHECKS if only is None or what in only
+                for row in run_one(what, check, subject, on_result)]
     finally:
         torch.set_num_threads(threads)
 
@@ -52,8 +54,7 @@ def run_one(what: str, check: Check, subject: Subject,
     try:
         rows = check(subject)
     except Exception as e:  # noqa: BLE001 - a hook that raises fails its property, with the reason
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        rows = [CheckResult(what, Status.FAIL, "raised", f"{type(e).__name__}: {first}"[:200])]
+        rows = [raised(what, e)]
     for row in rows:
         if on_result is not None:
             on_result(row)

@@ -1,7 +1,8 @@
 """`posenc check [overrides…]`: the encoding contract as properties (posenc/check), one table row
 each, exit 1 when one fails. The overrides are Hydra's, composed as every command composes them;
 ``--config-dir DIR`` adds a directory of the user's own configs (a plug-in encoding's YAML) to
-Hydra's search path.
+Hydra's search path; ``--only GROUP`` (repeatable) runs the groups of properties named so
+(posenc.check.CHECKS: ``--only cuda`` is the CUDA rows alone).
 """
 
 from __future__ import annotations
@@ -36,29 +37,48 @@ def search_path(config_dir: Path | None) -> list[str]:
 
 def check(ctx: typer.Context,
           config_dir: Optional[Path] = typer.Option(None, "--config-dir", help="a directory of your own configs "
-                                                    "(encoding/<name>.yaml), searched after posenc's")) -> None:
+                                                    "(encoding/<name>.yaml), searched after posenc's"),
+          only: Optional[list[str]] = typer.Option(None, "--only", metavar="GROUP", help="run only this group of "
+                                                   "properties (repeatable): causality, attention paths, …, cuda")
+          ) -> None:
     """Check an encoding's contract: causality, every attention path against a float64 reference,
     shift invariance, documents and windows, every parameter able to learn, checkpoints, long inputs.
 
     The arguments are Hydra overrides. Examples: `posenc check encoding=rope`,
-    `posenc check encoding=fox encoding@encoding.inner=alibi`, `posenc check --config-dir mine encoding=logdist`.
+    `posenc check encoding=fox encoding@encoding.inner=alibi`, `posenc check --config-dir mine encoding=logdist`,
+    `posenc check --only cuda encoding=t5_bias` (the CUDA rows alone).
     """
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())
         return
-    failed = run_guarded(lambda: run_check([*search_path(config_dir), *without_debug(ctx.args)]),
+    failed = run_guarded(lambda: run_check([*search_path(config_dir), *without_debug(ctx.args)], only),
                          user_wants_traceback(ctx.args))
     if failed:
         raise typer.Exit(1)
 
 
-def run_check(overrides: list[str]) -> int:
-    """Compose, check, print the table; the number of properties that fail."""
+def groups(only: list[str] | None) -> set[str] | None:
+    """--only's names (any case) -> the groups of posenc.check.CHECKS they name; None for all."""
+    from posenc.check import CHECKS
+    from posenc.errors import UserError
+
+    if not only:
+        return None
+    known = {what.lower(): what for what, _ in CHECKS}
+    unknown = [name for name in only if name.lower() not in known]
+    if unknown:
+        raise UserError(f"--only {unknown[0]}: no such group of properties — choose from {', '.join(known)}")
+    return {known[name.lower()] for name in only}
+
+
+def run_check(overrides: list[str], only: list[str] | None = None) -> int:
+    """Compose, check (the groups of --only, or all), print the table; the number of properties that fail."""
     from posenc.check import compose_subject, run_checks
 
+    chosen = groups(only)
     subject = compose_subject(overrides)
     with console.status("checking…") if console.is_terminal else contextlib.nullcontext():
-        rows = run_checks(subject)
+        rows = run_checks(subject, only=chosen)
     console.print(table(subject, rows))
     failed = [r for r in rows if r.failed]
     offered = [r for r in rows if r.status.name != "NOT_OFFERED"]
