@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn.chunkwise import state_pass, unit_lower_solve
+from posenc.nn.cumsum import cumsum
 
 #: tokens per chunk: 32 (fla's kernels take 64); on a CPU the per-chunk solve and the C x C
 #: decay products grow as C²: the gated delta rule's forward and backward took 25% more CPU time
@@ -121,9 +122,9 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, se
     pad = (-T) % C  # padded tokens come after every real one, so causality keeps them out
     q, k, v, g = (_pad(t.to(dtype), pad, dim) for t, dim in ((q, -2), (k, -2), (v, -2), (g, -1)))
     starts = _pad(_starts(seg, B, T, q.device), pad, -1)  # (B, T')
-    seg_id = starts.cumsum(-1)  # (B, T'): segment index, padding joins the last segment
+    seg_id = cumsum(starts, -1)  # (B, T'): segment index, padding joins the last segment
     q, k, v = _chunks(q, C), _chunks(k, C), _chunks(v, C)  # (B, H, N, C, d)
-    b = _chunks(g, C).cumsum(-1)  # (B, H, N, C): within-chunk cumulative log decay
+    b = cumsum(_chunks(g, C), -1)  # (B, H, N, C): within-chunk cumulative log decay
     s = _chunks(seg_id[:, None], C)  # (B, 1, N, C)
     same = (s[..., :, None] == s[..., None, :]) & torch.ones(C, C, dtype=torch.bool, device=q.device).tril()
     D = (b[..., :, None] - b[..., None, :]).masked_fill(~same, float("-inf")).exp()  # (B, H, N, C, C)

@@ -46,6 +46,7 @@ import math
 import torch
 from torch import Tensor, nn
 
+from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings.base import Context, PositionalEncoding
 
 #: query rows per chunk are chosen so that one (B, H, rows, T) intermediate holds about this many floats
@@ -57,7 +58,7 @@ def contextual_positions(gates: Tensor) -> Tensor:
 
     A cumulative sum over keys from the last one back (the paper's flip-cumsum-flip); future
     keys have g = 0, so the sum from j to the end is the sum from j to i."""
-    return gates.flip(-1).cumsum(-1).flip(-1)
+    return cumsum(gates, -1, reverse=True)
 
 
 def interpolated_logits(z: Tensor, p: Tensor) -> Tensor:

@@ -31,11 +31,11 @@ w·x needs no scale: its step is already lr·Σ_d |x_d|.
 
 from __future__ import annotations
 
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 
@@ -43,7 +43,7 @@ from posenc.nn.encodings.mechanism import Mechanism
 def cumulative_log_gates(log_f: Tensor) -> Tensor:
     """c_i = Σ_{t<=i} log f_t along the last dim: (..., T) -> (..., T), so that
     c_i - c_j = Σ_{t=j+1..i} log f_t."""
-    return log_f.cumsum(-1)
+    return cumsum(log_f, -1)
 
 
 class FoX(Mechanism):

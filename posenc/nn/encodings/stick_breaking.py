@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 
@@ -41,7 +42,7 @@ def stick_breaking_weights(scores: Tensor, stick: Tensor) -> Tensor:
     log_beta = F.logsigmoid(scores).masked_fill(~stick, float("-inf"))  # log β_ij, -inf off the stick
     log_rest = F.logsigmoid(-scores).masked_fill(~stick, 0.0)  # log(1 - β_ik); a hidden key: log 1 = 0
     # Σ_{k>j} log(1 - β_ik): the reversed cumulative sum, without its own term
-    after = log_rest.flip(-1).cumsum(-1).flip(-1) - log_rest
+    after = cumsum(log_rest, -1, reverse=True) - log_rest
     return (log_beta + after).exp()
 
 
