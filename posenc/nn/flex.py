@@ -123,13 +123,16 @@ class FlexPlan:
 
 def with_decay(score_mod: ScoreMod | None, c: Tensor | None) -> ScoreMod | None:
     """score_mod + c_i - c_j, looked up in the captured (B, H, T) cumulative log-decays c (their
-    gradient flows through the capture, as a bias table's does)."""
+    gradient flows through the capture, as a bias table's does). c is captured as two tensors, one
+    for the queries' lookup and a copy for the keys': inductor's FlexAttention backward takes each
+    captured tensor that needs a gradient indexed once (docs/extending.md); the copy is B·H·T."""
     if c is None:
         return score_mod
+    c_q, c_k = c, c.clone()
 
     def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
         if score_mod is not None:
             score = score_mod(score, b, h, q_idx, kv_idx)
-        return score + (c[b, h, q_idx] - c[b, h, kv_idx])
+        return score + (c_q[b, h, q_idx] - c_k[b, h, kv_idx])
 
     return mod
