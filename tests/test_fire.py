@@ -8,6 +8,7 @@ import torch
 
 from posenc.build import build_encoding
 from posenc.config import compose
+from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.fire import FIRE
 
 
@@ -106,3 +107,45 @@ def test_bias_equals_the_papers_listing():
     visible = torch.ones(40, 40, dtype=torch.bool).tril().expand(4, 40, 40)
     pos = torch.arange(40)
     torch.testing.assert_close(enc.position_bias(pos, pos)[visible], expected[visible], atol=1e-5, rtol=1e-5)
+
+
+def scores_from(mod, n_head: int, T: int) -> torch.Tensor:
+    """score_mod(0, 0, h, i, j) for every head and pair, vectorised as FlexAttention's vmap does: (H, T, T)."""
+    h, i, j = torch.arange(n_head)[:, None, None], torch.arange(T)[None, :, None], torch.arange(T)[None, None, :]
+    return mod(torch.zeros(n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
+
+
+def test_in_training_the_score_mod_looks_up_one_table_and_every_parameter_gets_position_bias_s_gradient():
+    """Where gradients are taken, FlexAttention gets the bias as one (H, P(P+1)/2) table, the one
+    tensor its compiled backward can differentiate (tests/test_score_mod_rule.py), and the gradient
+    that reaches c, λ and the MLP through it is the gradient through position_bias, beyond the
+    threshold (L = 12 < T = 40) too."""
+    torch.manual_seed(0)
+    enc = FIRE(d_model=64, n_head=4, init_L=12.0).double()
+    T = 40
+    visible = torch.ones(T, T, dtype=torch.bool).tril().expand(4, T, T)
+    weights = torch.randn(4, T, T, dtype=torch.float64)  # any function of the bias on visible pairs
+    grads = []
+    for bias in (lambda: scores_from(enc.score_mod(Context.arange(T, dtype=torch.float64)), 4, T),
+                 lambda: enc.position_bias(torch.arange(T), torch.arange(T))):
+        enc.zero_grad()
+        (bias()[visible] * weights[visible]).sum().backward()
+        grads.append({n: p.grad.clone() for n, p in enc.named_parameters()})
+    mod = enc.score_mod(Context.arange(T, dtype=torch.float64))
+    tensors = [c.cell_contents for c in mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    assert [t.shape for t in tensors if t.requires_grad] == [(4, T * (T + 1) // 2)]
+    for name, g in grads[1].items():
+        torch.testing.assert_close(grads[0][name], g, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_without_gradients_the_score_mod_holds_nothing_that_grows_with_the_length():
+    """Evaluation at 16x a training length of 2048: the closed form, f_θ per score from the captured
+    weights; no table (at P = 32768 one would hold 2·10⁹ entries per head)."""
+    enc = FIRE(d_model=64, n_head=4)
+    with torch.no_grad():
+        mod = enc.score_mod(Context.arange(16 * 2048))
+    captured = [c.cell_contents for c in mod.__closure__ if isinstance(c.cell_contents, torch.Tensor)]
+    assert captured and max(t.numel() for t in captured) <= enc.n_head * enc.mlp_width
+    with torch.no_grad():
+        torch.testing.assert_close(scores_from(mod, 4, 40).float(), enc.position_bias(torch.arange(40), torch.arange(40)),
+                                   rtol=1e-5, atol=1e-5)

@@ -144,7 +144,8 @@ def flex_forward(c: Case, bias_ctx: Context) -> Tensor:
 
 def bias_forms(s: Subject) -> list[CheckResult]:
     """score_mod(0, b, h, i, j) = position_bias[h, i, j] on every visible pair, with positions 0..T-1
-    and shifted by 5; a relative encoding's distance_bias table[h, i - j] = position_bias[h, i, j]."""
+    and shifted by 5, the score_mod built with and without gradients (training may build it otherwise:
+    FIRE's table); a relative encoding's distance_bias table[h, i - j] = position_bias[h, i, j]."""
     name = "score_mod = position_bias = distance_bias"
     T = s.T
     worst, forms = 0.0, set()
@@ -160,11 +161,15 @@ def bias_forms(s: Subject) -> list[CheckResult]:
             encoding.prepare(ctx.n_positions)
             with torch.no_grad():
                 bias = encoding.position_bias(pos, pos).double()  # (H, T, T)
-                mod = encoding.score_mod(ctx)
+            for grad in (False, True):  # an encoding may build its score_mod otherwise for training (FIRE)
+                with torch.set_grad_enabled(grad):
+                    mod = encoding.score_mod(ctx)
                 if mod is not None:
                     forms.add("score_mod")
-                    fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
+                    with torch.no_grad():
+                        fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
                     worst = max(worst, max_abs(fly[seen], bias[seen]))
+            with torch.no_grad():
                 if encoding.is_relative:
                     forms.add("distance_bias")
                     table = encoding.distance_bias(torch.arange(T)).double()  # (H, T)

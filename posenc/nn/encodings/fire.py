@@ -10,7 +10,23 @@ by ψ of the *query's* position is the "progressive interpolation": every distan
 see maps into [0, 1], so a query far beyond the training length sees the same input range as
 in training. Below the threshold (i <= L) the normaliser is the constant ψ(L) and the bias is
 a function of i - j alone. Because it depends on i as well as on i - j it is not a
-``distance_bias`` table; its ``score_mod`` computes the MLP per score from the captured weights.
+``distance_bias`` table.
+
+**FlexAttention (CUDA) and its memory.** Its ``score_mod`` takes one of two forms. Without
+gradients (evaluation, at any length: 16x the training length included) it computes f_θ per score
+from the captured weights, a sum over hidden units: nothing of size T². But that sum indexes the
+weight tensors once per hidden unit, and inductor's FlexAttention backward takes each captured
+tensor that needs a gradient indexed once (docs/extending.md). So where gradients are taken
+(training) the bias is first written out as a table with autograd, b_h(i, j) for every pair
+j <= i < P (P = the forward's n_positions, a Python int: no host sync), and the score_mod looks it
+up once, as T5's table is. The table is H·P(P+1)/2 floats, plus its gradient, and building it
+keeps about mlp_width + 8 floats per pair for the backward (each hidden unit's ReLU output, ψ's
+intermediates; 40 at width 32, measured in eager mode): at P = 2048, H = 12, width 32 in float32,
+100 MB for the table, as much for its gradient and 340 MB for its activations per forward (one
+table shared by every layer, as the bias is). T5 and ALiBi capture
+O(H·P) instead; a bias that depends on i beyond i - j has no smaller exact table. Both forms equal
+``position_bias`` (`posenc check`'s "bias forms" row). On CPU, training goes through SDPA with
+``position_bias`` and neither form is used.
 
 Parameters, as in the paper's listing: c = |c̃| initialised at 0.1; L = |λ · L0| with the
 multiplier λ learned (initialised at 1) and L0 = 512 fixed; eps = 1e-6 keeps the ratio
@@ -95,14 +111,40 @@ class FIRE(PositionalEncoding):
         return out.movedim(0, -3)  # (..., H, Tq, Tk)
 
     def score_mod(self, ctx: Context) -> ScoreMod:
+        """The bias per score inside FlexAttention. Where gradients are taken (training), a lookup
+        in ``bias_table``, the one tensor captured, so that FlexAttention's compiled backward
+        accepts it; without (evaluation, at any length), f_θ in closed form from the captured
+        weights, with no table."""
+        pos = None if ctx.default_positions else ctx.pos
+        if torch.is_grad_enabled() and any(p.requires_grad for p in self.parameters()):
+            return self.table_score_mod(self.bias_table(ctx.n_positions, ctx.device), pos)
+        return self.closed_form_score_mod(pos)
+
+    def bias_table(self, n_positions: int, device: torch.device) -> Tensor:
+        """b_h(i, j) for every pair j <= i < P = n_positions, row by row: (H, P(P+1)/2), pair (i, j)
+        at i(i+1)/2 + j. position_bias itself, on the pairs, differentiable in every parameter."""
+        i, j = torch.tril_indices(n_positions, n_positions, device=device)  # (P(P+1)/2,) each
+        return self.position_bias(i[:, None], j[:, None])[..., 0, 0].T.contiguous()  # (N, H, 1, 1) -> (H, N)
+
+    @staticmethod
+    def table_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:
+        """score + table[h, i(i+1)/2 + j]: one lookup in the (H, P(P+1)/2) ``bias_table``; a future
+        key (masked by the BlockMask) reads the pair (i, i), as its distance clamps to 0."""
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            qi, kj = positions_at(pos, b, q_idx, kv_idx)
+            return score + table[h, qi * (qi + 1) // 2 + torch.minimum(kj, qi)]
+
+        return mod
+
+    def closed_form_score_mod(self, pos: Tensor | None) -> ScoreMod:
         """f_θ per score, written with the captured weights (a score_mod sees scalars, so the
-        MLP is its sum over hidden units): no H x T x T tensor, and every weight, c and λ get
-        their gradients through the captured tensors."""
+        MLP is its sum over hidden units): no H x T x T tensor. Each weight tensor is indexed once
+        per hidden unit, which FlexAttention's compiled backward refuses: for no-gradient use."""
         first, second = self.mlp[0], self.mlp[2]
         w1, b1 = first.weight[:, 0], first.bias  # (W,), (W,)
         w2, b2 = second.weight, second.bias  # (H, W), (H,)
         c, L, eps, width = self.c.abs(), self.threshold, self.eps, self.mlp_width
-        pos = None if ctx.default_positions else ctx.pos
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             qi, kj = positions_at(pos, b, q_idx, kv_idx)
