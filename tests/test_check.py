@@ -135,7 +135,7 @@ def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, mo
     assert result.exit_code == 1, result.output
     row = next(line for line in result.stdout.splitlines() if "every parameter can learn" in line)
     assert "✗" in row and "encoding.offset" in result.stdout
-    assert result.stdout.splitlines()[-1] == "1 of 14 properties fail: every parameter can learn"
+    assert result.stdout.splitlines()[-1] == "1 of 15 properties fail: every parameter can learn"
     assert "causal:" in result.stdout and not result.stderr.strip()
 
 
@@ -146,7 +146,7 @@ def test_the_command_exits_0_when_every_property_holds_and_one_line_on_a_config_
 
     ok = CliRunner().invoke(app, ["check", "encoding=alibi"])
     assert ok.exit_code == 0, ok.output
-    assert ok.stdout.splitlines()[-1].startswith("all 14 properties hold")
+    assert ok.stdout.splitlines()[-1].startswith("all 15 properties hold")
     for argv in (["check", "encoding=alibx"], ["check", "model.n_head=5"],
                  ["check", "--config-dir", str(tmp_path / "missing"), "encoding=rope"]):
         bad = CliRunner().invoke(app, argv)

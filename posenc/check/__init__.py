@@ -7,6 +7,8 @@ One module per group of properties, each property a function ``(Subject) -> list
   windows, lengths past training;
 - paths.py: every attention path equal to a float64 reference built from the encoding's own
   hooks (reference.py), score_mod = position_bias = distance_bias, shift invariance;
+- flex_backward.py: FlexAttention's compiled backward accepts every score_mod (inductor's rule:
+  each captured tensor that needs a gradient indexed once), traced on a CPU;
 - learning.py: every parameter receives a gradient that is not negligible;
 - state.py: safetensors round trip and bit-exact resume through posenc's own checkpoint code;
 - cuda.py: at head_dim 64 and 128, T = 1024: the CUDA kernels forward and backward against

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from posenc.check import cuda, learning, model, paths, state
+from posenc.check import cuda, flex_backward, learning, model, paths, state
 from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
@@ -23,6 +23,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("default positions", model.default_positions),
     ("attention paths", paths.attention_paths),
     ("bias forms", paths.bias_forms),
+    ("score_mod backward", flex_backward.score_mod_backward),
     ("shift invariance", paths.shift_invariance),
     ("documents packing", model.documents),
     ("sliding windows", model.windows),
