@@ -165,7 +165,7 @@ def training_score_mods(s: Subject) -> tuple[list[tuple[str, ScoreMod, tuple[int
     builds it (the encoding's parameters requiring grad; FoX's decays from a random block input,
     joined by flex.with_decay); and why there are none, where there are none."""
     T, doc = s.T, s.documents()
-    mods, why_not = [], "no position bias or decay goes to FlexAttention as a score_mod"
+    mods, why_not = [], "no position bias or decay"
     g = torch.Generator().manual_seed(3)
     for layer, encoding in layer_encodings(s):
         if not (encoding.has_position_bias or encoding.has_decay):
@@ -201,6 +201,6 @@ def score_mod_backward(s: Subject) -> list[CheckResult]:
         problem = backward_problem(mod, q, k, v)
         if problem is not None:
             failed.append(f"{where}: {problem}")
-    measured = f"inductor's validate_joint_graph, {len(mods)} score_mod{'s' if len(mods) > 1 else ''}"
+    measured = f"{len(mods)} score_mod{'s' if len(mods) > 1 else ''} traced"
     return [holds(NAME, not failed, measured, "; ".join(failed) + " — FlexAttention's compiled backward refuses "
                   "it: index each captured tensor that needs a gradient once (a clone for a second lookup)")]
