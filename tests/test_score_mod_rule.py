@@ -113,6 +113,15 @@ def test_a_plugin_score_mod_that_indexes_one_grad_tensor_twice_fails_the_row_nam
     assert row.status is Status.PASS, row
 
 
+def test_a_torch_without_the_rule_gets_a_row_that_says_so(monkeypatch):
+    """Older torch keeps no validate_joint_graph (or elsewhere): the row is not offered, never a ✗."""
+    from posenc.check import flex_backward
+
+    monkeypatch.setattr(flex_backward, "RULE_MODULES", ("torch._inductor.no_such_module",))
+    row, = score_mod_backward(compose_subject(["encoding=alibi"]))
+    assert row.status is Status.NOT_OFFERED and "has no validate_joint_graph" in row.note
+
+
 # --- cumulative sums: one opaque op, forward and backward ------------------------------------
 @pytest.mark.parametrize("reverse", [False, True])
 def test_the_cumsum_op_keeps_torch_library_s_contract_and_its_gradient(reverse):

@@ -38,7 +38,7 @@ from posenc.nn.encodings.base import Context, ScoreMod
 from posenc.nn.mask import document_positions
 
 NAME = "score_mod: each grad tensor indexed once"
-#: where torch keeps the rule: torch >= 2.7 has a flex/ package, torch 2.5-2.6 one module
+#: where torch keeps the rule: recent torch in a flex/ package, earlier in one module (or not at all)
 RULE_MODULES = ("torch._inductor.kernel.flex.flex_attention", "torch._inductor.kernel.flex_attention")
 #: the batch the score_mods are traced with (heads and T are the subject's)
 B = 2
@@ -57,9 +57,11 @@ def joint_graph_rule() -> Callable[[torch.fx.Graph], None] | None:
 
 def why_not_traced() -> str | None:
     """Why this torch cannot run the check here, or None where it can."""
+    from torch._dynamo import is_dynamo_supported
+
     if not flex.AVAILABLE:
         return "this torch has no FlexAttention"
-    if not torch._dynamo.is_dynamo_supported():
+    if not is_dynamo_supported():
         return "torch.compile does not run on this Python"
     if joint_graph_rule() is None or not hasattr(torch.ops.higher_order, "flex_attention_backward"):
         return "this torch's inductor has no validate_joint_graph for FlexAttention's backward"
