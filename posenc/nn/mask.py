@@ -201,11 +201,13 @@ def static_block_mask(T: int, window: Window, device: torch.device):
 
 def document_positions(doc: Tensor) -> Tensor:
     """Each token's position inside its document segment of the window: doc (B, T) ids that
-    never decrease along T -> (B, T) long, 0 at every document's first token."""
+    never decrease along T -> (B, T) long, 0 at every document's first token.
+
+    Because ids never decrease, a document starts at the first index holding its id: a binary
+    search of the row for each token's own id, with no scan in the compiled forward (inductor's
+    scans are what failed to compile in bf16 on an H200, posenc/nn/cumsum.py)."""
     T = doc.shape[-1]
     idx = torch.arange(T, device=doc.device).expand_as(doc)
-    starts = torch.ones_like(doc, dtype=torch.bool)
-    starts[..., 1:] = doc[..., 1:] != doc[..., :-1]
-    # the index of the latest segment start at or before each token
-    start_idx = torch.where(starts, idx, torch.zeros_like(idx)).cummax(-1).values
+    rows = doc.contiguous()
+    start_idx = torch.searchsorted(rows, rows, right=False)  # (B, T): the first index with each token's id
     return idx - start_idx
