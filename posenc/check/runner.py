@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 import torch
 
-from posenc.check import cuda, learning, model, paths, state
+from posenc.check import cuda, learning, length, model, paths, state
 from posenc.check.results import CheckResult, Status
 from posenc.check.subject import Subject
 
@@ -19,6 +19,7 @@ Check = Callable[[Subject], list[CheckResult]]
 #: (what it checks, the property), in the order the table shows them
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("causality", model.causality),
+    ("prefix consistency", length.prefix_consistency),
     ("loss at init", model.loss_at_init),
     ("default positions", model.default_positions),
     ("attention paths", paths.attention_paths),
