@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.encodings.rope import apply_rotary
 
+from .distances import causal_distance
+
 
 class LogDistanceBias(PositionalEncoding):
     """b_h(i, j) = -s_h * log(1 + i - j), a learned slope s_h > 0 per head."""
@@ -43,7 +45,7 @@ class LogDistanceBias(PositionalEncoding):
         return -self.log_slope.exp()[:, None] * torch.log1p(distance.float())[None, :]
 
     def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # -> (..., H, Tq, Tk)
-        distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).float()
+        distance = causal_distance(q_pos, k_pos).float()
         return -self.log_slope.exp()[:, None, None] * torch.log1p(distance).unsqueeze(-3)
 
     def param_groups(self):
@@ -69,6 +71,15 @@ class LearnedRoPE(PositionalEncoding):
         return apply_rotary(q, cos, sin, "interleaved"), apply_rotary(k, cos, sin, "interleaved")
 '''
 
+DISTANCES_PY = '''\
+"""A helper module of the plug-in, imported by encodings.py."""
+
+
+def causal_distance(q_pos, k_pos):
+    """(..., Tq), (..., Tk) -> (..., Tq, Tk): i - j, the future clamped to 0."""
+    return (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)
+'''
+
 LOGDIST_YAML = """\
 # Log-distance bias: -s_h·log(1 + i - j), a learned slope per head.
 _target_: myplug.encodings.LogDistanceBias
@@ -91,6 +102,7 @@ def make_plugin(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "conf" / "__init__.py").write_text("")
     (package / "encodings.py").write_text(ENCODINGS_PY)
+    (package / "distances.py").write_text(DISTANCES_PY)
     (package / "conf" / "encoding" / "logdist.yaml").write_text(LOGDIST_YAML)
     (package / "conf" / "encoding" / "learned_rope.yaml").write_text(LEARNED_ROPE_YAML)
     return package / "conf"
@@ -147,7 +159,9 @@ def test_the_run_records_its_encoding_code_and_config_dir(trained, plugin):
     record = json.loads((trained / "provenance.json").read_text())
     code = record["code"]["myplug.encodings.LogDistanceBias"]
     assert code["module"] == "myplug.encodings" and code["import_root"] == str(plugin[0].resolve())
-    assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve()) and code["files"] == 3
+    assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve())
+    # what importing it runs: the module and the helper it imports (the empty __init__.py runs nothing)
+    assert set(code["sources"]) == {"myplug/encodings.py", "myplug/distances.py"}
     assert len(code["sha256"]) == 64 and record["posenc_version"]
     assert record["config_dirs"][0] == f"file://{plugin[1].resolve()}"
     summary = json.loads((trained / "summary.json").read_text())
@@ -258,6 +272,7 @@ def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, 
         warn_code_changes(trained)
         warning = capsys.readouterr().err
         assert "warning: the encoding code changed" in warning and "myplug.encodings.LogDistanceBias" in warning
+        assert "myplug/encodings.py changed" in warning and "distances.py" not in warning
         with pytest.raises(UserError, match=r"trainer.allow_code_change=true"):
             prepare([f"trainer.resume='{trained}'", "trainer.max_steps=6"])
         result = run_cli("train", f"trainer.resume='{trained}'", "trainer.max_steps=6", "trainer.allow_code_change=true",
@@ -267,6 +282,47 @@ def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, 
         assert record["earlier"] and record["earlier"][-1]["code"] != record["code"]  # both versions kept
     finally:
         source.write_text(original)
+
+
+def test_provenance_is_the_code_the_encoding_imports_and_names_each_changed_file(trained, plugin):
+    """An empty __init__.py added to the package, or a module the encoding never imports, changes
+    nothing; a helper module it imports does, and the warning names that file (not encodings.py)."""
+    from omegaconf import OmegaConf
+
+    from posenc.run import provenance
+
+    provenance.write(trained, OmegaConf.load(trained / ".hydra" / "config.yaml"))  # the code as it is now
+    package = plugin[0] / "myplug"
+    helper = package / "distances.py"
+    added = [package / "conf" / "encoding" / "__init__.py", package / "unused.py"]
+    original = helper.read_text()
+    try:
+        added[0].write_text("")
+        added[1].write_text("x = 1\n")
+        assert provenance.changes(trained) == []
+        helper.write_text(original + "\n\ndef unused():\n    return 0\n")
+        [line] = provenance.changes(trained)
+        assert line.startswith("myplug.encodings.LogDistanceBias (myplug/distances.py changed under ")
+        assert "encodings.py" not in line.split("(", 1)[1]
+    finally:
+        helper.write_text(original)
+        for path in added:
+            path.unlink(missing_ok=True)
+
+
+def test_the_files_an_import_runs_are_read_from_the_source(tmp_path):
+    """Relative and absolute imports, at the top or inside a function, transitively within the
+    top-level package; nothing outside it; empty files left out."""
+    from posenc.run.imports import package_sources
+
+    files = {"pkg/__init__.py": "", "pkg/sub/__init__.py": "from .deep import g\n", "pkg/sub/deep.py": "g = 1\n",
+             "pkg/enc.py": "import torch\nfrom .helpers import f\n\ndef later():\n    import pkg.sub.mod\n",
+             "pkg/helpers.py": "from pkg import sub\nf = 1\n", "pkg/sub/mod.py": "m = 1\n", "pkg/unused.py": "u = 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = {str(p.relative_to(tmp_path)) for p in package_sources("pkg.enc", tmp_path)}
+    assert found == {"pkg/enc.py", "pkg/helpers.py", "pkg/sub/__init__.py", "pkg/sub/deep.py", "pkg/sub/mod.py"}
 
 
 def test_a_missing_config_dir_is_one_line(tmp_path):
