@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from posenc.check import Status, compose_subject, run_checks
-from posenc.cli.check import search_path
 from posenc.config import group_options
 from posenc.config.searchpath import ENV_VAR
 
@@ -122,8 +121,9 @@ def test_a_learned_per_head_constant_is_flagged_and_a_learned_slope_is_not(plugi
     """The plug-in's log-distance slope learns; its per-head offset, added to every logit of a row,
     gets a gradient of ~1e-16 of the others (softmax cancels it): ✗, naming the parameter."""
     monkeypatch.syspath_prepend(str(plugin))
-    assert not failures([*search_path(plugin / "conf"), "encoding=logdist"])
-    failed = failures([*search_path(plugin / "conf"), "encoding=logdist_offset"])
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    assert not failures(["encoding=logdist"])
+    failed = failures(["encoding=logdist_offset"])
     assert list(failed) == ["every parameter can learn"]
     assert "encoding.offset cannot learn" in failed["every parameter can learn"]
 
@@ -153,7 +153,8 @@ def test_a_hook_that_breaks_causality_fails_that_row(plugin, monkeypatch):
             return x + x.mean(dim=1, keepdim=True)  # (B, T, C) + (B, 1, C): the future leaks
 
     monkeypatch.setattr(logdist_plugin, "LogDistance", Leaky)
-    failed = failures([*search_path(plugin / "conf"), "encoding=logdist"])
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    failed = failures(["encoding=logdist"])
     assert "a token sees the tokens after it" in failed["causal: the future reaches no past logit"]
     assert "a document sees another" in failed["documents: B after A = B alone"]
 

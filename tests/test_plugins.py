@@ -229,16 +229,51 @@ def test_compare_and_plot_read_the_plugin_run(trained, tmp_path, monkeypatch):
 def test_an_installed_plugins_entry_point_is_on_the_search_path(plugin, tmp_path, monkeypatch):
     from posenc.config import compose, group_options
 
-    # what `pip install` of a package declaring [project.entry-points."posenc.plugins"] leaves
-    dist = tmp_path / "myplug-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[posenc.plugins]\nmyplug = myplug.conf\n")
+    installed(tmp_path, "myplug")
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert "logdist" not in group_options("encoding")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "logdist" in group_options("encoding")
     assert compose(["encoding=logdist"]).encoding._target_ == "myplug.encodings.LogDistanceBias"
+
+
+def installed(site: Path, package: str) -> None:
+    """What `pip install` of a package declaring [project.entry-points."posenc.plugins"] leaves in site."""
+    dist = site / f"{package}-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[posenc.plugins]\n{package} = {package}.conf\n")
+
+
+def test_shadowing_is_never_silent_and_follows_the_one_search_order(plugin, tmp_path, monkeypatch, capsys):
+    """posenc's own configs, then POSENC_CONFIG_PATH (--config-dir), then installed plug-ins: the
+    first file of a name is used, and composing it says in one line which one it shadows."""
+    from posenc.config import compose
+    from posenc.config.searchpath import SEARCH_ORDER, group_options
+
+    installed(tmp_path / "site", "myplug")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    mine = tmp_path / "mine" / "encoding"
+    mine.mkdir(parents=True)
+    (mine / "rope.yaml").write_text(LOGDIST_YAML.replace("name: logdist", "name: rope"))
+    (mine / "logdist.yaml").write_text(LOGDIST_YAML.replace("init_slope: 1.0", "init_slope: 2.0"))
+    monkeypatch.setenv(ENV_VAR, str(mine.parent))
+    assert compose(["encoding=rope"]).encoding._target_ == "posenc.nn.encodings.rope.RoPE"  # posenc's own first
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: encoding=rope uses encoding/rope.yaml from posenc's own configs; "
+                           f"the one in {mine.parent.resolve()} is shadowed")
+    assert compose(["encoding=logdist"]).encoding.init_slope == 2.0  # a directory of yours before an installed plug-in
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"from {mine.parent.resolve()}; the one in the installed plug-in myplug.conf is shadowed" in line
+    assert compose(["encoding=learned_rope"]).encoding.name == "learned_rope"  # in one source only: nothing said
+    assert capsys.readouterr().err == "" and "learned_rope" in group_options("encoding")
+    assert "posenc's own configs first, then --config-dir and POSENC_CONFIG_PATH" in SEARCH_ORDER
+
+    from posenc.cli.app import app
+
+    result = CliRunner().invoke(app, ["encodings"])
+    assert result.exit_code == 0 and sorted(line.split(" uses ")[0] for line in result.stderr.splitlines()) == [
+        "warning: encoding=logdist", "warning: encoding=rope"]
 
 
 def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plugin, monkeypatch):

@@ -15,6 +15,7 @@ from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.check import register as add_check
 from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.plot import plot_app
+from posenc.config.searchpath import SEARCH_ORDER
 from posenc.cli.runs import register as add_runs
 
 
@@ -43,7 +44,8 @@ app = typer.Typer(
     "Trains small decoder-only transformers that differ only in their positional encoding "
     "and compares them on perplexity, convergence and length extrapolation.\n\n"
     "Every command takes --config-dir DIR (or POSENC_CONFIG_PATH=DIR1:DIR2): config directories "
-    "whose encoding/NAME.yaml add encodings kept outside posenc (docs/extending.md).",
+    "whose encoding/NAME.yaml add encodings kept outside posenc (docs/extending.md). Search order: "
+    f"{SEARCH_ORDER}.",
 )
 add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert

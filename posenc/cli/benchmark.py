@@ -14,6 +14,7 @@ from __future__ import annotations
 import typer
 
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
+from posenc.config.searchpath import SEARCH_ORDER
 from posenc.errors import UserError
 
 
@@ -54,8 +55,8 @@ def label_of(args: list[str]) -> str:
 
 def benchmark(
     ctx: typer.Context,
-    config_dir: str = typer.Option(None, "--config-dir", help="a directory of YAML configs to search first "
-                                   "(an encoding kept outside posenc: DIR/encoding/NAME.yaml), as `posenc train`"),
+    config_dir: str = typer.Option(None, "--config-dir", help="a directory of your own configs (an encoding kept "
+                                   f"outside posenc: DIR/encoding/NAME.yaml), as every command takes it; {SEARCH_ORDER}"),
     reproduce: str = typer.Option(None, "--reproduce", help="re-run this shipped encoding and say whether every "
                                   "seed matched the shipped values (within the protocol's tolerance)"),
     regenerate: bool = typer.Option(False, "--regenerate", help="measure every shipped encoding again; rewrite "
