@@ -5,18 +5,21 @@ One module per group of properties, each property a function ``(Subject) -> list
 
 - model.py: causality, loss at init ≈ ln V, default positions, documents packing, sliding
   windows, lengths past training;
+- length.py: the first t tokens of a window give the logits they give alone (what reads the
+  window's length);
 - paths.py: every attention path equal to a float64 reference built from the encoding's own
   hooks (reference.py), score_mod = position_bias = distance_bias, shift invariance;
 - learning.py: every parameter receives a gradient that is not negligible;
 - state.py: safetensors round trip and bit-exact resume through posenc's own checkpoint code;
 - cuda.py: FlexAttention forward and backward, bf16 (skipped without CUDA).
 
-runner.py runs them and returns typed results (results.py); posenc/cli/check.py prints them.
+runner.py runs them and returns typed results (results.py), and names the set (``check_version``);
+posenc/cli/check.py prints them.
 What each property means and why: docs/check.md.
 """
 
 from posenc.check.results import CheckResult, Status
-from posenc.check.runner import CHECKS, run_checks
+from posenc.check.runner import CHECKS, check_version, run_checks
 from posenc.check.subject import Subject, compose_subject
 
-__all__ = ["CHECKS", "CheckResult", "Status", "Subject", "compose_subject", "run_checks"]
+__all__ = ["CHECKS", "CheckResult", "Status", "Subject", "check_version", "compose_subject", "run_checks"]

@@ -35,6 +35,14 @@ CHECKS: tuple[tuple[str, Check], ...] = (
 )
 
 
+def check_version() -> str:
+    """Which checks `posenc check` runs, as 8 hex digits of a SHA-256 over their names in order:
+    a property added, removed or renamed changes it (what the benchmark's rows record)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(what for what, _ in CHECKS).encode()).hexdigest()[:8]
+
+
 def run_checks(subject: Subject, on_result: Callable[[CheckResult], None] | None = None) -> list[CheckResult]:
     """Every check of CHECKS on subject; on_result hears each row as it is measured. One CPU thread:
     the tiny model's matmuls gain nothing from more, and on a busy machine the threads' spinning
