@@ -276,6 +276,23 @@ def test_shadowing_is_never_silent_and_follows_the_one_search_order(plugin, tmp_
         "warning: encoding=logdist", "warning: encoding=rope"]
 
 
+def test_an_argument_the_yaml_does_not_set_is_explained_not_mistaken_for_a_typo(plugin, tmp_path, monkeypatch):
+    """Hydra's key=value changes only keys the YAML has: for a constructor argument the YAML leaves
+    out, the one line says so and how to set it (+key=), not "did you mean encoding.name?"."""
+    from posenc.cli.explain import explain
+    from posenc.config import compose
+
+    (tmp_path / "encoding").mkdir()
+    (tmp_path / "encoding" / "bare.yaml").write_text("_target_: myplug.encodings.LogDistanceBias\nname: bare\n")
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.raises(Exception) as raised:
+        compose(["encoding=bare", "encoding.init_slope=2"])
+    assert explain(raised.value).startswith("encoding.init_slope is an argument of myplug.encodings.LogDistanceBias, "
+                                            "but encoding/bare.yaml does not set it")
+    assert "+encoding.init_slope=" in explain(raised.value)
+    assert compose(["encoding=bare", "+encoding.init_slope=2"]).encoding.init_slope == 2.0
+
+
 def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plugin, monkeypatch):
     from posenc.config import compose
 
