@@ -52,6 +52,18 @@ class LogDistanceBias(PositionalEncoding):
         return [([self.log_slope], {"lr_scale": self.slope_lr_scale, "weight_decay": 0.0})]
 
 
+class NormalisedDistance(PositionalEncoding):
+    """b_h(i, j) = -s_h * (i - j) / (i + 1): a bias of i and j apart (absolute), no distance table."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "normalised_distance") -> None:
+        super().__init__(d_model, n_head, name)
+        self.slope = nn.Parameter(torch.ones(n_head))
+
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        n = causal_distance(q_pos, k_pos).to(self.slope.dtype)
+        return -self.slope[:, None, None] * (n / (q_pos[..., :, None] + 1).to(self.slope.dtype)).unsqueeze(-3)
+
+
 class LearnedRoPE(PositionalEncoding):
     """RoPE whose frequencies theta_i are learned, starting at base^(-2i/d)."""
 
@@ -95,6 +107,13 @@ base: 10000.0
 """
 
 
+ABSOLUTE_YAML = """\
+# A bias of i and j apart: -s_h·(i - j)/(i + 1).
+_target_: myplug.encodings.NormalisedDistance
+name: normalised_distance
+"""
+
+
 def make_plugin(root: Path) -> Path:
     """root/myplug: a package with two encodings and its config dir, myplug/conf; returns conf."""
     package = root / "myplug"
@@ -105,6 +124,7 @@ def make_plugin(root: Path) -> Path:
     (package / "distances.py").write_text(DISTANCES_PY)
     (package / "conf" / "encoding" / "logdist.yaml").write_text(LOGDIST_YAML)
     (package / "conf" / "encoding" / "learned_rope.yaml").write_text(LEARNED_ROPE_YAML)
+    (package / "conf" / "encoding" / "normalised_distance.yaml").write_text(ABSOLUTE_YAML)
     return package / "conf"
 
 
@@ -186,6 +206,22 @@ def test_eval_and_probe_from_another_directory(trained, on_search_path, tmp_path
     assert all(math.isfinite(v) for k, v in record.items() if k.startswith("extrapolation/ppl@"))
     written = {p.name for p in probe_run(trained, [], multiples=(1,), windows=1)}
     assert "bias.png" in written and "rotary_pairs.png" not in written  # a bias, drawn as one
+
+
+def test_probe_runs_on_a_plugins_absolute_bias(on_search_path, tmp_path):
+    """A bias that is not a function of i - j (no distance_bias): trained, then `posenc probe` draws
+    its rows at three query positions, which differ, instead of failing on a distance table."""
+    from posenc.eval.probe_run import probe_run
+
+    trained = run_cli("train", "--config-dir", str(on_search_path[1]), *TINY, "encoding=normalised_distance",
+                      cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    [run] = run_dirs(tmp_path)
+    written = {p.name for p in probe_run(run, [], multiples=(1,), windows=1)}
+    assert "bias.png" in written
+    [bias] = json.loads((run / "probes" / "probes.json").read_text())["32"]["bias"]
+    assert not bias["relative"] and set(bias["by_query"]) == {"7", "15", "31"}
+    assert bias["by_query"]["7"][0][1] != bias["by_query"]["31"][0][1]  # b(i, i - 1) changes with i
 
 
 def test_bench_labels_the_plugin_row_by_its_name_and_pairs_it_with_nope(on_search_path):

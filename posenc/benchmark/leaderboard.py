@@ -90,10 +90,11 @@ def check_line(b: Baselines) -> list[str]:
     versions = check_versions(b)
     if not versions:
         return ["- `posenc check`: no row was checked yet (`posenc benchmark --recheck`)"]
-    return [f"- `posenc check` column: each row's encoding through every property of [check.md](check.md) (checks "
-            f"version {versions[0]}{', unless the cell names another' if len(versions) > 1 else ''}): ✓ all hold, ✗ "
-            "names those that fail; `posenc benchmark` refuses to place an encoding that fails one "
-            "(`--despite-check` places it marked), and `posenc benchmark --recheck` checks the shipped rows again"]
+    other = ", unless the cell names another" if len(versions) > 1 else ""
+    return [(f"- `posenc check` column: each row's encoding through every property of [check.md](check.md) (checks "
+             f"version {versions[0]}{other}): ✓ all hold, ✗ names those that fail; `posenc benchmark` refuses to place "
+             "an encoding that fails one (`--despite-check` places it marked), and `posenc benchmark --recheck` checks "
+             "the shipped rows again")]
 
 
 def seeds_table(b: Baselines, metrics: dict[str, str]) -> list[str]:

@@ -109,14 +109,17 @@ def hook_outputs(encoding: PositionalEncoding, q: Tensor, k: Tensor, x: Tensor, 
     out: dict[str, tuple[Tensor, bool]] = {}
     with torch.no_grad():
         encoding.prepare(n)
-        rq, rk = encoding.transform_qk(q, k, ctx, layer) if encoding.offers("transform_qk") else (q, k)
+        try:
+            rq, rk = encoding.transform_qk(q, k, ctx, layer) if encoding.offers("transform_qk") else (q, k)
+        except Exception:  # noqa: BLE001 - as below: the hooks after it are asked with q and k as they are
+            rq, rk = q, k
         calls: dict[str, Callable[[], Tensor | None]] = {
             "embed": lambda: encoding.embed(x, ctx),
             "transform_qk": lambda: torch.cat((rq, rk), dim=-1),
             "position_bias": lambda: encoding.position_bias(pos, pos),
             "content_bias": lambda: encoding.content_bias(rq, rk, ctx, layer),
             "qk_scores": lambda: encoding.qk_scores(rq, rk, ctx, layer)(0, n, 0),
-            "decay": lambda: (lambda c: None if c is None else c[..., :, None] - c[..., None, :])(encoding.decay(ctx, layer)),
+            "decay": lambda: pairwise_decay(encoding.decay(ctx, layer)),
             "logit_scale": lambda: encoding.logit_scale(ctx, layer),
             "normalise": lambda: encoding.normalise(scores.masked_fill(hidden, float("-inf")), pos, pos),
         }
@@ -125,8 +128,13 @@ def hook_outputs(encoding: PositionalEncoding, q: Tensor, k: Tensor, x: Tensor, 
                 continue
             try:
                 value = call()
-            except Exception:  # noqa: BLE001 - the rows that run the model name the exception
+            except Exception:  # noqa: BLE001, S112 - the rows that run the model name the exception
                 continue
             if value is not None:
                 out[hook] = (value.double(), PAIRWISE[hook])
     return out
+
+
+def pairwise_decay(c: Tensor | None) -> Tensor | None:
+    """Cumulative log-decays c (B, H, n) -> the logit terms c_i - c_j (B, H, n, n) they add."""
+    return None if c is None else c[..., :, None] - c[..., None, :]

@@ -15,8 +15,8 @@ from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.check import register as add_check
 from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.plot import plot_app
-from posenc.config.searchpath import SEARCH_ORDER
 from posenc.cli.runs import register as add_runs
+from posenc.config.searchpath import SEARCH_ORDER
 
 
 class PluginSearchPath(TyperGroup):
