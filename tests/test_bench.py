@@ -241,6 +241,19 @@ def test_the_bench_says_how_long_it_will_take_after_its_first_model(monkeypatch)
     assert notes[1].startswith("estimate: about 2 min left (bench=default,") and "bench=quick" not in notes[1], notes
 
 
+def test_a_bench_without_nope_says_why_vs_nope_is_empty():
+    from posenc.bench.run import NO_NOPE, Listener
+
+    notes: list[str] = []
+
+    class Notes(Listener):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    result = bench([*BENCH, "bench.encodings=[alibi]", "bench.reference=false"], Notes())
+    assert result["results"][0]["vs_nope"] is None and NO_NOPE in notes
+
+
 def test_on_a_cpu_the_bare_bench_is_the_quick_one_and_a_choice_or_timing_override_is_kept():
     from posenc.bench.estimate import choose_preset
 

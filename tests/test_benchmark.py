@@ -28,6 +28,7 @@ from posenc.benchmark.protocol import (
     protocol_hash,
     resolved,
 )
+from posenc.check import check_version
 from posenc.config.searchpath import ENV_VAR
 from posenc.report.runs import find_runs, group_runs
 from posenc.report.verdicts import ranking_of, versus_baseline
@@ -145,6 +146,8 @@ def test_the_shipped_baselines_have_every_shipped_encoding_and_every_seed(shippe
     raw = baselines.raw
     assert raw["versions"]["torch"] and raw["versions"]["posenc"] and raw["machine"]["cpu"] and raw["date"]
     assert raw["command"].startswith("posenc benchmark --regenerate")
+    # every row says what `posenc check` found of its encoding, and under which version of the checks
+    assert all(row.check is not None and len(row.check["version"]) == 8 for row in baselines.rows)
 
 
 def test_the_shipped_baselines_were_measured_under_the_current_protocol(shipped):
@@ -200,9 +203,12 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     assert [r.label for r in baselines.rows] == ["alibi", "nope"]
     assert path.with_suffix(".md").read_text() == render(baselines, protocol)
 
+    assert all(row.check == {"version": check_version(), "failed": []} for row in baselines.rows)
+
     placed = runner.invoke(app, ["benchmark", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
     assert placed.exit_code == 0, placed.output
     assert "▶ rope base=500" in placed.output and "rope base=500 against each shipped row" in placed.output
+    assert next(line for line in placed.output.splitlines() if "▶ rope base=500" in line).rstrip(" │").endswith("✓")
     [saved] = (workdir / "outputs" / "benchmark" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
     assert json.loads(saved.read_text())["hash"] == baselines.hash
     assert len(list(saved.parent.rglob("summary.json"))) == 1      # one run per seed, as `posenc train -m` leaves
@@ -210,6 +216,47 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     reproduced = runner.invoke(app, ["benchmark", "--reproduce", "nope", "--protocol", str(path)])
     assert reproduced.exit_code == 0, reproduced.output
     assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
+
+
+WINDOW_LENGTH = '''
+import torch
+from torch import nn
+
+from posenc.nn.encodings.base import PositionalEncoding
+
+
+class WindowLength(PositionalEncoding):
+    """b_h(i, j) = -s_h·(i - j)(T - i)/T, T the number of queries given: it reads the window's length."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "window_length") -> None:
+        super().__init__(d_model, n_head, name)
+        self.slope = nn.Parameter(torch.ones(n_head))
+
+    def position_bias(self, q_pos, k_pos):
+        T = q_pos.shape[-1]
+        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.slope.dtype)
+        return -self.slope[:, None, None] * (n * (T - q_pos[..., :, None]).to(self.slope.dtype) / T).unsqueeze(-3)
+'''
+
+
+def test_an_encoding_that_fails_check_is_refused_before_any_run(workdir: Path, monkeypatch):
+    """A bias that reads the window's length (the prefix row fails) would have been ranked among the
+    shipped rows: `posenc benchmark` runs `posenc check` first and refuses it in one line, naming
+    what fails, with nothing written."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    (workdir / "lengthplug.py").write_text(WINDOW_LENGTH)
+    (workdir / "conf" / "encoding").mkdir(parents=True)
+    (workdir / "conf" / "encoding" / "window_length.yaml").write_text("_target_: lengthplug.WindowLength\n")
+    monkeypatch.syspath_prepend(str(workdir))
+    monkeypatch.setenv(ENV_VAR, str(workdir / "conf"))
+    result = CliRunner().invoke(app, ["benchmark", "encoding=window_length"])
+    assert result.exit_code == 1
+    assert result.stderr.startswith("error: window_length fails `posenc check` (prefix: first t tokens = them alone;")
+    assert len(result.stderr.strip().splitlines()) == 1 and "--despite-check" in result.stderr
+    assert not (workdir / "outputs").exists()
 
 
 def test_a_config_dir_cannot_change_the_protocol(tmp_path, monkeypatch):

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from posenc.check import Status, compose_subject, run_checks
-from posenc.cli.check import search_path
 from posenc.config import group_options
+from posenc.config.searchpath import ENV_VAR
 
 ENCODINGS = group_options("encoding")
 #: layouts (per-kind encodings, windows, chunks) and mechanisms around another encoding
@@ -53,6 +53,20 @@ class LogDistance(PositionalEncoding):
     def position_bias(self, q_pos, k_pos):  # (..., Tq), (..., Tk) -> (..., H, Tq, Tk)
         n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)
         return self.distance_bias(torch.arange(int(n.max()) + 1, device=n.device))[:, n].movedim(0, -3)
+
+
+class WindowLength(PositionalEncoding):
+    """b_h(i, j) = -s_h·(i - j)(T - i)/T with T the number of queries it is given: causal, and
+    wrong (it reads the window's length)."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "window_length") -> None:
+        super().__init__(d_model, n_head, name)
+        self.slope = nn.Parameter(torch.ones(n_head))
+
+    def position_bias(self, q_pos, k_pos):
+        T = q_pos.shape[-1]
+        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.slope.dtype)
+        return -self.slope[:, None, None] * (n * (T - q_pos[..., :, None]).to(self.slope.dtype) / T).unsqueeze(-3)
 '''
 
 
@@ -69,6 +83,8 @@ def plugin(tmp_path_factory) -> Path:
             name: {name}
             offset: {offset}
             """))
+    (root / "conf" / "encoding" / "window_length.yaml").write_text(
+        "# a bias that reads the window's length\n_target_: logdist_plugin.WindowLength\nname: window_length\n")
     return root
 
 
@@ -98,20 +114,37 @@ def test_the_checks_say_what_does_not_apply():
     assert rows["score_mod = position_bias = distance_bias"].status is Status.NOT_OFFERED
     assert "no position bias" in rows["score_mod = position_bias = distance_bias"].note
     assert rows["rotary q·k depends on m − n only"].status is Status.PASS
+    assert rows["bias depends on i − j only"].note == "not offered: no position bias"  # not "not relative"
 
 
 def test_a_learned_per_head_constant_is_flagged_and_a_learned_slope_is_not(plugin, monkeypatch):
     """The plug-in's log-distance slope learns; its per-head offset, added to every logit of a row,
     gets a gradient of ~1e-16 of the others (softmax cancels it): ✗, naming the parameter."""
     monkeypatch.syspath_prepend(str(plugin))
-    assert not failures([*search_path(plugin / "conf"), "encoding=logdist"])
-    failed = failures([*search_path(plugin / "conf"), "encoding=logdist_offset"])
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    assert not failures(["encoding=logdist"])
+    failed = failures(["encoding=logdist_offset"])
     assert list(failed) == ["every parameter can learn"]
     assert "encoding.offset cannot learn" in failed["every parameter can learn"]
 
 
+def test_a_bias_that_reads_the_window_length_fails_the_prefix_row_and_every_note_says_so(plugin, monkeypatch):
+    """-(i - j)(T - i)/T keeps causality (tokens change, T does not), so only running the first t
+    tokens alone shows it; the documents and chunked rows it also fails name the same cause."""
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    monkeypatch.syspath_prepend(str(plugin))
+    failed = failures(["encoding=window_length"])
+    assert set(failed) == {"prefix: first t tokens = them alone", "documents: B after A = B alone",
+                           "chunked (long eval) = reference"}, failed
+    assert "change with the window's length: position_bias reads it" in failed["prefix: first t tokens = them alone"]
+    assert "no document sees another, but the logits depend on the window's length (position_bias reads it)" in \
+        failed["documents: B after A = B alone"]
+    assert "it reads how many positions it is given" in failed["chunked (long eval) = reference"]
+
+
 def test_a_hook_that_breaks_causality_fails_that_row(plugin, monkeypatch):
-    """An embedding that mixes in the mean of the whole window lets every token see its future."""
+    """An embedding that mixes in the mean of the whole window lets every token see its future
+    (and a document the documents before it)."""
     monkeypatch.syspath_prepend(str(plugin))
     import logdist_plugin
 
@@ -120,8 +153,10 @@ def test_a_hook_that_breaks_causality_fails_that_row(plugin, monkeypatch):
             return x + x.mean(dim=1, keepdim=True)  # (B, T, C) + (B, 1, C): the future leaks
 
     monkeypatch.setattr(logdist_plugin, "LogDistance", Leaky)
-    failed = failures([*search_path(plugin / "conf"), "encoding=logdist"])
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    failed = failures(["encoding=logdist"])
     assert "a token sees the tokens after it" in failed["causal: the future reaches no past logit"]
+    assert "a document sees another" in failed["documents: B after A = B alone"]
 
 
 def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, monkeypatch):
@@ -135,7 +170,8 @@ def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, mo
     assert result.exit_code == 1, result.output
     row = next(line for line in result.stdout.splitlines() if "every parameter can learn" in line)
     assert "✗" in row and "encoding.offset" in result.stdout
-    assert result.stdout.splitlines()[-1] == "1 of 15 properties fail: every parameter can learn"
+    measured = sum("│ ✓ │" in line or "│ ✗ │" in line for line in result.stdout.splitlines())
+    assert result.stdout.splitlines()[-1] == f"1 of {measured} properties fail: every parameter can learn"
     assert "causal:" in result.stdout and not result.stderr.strip()
 
 
@@ -146,7 +182,8 @@ def test_the_command_exits_0_when_every_property_holds_and_one_line_on_a_config_
 
     ok = CliRunner().invoke(app, ["check", "encoding=alibi"])
     assert ok.exit_code == 0, ok.output
-    assert ok.stdout.splitlines()[-1].startswith("all 15 properties hold")
+    measured = sum("│ ✓ │" in line for line in ok.stdout.splitlines())
+    assert ok.stdout.splitlines()[-1].startswith(f"all {measured} properties hold")
     for argv in (["check", "encoding=alibx"], ["check", "model.n_head=5"],
                  ["check", "--config-dir", str(tmp_path / "missing"), "encoding=rope"]):
         bad = CliRunner().invoke(app, argv)

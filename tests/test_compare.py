@@ -178,6 +178,16 @@ def test_extrapolation_curve_is_the_seed_mean_and_undefined_lengths_have_none(le
     assert length_stats(learned)[64].mean == 30.0 and length_stats(learned)[128].mean is None
 
 
+def test_a_run_given_twice_counts_once_in_the_length_plot_as_in_compare(length_sweep: Path, tmp_path: Path):
+    """`posenc plot extrapolation RUN SWEEP` where the sweep holds a copy of RUN: one seed, not two."""
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(length_sweep / "0_alibi", copy)
+    alibi = next(g for g in extrapolation_groups([copy, length_sweep]) if g.label == "alibi")
+    assert length_stats(alibi)[32].n == 2  # seeds 0 and 1; the copy of seed 0 is the same run
+
+
 def test_compare_and_plot_extrapolation_write_the_length_figure(length_sweep: Path, tmp_path: Path):
     result = run_cli("compare", str(length_sweep), cwd=tmp_path)
     assert result.returncode == 0, result.stderr

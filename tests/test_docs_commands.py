@@ -6,10 +6,12 @@ an empty directory."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -132,19 +134,36 @@ def tutorial(page: Path) -> tuple[dict[str, str], str]:
 
 
 def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
+    """The page's template plug-in (pyproject with its posenc.plugins entry point, the YAMLs as
+    package data) is pip-installed and goes through encodings, train, eval, probe, compare, plot,
+    bench and check, each command as the page shows it."""
     files, script = tutorial(TUTORIAL)
-    assert {"mine/myenc/encodings.py", "mine/conf/encoding/logdist.yaml"} <= set(files)
+    assert {"mine/pyproject.toml", "mine/myenc/encodings.py", "mine/myenc/conf/encoding/logdist.yaml"} <= set(files)
     assert {argv[0] for _, argv in shown_commands(TUTORIAL)} >= {"encodings", "train", "eval", "probe", "compare",
-                                                                  "plot", "bench"}
+                                                                  "plot", "bench", "check"}
+    assert "pip install ./mine" in script
     for path, text in files.items():
         (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / path).write_text(text)
     env = cli_env()
     env.pop(ENV_VAR, None)
-    # `posenc` on PATH: each command a fork of one warm interpreter (tests/warm_posenc.py)
-    env["PATH"] = f"{warm_bin()}{os.pathsep}{env.get('PATH', '')}"
+    # `posenc` on PATH: each command a fork of one warm interpreter (tests/warm_posenc.py); `pip` this
+    # environment's. pip installs offline, with this environment's setuptools (PIP_NO_BUILD_ISOLATION=0
+    # is pip's spelling of --no-build-isolation), into site/, which is on PYTHONPATH: the test's
+    # environment is left as it was
+    site = tmp_path / "site"
+    env["PATH"] = os.pathsep.join([str(warm_bin()), str(Path(sys.executable).parent), env.get("PATH", "")])
+    env.update(PIP_TARGET=str(site), PIP_NO_DEPS="1", PIP_NO_INDEX="1", PIP_NO_BUILD_ISOLATION="0",
+               PYTHONPATH=os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])))
     result = subprocess.run(["bash", "-euo", "pipefail", "-x", "-c", script], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=1800)  # a guard against a hang
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "logdist" in result.stdout and (tmp_path / "outputs/logdist/provenance.json").is_file()
+    # installed, not found in the source tree: the module, its YAMLs and the entry point under site/
+    assert (site / "myenc" / "conf" / "encoding" / "logdist.yaml").is_file()
+    assert list(site.glob("myenc-*.dist-info/entry_points.txt"))
+    provenance = json.loads((tmp_path / "outputs/logdist/provenance.json").read_text())
+    assert provenance["code"]["myenc.encodings.LogDistanceBias"]["import_root"] == str(site.resolve())
+    assert "logdist" in result.stdout and result.stdout.count("properties hold") == 2  # both checks: every row ✓
     assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report.md").is_file()
+    assert {p.name for p in (tmp_path / "outputs/layerwise/probes").rglob("bias_layer*.png")} == {
+        "bias_layer0.png", "bias_layer1.png"}

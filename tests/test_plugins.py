@@ -29,6 +29,8 @@ from torch import Tensor, nn
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.encodings.rope import apply_rotary
 
+from .distances import causal_distance
+
 
 class LogDistanceBias(PositionalEncoding):
     """b_h(i, j) = -s_h * log(1 + i - j), a learned slope s_h > 0 per head."""
@@ -43,11 +45,23 @@ class LogDistanceBias(PositionalEncoding):
         return -self.log_slope.exp()[:, None] * torch.log1p(distance.float())[None, :]
 
     def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # -> (..., H, Tq, Tk)
-        distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).float()
+        distance = causal_distance(q_pos, k_pos).float()
         return -self.log_slope.exp()[:, None, None] * torch.log1p(distance).unsqueeze(-3)
 
     def param_groups(self):
         return [([self.log_slope], {"lr_scale": self.slope_lr_scale, "weight_decay": 0.0})]
+
+
+class NormalisedDistance(PositionalEncoding):
+    """b_h(i, j) = -s_h * (i - j) / (i + 1): a bias of i and j apart (absolute), no distance table."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "normalised_distance") -> None:
+        super().__init__(d_model, n_head, name)
+        self.slope = nn.Parameter(torch.ones(n_head))
+
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        n = causal_distance(q_pos, k_pos).to(self.slope.dtype)
+        return -self.slope[:, None, None] * (n / (q_pos[..., :, None] + 1).to(self.slope.dtype)).unsqueeze(-3)
 
 
 class LearnedRoPE(PositionalEncoding):
@@ -69,6 +83,15 @@ class LearnedRoPE(PositionalEncoding):
         return apply_rotary(q, cos, sin, "interleaved"), apply_rotary(k, cos, sin, "interleaved")
 '''
 
+DISTANCES_PY = '''\
+"""A helper module of the plug-in, imported by encodings.py."""
+
+
+def causal_distance(q_pos, k_pos):
+    """(..., Tq), (..., Tk) -> (..., Tq, Tk): i - j, the future clamped to 0."""
+    return (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)
+'''
+
 LOGDIST_YAML = """\
 # Log-distance bias: -s_h·log(1 + i - j), a learned slope per head.
 _target_: myplug.encodings.LogDistanceBias
@@ -84,6 +107,13 @@ base: 10000.0
 """
 
 
+ABSOLUTE_YAML = """\
+# A bias of i and j apart: -s_h·(i - j)/(i + 1).
+_target_: myplug.encodings.NormalisedDistance
+name: normalised_distance
+"""
+
+
 def make_plugin(root: Path) -> Path:
     """root/myplug: a package with two encodings and its config dir, myplug/conf; returns conf."""
     package = root / "myplug"
@@ -91,8 +121,10 @@ def make_plugin(root: Path) -> Path:
     (package / "__init__.py").write_text("")
     (package / "conf" / "__init__.py").write_text("")
     (package / "encodings.py").write_text(ENCODINGS_PY)
+    (package / "distances.py").write_text(DISTANCES_PY)
     (package / "conf" / "encoding" / "logdist.yaml").write_text(LOGDIST_YAML)
     (package / "conf" / "encoding" / "learned_rope.yaml").write_text(LEARNED_ROPE_YAML)
+    (package / "conf" / "encoding" / "normalised_distance.yaml").write_text(ABSOLUTE_YAML)
     return package / "conf"
 
 
@@ -147,7 +179,9 @@ def test_the_run_records_its_encoding_code_and_config_dir(trained, plugin):
     record = json.loads((trained / "provenance.json").read_text())
     code = record["code"]["myplug.encodings.LogDistanceBias"]
     assert code["module"] == "myplug.encodings" and code["import_root"] == str(plugin[0].resolve())
-    assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve()) and code["files"] == 3
+    assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve())
+    # what importing it runs: the module and the helper it imports (the empty __init__.py runs nothing)
+    assert set(code["sources"]) == {"myplug/encodings.py", "myplug/distances.py"}
     assert len(code["sha256"]) == 64 and record["posenc_version"]
     assert record["config_dirs"][0] == f"file://{plugin[1].resolve()}"
     summary = json.loads((trained / "summary.json").read_text())
@@ -172,6 +206,22 @@ def test_eval_and_probe_from_another_directory(trained, on_search_path, tmp_path
     assert all(math.isfinite(v) for k, v in record.items() if k.startswith("extrapolation/ppl@"))
     written = {p.name for p in probe_run(trained, [], multiples=(1,), windows=1)}
     assert "bias.png" in written and "rotary_pairs.png" not in written  # a bias, drawn as one
+
+
+def test_probe_runs_on_a_plugins_absolute_bias(on_search_path, tmp_path):
+    """A bias that is not a function of i - j (no distance_bias): trained, then `posenc probe` draws
+    its rows at three query positions, which differ, instead of failing on a distance table."""
+    from posenc.eval.probe_run import probe_run
+
+    trained = run_cli("train", "--config-dir", str(on_search_path[1]), *TINY, "encoding=normalised_distance",
+                      cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr[-2000:]
+    [run] = run_dirs(tmp_path)
+    written = {p.name for p in probe_run(run, [], multiples=(1,), windows=1)}
+    assert "bias.png" in written
+    [bias] = json.loads((run / "probes" / "probes.json").read_text())["32"]["bias"]
+    assert not bias["relative"] and set(bias["by_query"]) == {"7", "15", "31"}
+    assert bias["by_query"]["7"][0][1] != bias["by_query"]["31"][0][1]  # b(i, i - 1) changes with i
 
 
 def test_bench_labels_the_plugin_row_by_its_name_and_pairs_it_with_nope(on_search_path):
@@ -215,16 +265,68 @@ def test_compare_and_plot_read_the_plugin_run(trained, tmp_path, monkeypatch):
 def test_an_installed_plugins_entry_point_is_on_the_search_path(plugin, tmp_path, monkeypatch):
     from posenc.config import compose, group_options
 
-    # what `pip install` of a package declaring [project.entry-points."posenc.plugins"] leaves
-    dist = tmp_path / "myplug-0.1.dist-info"
-    dist.mkdir()
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 0.1\n")
-    (dist / "entry_points.txt").write_text("[posenc.plugins]\nmyplug = myplug.conf\n")
+    installed(tmp_path, "myplug")
     monkeypatch.delenv(ENV_VAR, raising=False)
     assert "logdist" not in group_options("encoding")
     monkeypatch.syspath_prepend(str(tmp_path))
     assert "logdist" in group_options("encoding")
     assert compose(["encoding=logdist"]).encoding._target_ == "myplug.encodings.LogDistanceBias"
+
+
+def installed(site: Path, package: str) -> None:
+    """What `pip install` of a package declaring [project.entry-points."posenc.plugins"] leaves in site."""
+    dist = site / f"{package}-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {package}\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text(f"[posenc.plugins]\n{package} = {package}.conf\n")
+
+
+def test_shadowing_is_never_silent_and_follows_the_one_search_order(plugin, tmp_path, monkeypatch, capsys):
+    """posenc's own configs, then POSENC_CONFIG_PATH (--config-dir), then installed plug-ins: the
+    first file of a name is used, and composing it says in one line which one it shadows."""
+    from posenc.config import compose
+    from posenc.config.searchpath import SEARCH_ORDER, group_options
+
+    installed(tmp_path / "site", "myplug")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    mine = tmp_path / "mine" / "encoding"
+    mine.mkdir(parents=True)
+    (mine / "rope.yaml").write_text(LOGDIST_YAML.replace("name: logdist", "name: rope"))
+    (mine / "logdist.yaml").write_text(LOGDIST_YAML.replace("init_slope: 1.0", "init_slope: 2.0"))
+    monkeypatch.setenv(ENV_VAR, str(mine.parent))
+    assert compose(["encoding=rope"]).encoding._target_ == "posenc.nn.encodings.rope.RoPE"  # posenc's own first
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith("warning: encoding=rope uses encoding/rope.yaml from posenc's own configs; "
+                           f"the one in {mine.parent.resolve()} is shadowed")
+    assert compose(["encoding=logdist"]).encoding.init_slope == 2.0  # a directory of yours before an installed plug-in
+    [line] = capsys.readouterr().err.splitlines()
+    assert f"from {mine.parent.resolve()}; the one in the installed plug-in myplug.conf is shadowed" in line
+    assert compose(["encoding=learned_rope"]).encoding.name == "learned_rope"  # in one source only: nothing said
+    assert capsys.readouterr().err == "" and "learned_rope" in group_options("encoding")
+    assert "posenc's own configs first, then --config-dir and POSENC_CONFIG_PATH" in SEARCH_ORDER
+
+    from posenc.cli.app import app
+
+    result = CliRunner().invoke(app, ["encodings"])
+    assert result.exit_code == 0 and sorted(line.split(" uses ")[0] for line in result.stderr.splitlines()) == [
+        "warning: encoding=logdist", "warning: encoding=rope"]
+
+
+def test_an_argument_the_yaml_does_not_set_is_explained_not_mistaken_for_a_typo(plugin, tmp_path, monkeypatch):
+    """Hydra's key=value changes only keys the YAML has: for a constructor argument the YAML leaves
+    out, the one line says so and how to set it (+key=), not "did you mean encoding.name?"."""
+    from posenc.cli.explain import explain
+    from posenc.config import compose
+
+    (tmp_path / "encoding").mkdir()
+    (tmp_path / "encoding" / "bare.yaml").write_text("_target_: myplug.encodings.LogDistanceBias\nname: bare\n")
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    with pytest.raises(Exception) as raised:
+        compose(["encoding=bare", "encoding.init_slope=2"])
+    assert explain(raised.value).startswith("encoding.init_slope is an argument of myplug.encodings.LogDistanceBias, "
+                                            "but encoding/bare.yaml does not set it")
+    assert "+encoding.init_slope=" in explain(raised.value)
+    assert compose(["encoding=bare", "+encoding.init_slope=2"]).encoding.init_slope == 2.0
 
 
 def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plugin, monkeypatch):
@@ -258,6 +360,7 @@ def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, 
         warn_code_changes(trained)
         warning = capsys.readouterr().err
         assert "warning: the encoding code changed" in warning and "myplug.encodings.LogDistanceBias" in warning
+        assert "myplug/encodings.py changed" in warning and "distances.py" not in warning
         with pytest.raises(UserError, match=r"trainer.allow_code_change=true"):
             prepare([f"trainer.resume='{trained}'", "trainer.max_steps=6"])
         result = run_cli("train", f"trainer.resume='{trained}'", "trainer.max_steps=6", "trainer.allow_code_change=true",
@@ -267,6 +370,47 @@ def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, 
         assert record["earlier"] and record["earlier"][-1]["code"] != record["code"]  # both versions kept
     finally:
         source.write_text(original)
+
+
+def test_provenance_is_the_code_the_encoding_imports_and_names_each_changed_file(trained, plugin):
+    """An empty __init__.py added to the package, or a module the encoding never imports, changes
+    nothing; a helper module it imports does, and the warning names that file (not encodings.py)."""
+    from omegaconf import OmegaConf
+
+    from posenc.run import provenance
+
+    provenance.write(trained, OmegaConf.load(trained / ".hydra" / "config.yaml"))  # the code as it is now
+    package = plugin[0] / "myplug"
+    helper = package / "distances.py"
+    added = [package / "conf" / "encoding" / "__init__.py", package / "unused.py"]
+    original = helper.read_text()
+    try:
+        added[0].write_text("")
+        added[1].write_text("x = 1\n")
+        assert provenance.changes(trained) == []
+        helper.write_text(original + "\n\ndef unused():\n    return 0\n")
+        [line] = provenance.changes(trained)
+        assert line.startswith("myplug.encodings.LogDistanceBias (myplug/distances.py changed under ")
+        assert "encodings.py" not in line.split("(", 1)[1]
+    finally:
+        helper.write_text(original)
+        for path in added:
+            path.unlink(missing_ok=True)
+
+
+def test_the_files_an_import_runs_are_read_from_the_source(tmp_path):
+    """Relative and absolute imports, at the top or inside a function, transitively within the
+    top-level package; nothing outside it; empty files left out."""
+    from posenc.run.imports import package_sources
+
+    files = {"pkg/__init__.py": "", "pkg/sub/__init__.py": "from .deep import g\n", "pkg/sub/deep.py": "g = 1\n",
+             "pkg/enc.py": "import torch\nfrom .helpers import f\n\ndef later():\n    import pkg.sub.mod\n",
+             "pkg/helpers.py": "from pkg import sub\nf = 1\n", "pkg/sub/mod.py": "m = 1\n", "pkg/unused.py": "u = 1\n"}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found = {str(p.relative_to(tmp_path)) for p in package_sources("pkg.enc", tmp_path)}
+    assert found == {"pkg/enc.py", "pkg/helpers.py", "pkg/sub/__init__.py", "pkg/sub/deep.py", "pkg/sub/mod.py"}
 
 
 def test_a_missing_config_dir_is_one_line(tmp_path):

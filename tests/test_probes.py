@@ -65,6 +65,64 @@ def test_recomputed_attention_reproduces_the_models_attention_output(name):
         assert (probs[layer].triu(1) == 0).all()  # causal
 
 
+@pytest.mark.parametrize("name", ENCODINGS)
+def test_every_shipped_encoding_is_probed_from_what_it_offers(name):
+    """Probes read capabilities, never a distance table they assume: a bias entry for each distinct
+    layer encoding with a position bias, its distance table where it is relative (overrides
+    distance_bias), else the rows of position_bias at several query positions (FIRE's bias
+    divides by the query's position); nothing where no layer has a bias."""
+    torch.manual_seed(0)
+    model = build_model(compose([f"encoding={name}", "model.n_layer=2", f"model.n_head={H}", f"model.d_model={D}",
+                                 "trainer.seq_len=24"]), 256)
+    probes = attention_probes(model, torch.randint(0, 256, (1, 24)))
+    json.dumps(probes)
+    biased = [model.encoding.for_layer(layer) for layer in range(2) if model.encoding.for_layer(layer).has_position_bias]
+    if not biased:
+        assert probes["bias"] is None
+        return
+    [b] = probes["bias"]
+    assert b["relative"] == biased[0].is_relative and len(b["bias"]) == H and len(b["bias"][0]) == 24
+    if not b["relative"]:
+        last = biased[0].position_bias(torch.arange(24), torch.arange(24))[:, -1].flip(-1)  # (H, 24) by distance
+        assert torch.allclose(torch.tensor(b["bias"]), last.float()) and set(b["by_query"]) == {"5", "11", "23"}
+
+
+def per_layer_absolute_bias():
+    """What no shipped encoding is: a plug-in whose layers each have their own absolute bias
+    b^l_h(i, j) = -g_l·(i - j)/(i + 1) (``for_layer``)."""
+    from posenc.nn.encodings.base import PositionalEncoding
+
+    class Absolute(PositionalEncoding):
+        def __init__(self, gate: float) -> None:
+            super().__init__(D, H, "normalised_distance")
+            self.gate = torch.nn.Parameter(torch.full((H,), gate))
+
+        def position_bias(self, q_pos, k_pos):  # b_h(i, j) = -g_h·(i - j)/(i + 1): not of i - j alone
+            n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.gate.dtype)
+            return -self.gate[:, None, None] * (n / (q_pos[..., :, None] + 1).to(self.gate.dtype)).unsqueeze(-3)
+
+    class PerLayer(PositionalEncoding):
+        def __init__(self) -> None:
+            super().__init__(D, H, "per_layer")
+            self.layers = torch.nn.ModuleList(Absolute(g) for g in (1.0, 3.0))
+
+        def for_layer(self, layer):
+            return self.layers[layer]
+
+    return PerLayer()
+
+
+def test_a_plugins_per_layer_absolute_bias_is_probed_and_drawn_per_layer(tmp_path):
+    model = model_with(per_layer_absolute_bias())
+    probes = attention_probes(model, torch.randint(0, 256, (1, 16)))
+    first, second = probes["bias"]
+    assert (first["layers"], second["layers"]) == ([0], [1]) and not first["relative"]
+    assert first["by_query"]["3"][0] == pytest.approx([-n / 4 for n in range(4)])  # b(3, 3 - n) = -n/4
+    assert second["by_query"]["3"][0] == pytest.approx([-3 * n / 4 for n in range(4)])
+    names = {p.name for p in write_probe_figures(probes, tmp_path, train_length=8)}
+    assert {"bias_layer0.png", "bias_layer1.png"} <= names
+
+
 @pytest.mark.parametrize("style,fraction", [("interleaved", 1.0), ("half", 1.0), ("half", 0.5)])
 def test_rope_pair_norms_sum_to_the_squared_norm_of_q(style, fraction):
     q = torch.randn(3, 5, 16)
@@ -99,7 +157,8 @@ def test_probes_are_json_ready_and_shaped_per_layer_head_and_position(tmp_path):
 
 def test_bias_curve_is_alibis_linear_penalty():
     probes = attention_probes(model_with(ALiBi(D, H)), torch.randint(0, 256, (1, 12)))
-    b = probes["bias"]
+    [b] = probes["bias"]  # one encoding, shared by both layers
+    assert b["layers"] == [0, 1] and b["relative"] and "by_query" not in b
     slopes = ALiBi(D, H).slopes
     for h, row in enumerate(b["bias"]):
         assert row == pytest.approx([-float(slopes[h]) * n for n in b["distance"]])
@@ -130,7 +189,7 @@ def test_posenc_probe_writes_its_figures_into_the_run_dir(workdir):
 
     from conftest import TINY, run_cli, run_dirs
 
-    assert run_cli("train", *TINY, cwd=workdir).returncode == 0
+    assert run_cli("train", *TINY, "encoding=fire", cwd=workdir).returncode == 0  # a bias that is not of i − j alone
     run = run_dirs(workdir)[0]
     result = run_cli("probe", str(run), cwd=workdir)
     assert result.returncode == 0, result.stderr
@@ -138,6 +197,8 @@ def test_posenc_probe_writes_its_figures_into_the_run_dir(workdir):
     assert set(probes) == {"32", "64", "128"}  # TINY trains at 32 tokens
     assert (run / "probes" / "entropy_vs_length.png").stat().st_size > 0
     assert list((run / "probes" / "T32").glob("*.png"))
+    assert (run / "probes" / "T128" / "bias.png").stat().st_size > 0
+    assert set(probes["128"]["bias"][0]["by_query"]) == {"31", "63", "127"}  # FIRE's rows at 3 queries
 
 
 def test_probe_figures_name_the_run_and_tick_the_probed_lengths(tmp_path, monkeypatch):

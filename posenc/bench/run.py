@@ -37,6 +37,9 @@ from posenc.hardware import machine_load, peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
 
 BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
+#: said when nope is not benched: the "vs nope" column pairs each row with nope alone
+NO_NOPE = ("vs nope stays — : nope is not among the encodings, and it is the only encoding rows are paired with "
+           "(besides the reference) — add it (encoding=…,nope) to time every row against it")
 
 
 class Listener:
@@ -93,6 +96,8 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     order += [n for n in names if n not in order]
     presets = {**presets_of(overrides), chosen: preset(cfg)}
     listener.note(plan_line(order, b, chosen, defaulted))
+    if "nope" not in order:
+        listener.note(NO_NOPE)
     baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
     try:
         for done, name in enumerate(order, 1):

@@ -1,6 +1,8 @@
 """The shipped baselines: posenc/benchmark/baselines/<protocol>.json, one row per shipped encoding
 with every seed's value of every protocol metric, the resolved protocol and its hash, the versions
-and the machine that measured them. Written only by `posenc benchmark --regenerate`.
+and the machine that measured them, and what `posenc check` found of the encoding (which version of
+the checks, which properties fail). Written only by `posenc benchmark --regenerate` (everything)
+and `--recheck` (the check records alone: the checks take seconds, the runs hours).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class Row:
     wall_time_s: dict[str, list[float]] = field(default_factory=dict)   # arm -> per-seed run wall time
     load_1m: list[float] = field(default_factory=list)                 # the machine's load when each run ended
     errors: list[str] = field(default_factory=list)
+    check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...]}
 
 
 def baselines_path(protocol: Protocol) -> Path:
@@ -69,7 +72,8 @@ def machine() -> dict[str, object]:
 
 
 def row_to_json(row: Row) -> dict:
-    return {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
+    out = {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
+    return {**out, "check": row.check} if row.check is not None else out
 
 
 def document(protocol_config: dict, protocol_hash: str, description: str, rows: list[Row], command: str) -> dict:
@@ -95,6 +99,6 @@ def load_baselines(protocol: Protocol) -> Baselines:
         raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
                         f"run `posenc benchmark --regenerate` to measure them")
     raw = json.loads(path.read_text())
-    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []))
+    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"))
             for label, r in raw["rows"].items()]
     return Baselines(raw["protocol"]["name"], raw["protocol"]["hash"], rows, raw)

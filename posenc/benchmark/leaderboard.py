@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from statistics import median
 
+from posenc.benchmark.checked import check_cell
 from posenc.benchmark.data import Baselines
 from posenc.benchmark.place import ranking_only
 from posenc.benchmark.protocol import Protocol
@@ -51,7 +52,7 @@ def header(b: Baselines) -> list[str]:
         protocol["description"], "",
         f"- protocol hash `{b.hash}` (posenc/benchmark/{b.protocol}.yaml and the configs its arms compose)",
         f"- measured {raw['date']} by `{raw['command']}` on {m['cpu']} ({m['cpus']} CPUs, {m['platform']})",
-        f"- posenc {v['posenc']}, torch {v['torch']}, Python {v['python']}, numpy {v['numpy']}", ""]
+        f"- posenc {v['posenc']}, torch {v['torch']}, Python {v['python']}, numpy {v['numpy']}", *check_line(b), ""]
 
 
 def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) -> list[str]:
@@ -60,8 +61,9 @@ def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) ->
     sort_metric = sort_key(metrics)
     order = {r.label: i for i, r in enumerate(placed[sort_metric][1].ranks)}
     rows = sorted(b.rows, key=lambda r: (order.get(r.label, len(order)), r.label))
-    lines = ["| encoding | " + " | ".join(metrics.values()) + " | minutes (all runs) |",
-             "|---|" + "---:|" * (len(metrics) + 1)]
+    usual = check_versions(b)[0] if check_versions(b) else None
+    lines = ["| encoding | " + " | ".join(metrics.values()) + " | minutes (all runs) | `posenc check` |",
+             "|---|" + "---:|" * (len(metrics) + 1) + "---|"]
     for row in rows:
         cells = []
         for metric in metrics:
@@ -69,8 +71,30 @@ def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) ->
             rank = next(((r.low, r.high) for r in ranking.ranks if r.label == row.label), None)
             cells.append(cell(stats[row.label], fmt_of(metric), rank, ranking.leader.best == row.label))
         minutes = sum(t or 0 for ts in row.wall_time_s.values() for t in ts) / 60
-        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {minutes:.1f} |")
+        check = check_cell(row.check)
+        if row.check is not None and row.check["version"] != usual:
+            check += f" (checks {row.check['version']})"
+        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {minutes:.1f} | {check} |")
     return lines
+
+
+def check_versions(b: Baselines) -> list[str]:
+    """The check versions the rows were checked under, the most common first."""
+    from collections import Counter
+
+    return [v for v, _ in Counter(r.check["version"] for r in b.rows if r.check is not None).most_common()]
+
+
+def check_line(b: Baselines) -> list[str]:
+    """What the check column means, and which version of the checks it is."""
+    versions = check_versions(b)
+    if not versions:
+        return ["- `posenc check`: no row was checked yet (`posenc benchmark --recheck`)"]
+    other = ", unless the cell names another" if len(versions) > 1 else ""
+    return [(f"- `posenc check` column: each row's encoding through every property of [check.md](check.md) (checks "
+             f"version {versions[0]}{other}): ✓ all hold, ✗ names those that fail; `posenc benchmark` refuses to place "
+             "an encoding that fails one (`--despite-check` places it marked), and `posenc benchmark --recheck` checks "
+             "the shipped rows again")]
 
 
 def seeds_table(b: Baselines, metrics: dict[str, str]) -> list[str]:

@@ -5,6 +5,8 @@ One module per group of properties, each property a function ``(Subject) -> list
 
 - model.py: causality, loss at init ≈ ln V, default positions, documents packing, sliding
   windows, lengths past training;
+- length.py: the first t tokens of a window give the logits they give alone (what reads the
+  window's length);
 - paths.py: every attention path equal to a float64 reference built from the encoding's own
   hooks (reference.py), score_mod = position_bias = distance_bias, shift invariance;
 - flex_backward.py: FlexAttention's compiled backward accepts every score_mod (inductor's rule:
@@ -14,12 +16,13 @@ One module per group of properties, each property a function ``(Subject) -> list
 - cuda.py: at head_dim 64 and 128, T = 1024: the CUDA kernels forward and backward against
   float64, and compiled bf16 training steps (not offered without CUDA).
 
-runner.py runs them and returns typed results (results.py); posenc/cli/check.py prints them.
+runner.py runs them and returns typed results (results.py), and names the set (``check_version``);
+posenc/cli/check.py prints them.
 What each property means and why: docs/check.md.
 """
 
 from posenc.check.results import CheckResult, Status
-from posenc.check.runner import CHECKS, run_checks
+from posenc.check.runner import CHECKS, check_version, run_checks
 from posenc.check.subject import Subject, compose_subject
 
-__all__ = ["CHECKS", "CheckResult", "Status", "Subject", "compose_subject", "run_checks"]
+__all__ = ["CHECKS", "CheckResult", "Status", "Subject", "check_version", "compose_subject", "run_checks"]

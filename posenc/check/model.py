@@ -79,8 +79,32 @@ def documents(s: Subject) -> list[CheckResult]:
         for row, a, b in spans(doc):
             alone = model(x[row:row + 1, a:b])[0]
             worst = max(worst, max_abs(packed[row:row + 1, a:b], alone))
-    return [holds(name, worst <= EXACT, f"max |Δ| {worst:.1e}", "a document sees another, or its positions "
-                  "do not restart at 0")]
+    note = "" if worst <= EXACT else documents_cause(s, model, x, doc, packed)
+    return [holds(name, worst <= EXACT, f"max |Δ| {worst:.1e}", note)]
+
+
+def documents_cause(s: Subject, model, x: torch.Tensor, doc: torch.Tensor, packed: torch.Tensor) -> str:
+    """Why a packed document's logits differ from the document's alone, from what is measured: a
+    change to each row's first document reaching the others (a leak across documents), else the
+    window's length reaching the logits (the prefix row: a packed document sits in a longer
+    window than alone), else positions that do not restart at 0."""
+    from posenc.check.length import length_readers, prefix_gaps
+
+    changed = x.clone()
+    changed[doc == doc[:, :1]] = (changed[doc == doc[:, :1]] + 1) % VOCAB  # every row's first document
+    with torch.no_grad():
+        after = model(changed, doc=doc)[0]
+    later = doc != doc[:, :1]
+    leak = max_abs(packed[later], after[later])
+    if leak > EXACT:
+        return f"a document sees another: changing each row's first document moves the later ones' logits by {leak:.1e}"
+    if max(prefix_gaps(s).values()) > EXACT:
+        readers = length_readers(s)
+        reader = f" ({', '.join(readers)} {'reads' if len(readers) == 1 else 'read'} it)" if readers else ""
+        return (f"no document sees another, but the logits depend on the window's length{reader}, and a packed "
+                f"document sits in a longer window than alone: see the prefix row")
+    return ("no document sees another and the window's length reaches no logit, so a document's positions differ "
+            "from its own: they must restart at 0 in every document (use ctx.pos, not window indices)")
 
 
 def windows(s: Subject, window: int = 4) -> list[CheckResult]:

@@ -128,9 +128,44 @@ def attention_paths(s: Subject) -> list[CheckResult]:
             out.append(not_offered(names[key], why.get(key, "")))
             continue
         worst, masks = max(errs), f"{len(errs)} mask{'s' if len(errs) > 1 else ''}"
-        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}",
-                         "this path computes other attention than the encoding's hooks define"))
+        note = "" if worst <= TOLERANCE else path_cause(s, key)
+        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}", note))
     return out
+
+
+def path_cause(s: Subject, path: str) -> str:
+    """Why a path differs from the reference, where it can be measured: the chunked path asks
+    position_bias for a slice of queries and the keys they see, so a bias that reads how many
+    positions it is given (the window's length) differs there and nowhere else."""
+    if path == "chunked":
+        for _, encoding in layer_encodings(s):
+            gap, (start, end) = bias_slice_gap(encoding, s.T)
+            if gap > TOLERANCE:
+                return (f"position_bias of queries {start}..{end - 1} and keys 0..{end - 1} (a slice, as long evaluation "
+                        f"asks for it) differs from that slice of the whole window's bias by {gap:.1e}: it reads how many "
+                        f"positions it is given — compute b(i, j) from the values of q_pos and k_pos alone")
+    return "this path computes other attention than the encoding's hooks define"
+
+
+def bias_slice_gap(encoding: PositionalEncoding, T: int) -> tuple[float, tuple[int, int]]:
+    """The largest max |Δ| on visible pairs between position_bias of a chunk of CHUNK queries with
+    the keys before them and that block of the whole window's bias, and that chunk (start, end);
+    (0, (0, 0)) for an encoding without a position bias."""
+    if not encoding.has_position_bias:
+        return 0.0, (0, 0)
+    pos = torch.arange(T)
+    encoding.prepare(T)
+    worst, where = 0.0, (0, 0)
+    with torch.no_grad():
+        whole = encoding.position_bias(pos, pos).double()  # (H, T, T)
+        for start in range(0, T, CHUNK):
+            end = min(start + CHUNK, T)
+            seen = torch.arange(start, end)[:, None] >= torch.arange(end)[None, :]  # (rows, keys) j <= i
+            part = encoding.position_bias(pos[start:end], pos[:end]).double()
+            gap = max_abs(part[..., seen], whole[..., start:end, :end][..., seen])
+            if gap > worst:
+                worst, where = gap, (start, end)
+    return worst, where
 
 
 def flex_forward(c: Case, bias_ctx: Context) -> Tensor:
@@ -209,9 +244,11 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
                 score_worst = max(score_worst, max_abs(*scores))
     rows = []
     name = "bias depends on i − j only"
+    has_bias = any(e.has_position_bias for _, e in layer_encodings(s))
     rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e} (+{shift})",
                       "distance_bias is offered, so the bias must depend on i − j alone") if biased else
-                not_offered(name, "no distance_bias (not declared relative)"))
+                not_offered(name, "the position bias offers no distance_bias, so may depend on i and j apart"
+                            if has_bias else "no position bias"))
     name = "rotary q·k depends on m − n only"
     rows.append(holds(name, score_worst <= 1e-6, f"max |Δ| {score_worst:.1e} (+{shift})",
                       "scores change when every position shifts: transform_qk is not relative") if rotary else

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from posenc.check import cuda, flex_backward, learning, model, paths, state
+from posenc.check import cuda, flex_backward, learning, length, model, paths, state
 from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
@@ -19,6 +19,7 @@ Check = Callable[[Subject], list[CheckResult]]
 #: (what it checks, the property), in the order the table shows them
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("causality", model.causality),
+    ("prefix consistency", length.prefix_consistency),
     ("loss at init", model.loss_at_init),
     ("default positions", model.default_positions),
     ("attention paths", paths.attention_paths),
@@ -33,6 +34,14 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("past the training length", model.past_training),
     ("CUDA", cuda.cuda_checks),
 )
+
+
+def check_version() -> str:
+    """Which checks `posenc check` runs, as 8 hex digits of a SHA-256 over their names in order:
+    a property added, removed or renamed changes it (what the benchmark's rows record)."""
+    import hashlib
+
+    return hashlib.sha256("\n".join(what for what, _ in CHECKS).encode()).hexdigest()[:8]
 
 
 def run_checks(subject: Subject, on_result: Callable[[CheckResult], None] | None = None,

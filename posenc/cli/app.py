@@ -19,6 +19,7 @@ from posenc.cli.runs import register as add_runs
 from posenc.errors import show_as_lines
 
 show_as_lines()  # posenc's own warnings (a kernel that fell back, …) as one `warning: …` line each
+from posenc.config.searchpath import SEARCH_ORDER
 
 
 class PluginSearchPath(TyperGroup):
@@ -46,7 +47,8 @@ app = typer.Typer(
     "Trains small decoder-only transformers that differ only in their positional encoding "
     "and compares them on perplexity, convergence and length extrapolation.\n\n"
     "Every command takes --config-dir DIR (or POSENC_CONFIG_PATH=DIR1:DIR2): config directories "
-    "whose encoding/NAME.yaml add encodings kept outside posenc (docs/extending.md).",
+    "whose encoding/NAME.yaml add encodings kept outside posenc (docs/extending.md). Search order: "
+    f"{SEARCH_ORDER}.",
 )
 add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert

@@ -1,6 +1,8 @@
 """`posenc benchmark`: run the benchmark protocol for one encoding and place it among the shipped
 baselines; `--reproduce NAME` re-runs a shipped row and says whether it matched; `--regenerate`
-measures every shipped encoding again and rewrites the shipped data and docs/leaderboard.md.
+measures every shipped encoding again and rewrites the shipped data and docs/leaderboard.md;
+`--recheck` runs `posenc check` on every shipped encoding and rewrites only the rows' check records.
+An encoding that fails `posenc check` is refused before any run (`--despite-check` places it, marked).
 
 What may follow the command: the encoding (`encoding=NAME`) and its own keys (`encoding.KEY=…`,
 `encoding@encoding.KEY=…`), and `--config-dir DIR` for an encoding kept outside posenc (as `posenc
@@ -14,6 +16,7 @@ from __future__ import annotations
 import typer
 
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
+from posenc.config.searchpath import SEARCH_ORDER
 from posenc.errors import UserError
 
 
@@ -54,26 +57,32 @@ def label_of(args: list[str]) -> str:
 
 def benchmark(
     ctx: typer.Context,
-    config_dir: str = typer.Option(None, "--config-dir", help="a directory of YAML configs to search first "
-                                   "(an encoding kept outside posenc: DIR/encoding/NAME.yaml), as `posenc train`"),
+    config_dir: str = typer.Option(None, "--config-dir", help="a directory of your own configs (an encoding kept "
+                                   f"outside posenc: DIR/encoding/NAME.yaml), as every command takes it; {SEARCH_ORDER}"),
     reproduce: str = typer.Option(None, "--reproduce", help="re-run this shipped encoding and say whether every "
                                   "seed matched the shipped values (within the protocol's tolerance)"),
     regenerate: bool = typer.Option(False, "--regenerate", help="measure every shipped encoding again; rewrite "
                                     "the shipped data and docs/leaderboard.md"),
     write_docs: bool = typer.Option(False, "--write-docs", help="only render docs/leaderboard.md from the shipped data"),
+    recheck: bool = typer.Option(False, "--recheck", help="run `posenc check` on every shipped encoding again; rewrite "
+                                 "the shipped rows' check records and docs/leaderboard.md (seconds, no runs)"),
+    despite_check: bool = typer.Option(False, "--despite-check", help="place an encoding that fails `posenc check`, "
+                                       "marked as failing (without it, such an encoding is refused before any run)"),
     jobs: int = typer.Option(1, "--jobs", min=1, help="with --regenerate: sweeps run side by side (one core each)"),
     protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/benchmark/<name>.yaml); "
                                  "default posenc-pe-v1"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """Run the benchmark protocol for one encoding and place it among the shipped baselines.
+    """Run the benchmark protocol for one encoding and place it among the shipped baselines
+    (after `posenc check`: an encoding that fails a property is refused).
 
     Example: `posenc benchmark encoding=mine --config-dir mine/conf`; `posenc benchmark --reproduce rope`.
     """
     from posenc.cli.benchmark_command import main
 
-    run_guarded(lambda: main(without_debug(ctx.args), config_dir, reproduce, regenerate, write_docs, jobs,
-                             protocol, console), debug or user_wants_traceback(ctx.args))
+    modes = {"--reproduce": reproduce, "--regenerate": regenerate, "--write-docs": write_docs, "--recheck": recheck}
+    run_guarded(lambda: main(without_debug(ctx.args), config_dir, modes, jobs, protocol, console, despite_check),
+                debug or user_wants_traceback(ctx.args))
 
 
 def register(app: typer.Typer) -> None:

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from rich.console import Console
 
+from posenc.benchmark.checked import check_cell, check_record
 from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
 from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, as_recorded, load_protocol, protocol_hash, resolved
 from posenc.errors import UserError
@@ -66,6 +68,7 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     started = time.monotonic()
     rows = regenerate(protocol, hash_, list(protocol.encodings) or group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
                       lambda line: console.print(line, highlight=False, soft_wrap=True))
+    rows = [dataclasses.replace(row, check=check_record([f"encoding={row.label}"])) for row in rows]
     command = "posenc benchmark --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
     doc = document(config, hash_, protocol.description, rows, command)
     path = baselines_path(protocol)
@@ -75,21 +78,43 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     write_page(load_baselines(protocol), protocol, console)
 
 
-def main(args: list[str], config_dir: str | None, reproduce: str | None, regenerate: bool, write_docs: bool,
-         jobs: int, protocol_name: str | None, console: Console) -> None:
-    modes = [m for m, on in (("--reproduce", reproduce), ("--regenerate", regenerate), ("--write-docs", write_docs)) if on]
+def recheck_all(protocol: Protocol, console: Console) -> None:
+    """`posenc check` on every shipped row's encoding; the rows' check records and the page rewritten
+    (nothing else in the shipped data changes)."""
+    import json
+
+    baselines, _ = checked_baselines(protocol)
+    path = baselines_path(protocol)
+    raw = json.loads(path.read_text())
+    for row in baselines.rows:
+        raw["rows"][row.label]["check"] = record = check_record([f"encoding={row.label}"])
+        console.print(f"{row.label}: {check_cell(record)}", highlight=False, soft_wrap=True)
+    write_json_atomic(path, raw)
+    console.print(f"wrote {path} (check records of {len(baselines.rows)} rows)", highlight=False, soft_wrap=True)
+    write_page(load_baselines(protocol), protocol, console)
+
+
+def main(args: list[str], config_dir: str | None, chosen: dict[str, object], jobs: int, protocol_name: str | None,
+         console: Console, despite_check: bool = False) -> None:
+    """chosen: each mode flag (--reproduce NAME, --regenerate, --write-docs, --recheck) and its value."""
+    modes = [m for m, on in chosen.items() if on]
+    reproduce = chosen.get("--reproduce")
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be given together — pick one")
     if modes and args:
         raise UserError(f"{modes[0]} takes no overrides (the shipped encodings run as the protocol defines them)")
     if config_dir and modes:
         raise UserError(f"--config-dir is for a new encoding; {modes[0]} runs the shipped ones")
+    if despite_check and modes:
+        raise UserError(f"--despite-check is for placing a new encoding; {modes[0]} places none")
     protocol = load_protocol(protocol_name or DEFAULT_PROTOCOL)
-    if regenerate:
+    if chosen.get("--regenerate"):
         return regenerate_all(protocol, jobs, console)
-    if write_docs:
+    if chosen.get("--write-docs"):
         write_page(checked_baselines(protocol)[0], protocol, console)
         return
+    if chosen.get("--recheck"):
+        return recheck_all(protocol, console)
     from posenc.cli.benchmark_place import place_new, reproduce_row
 
     if reproduce:
@@ -97,4 +122,4 @@ def main(args: list[str], config_dir: str | None, reproduce: str | None, regener
     from posenc.cli.benchmark import encoding_overrides
 
     overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
-    place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console)
+    place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console, despite_check)

@@ -4,6 +4,7 @@ posenc/benchmark/place.py), and a shipped row re-run against its shipped values 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from statistics import median
 
@@ -12,6 +13,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from posenc.benchmark.checked import check_cell
 from posenc.benchmark.data import Baselines, row_to_json, versions
 from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
 from posenc.benchmark.match import DIFFERENT, EXACT, match, overall
@@ -38,14 +40,17 @@ def announce(protocol: Protocol, baselines: Baselines, label: str, console: Cons
                   highlight=False, soft_wrap=True)
 
 
-def placement_table(placements: list[Placement], protocol: Protocol, new: str) -> Table:
-    """Every row (the new one marked), per metric: mean [95% interval] {rank interval}."""
+def placement_table(placements: list[Placement], protocol: Protocol, new: str,
+                    checks: dict[str, dict | None] | None = None) -> Table:
+    """Every row (the new one marked), per metric: mean [95% interval] {rank interval}, and what
+    `posenc check` says of each row's encoding (✓, or ✗ naming the properties that fail)."""
     key = sort_key([p.metric for p in placements])
     table = Table(title=f"{new} among the shipped rows of {protocol.name} (mean [95% interval] {{rank interval}}, "
                   f"sorted by {protocol.metrics[key]})", title_justify="left")
     table.add_column("encoding", style="bold cyan")
     for p in placements:
         table.add_column(protocol.metrics[p.metric], justify="right")
+    table.add_column("posenc check")
     last_ppl = next(p for p in placements if p.metric == key)
     order = [r.label for r in last_ppl.ranking.ranks]
     order += [label for label in last_ppl.stats if label not in order]
@@ -55,7 +60,8 @@ def placement_table(placements: list[Placement], protocol: Protocol, new: str) -
             rank = next(((r.low, r.high) for r in p.ranking.ranks if r.label == label), None)
             cells.append(escape(cell(p.stats[label], fmt_of(p.metric), rank, False)))
         name = f"▶ {label}" if label == new else label
-        table.add_row(escape(name), *cells, style="bold yellow" if label == new else None)
+        check = check_cell((checks or {}).get(label))
+        table.add_row(escape(name), *cells, escape(check), style="bold yellow" if label == new else None)
     return table
 
 
@@ -84,21 +90,41 @@ def safe(label: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.=-]+", "_", label)
 
 
+def checked_first(args: list[str], label: str, despite: bool, console: Console) -> dict:
+    """`posenc check` on the encoding before any run: its record, or a refusal (one line, nothing
+    written) when a property fails, unless ``despite`` (then the row is placed, marked)."""
+    from posenc.benchmark.checked import check_record
+
+    console.print(f"checking {escape(label)} first (`posenc check {escape(' '.join(args))}`)…", highlight=False,
+                  soft_wrap=True)
+    record = check_record(args)
+    if record["failed"] and not despite:
+        raise UserError(f"{label} fails `posenc check` ({'; '.join(record['failed'])}), so its numbers would not be "
+                        f"about positional encoding — run `posenc check {' '.join(args)}` for why and fix it, or pass "
+                        f"--despite-check to place it marked as failing")
+    if record["failed"]:
+        console.print(f"[bold red]fails `posenc check`:[/] {escape('; '.join(record['failed']))} — placed as asked "
+                      f"(--despite-check), marked ✗", highlight=False, soft_wrap=True)
+    return record
+
+
 def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[str], config_dir: str | None,
-              console: Console) -> None:
+              console: Console, despite_check: bool = False) -> None:
     from posenc.cli.benchmark import label_of
     from posenc.cli.benchmark_command import OUTPUTS
 
     label = label_of(args)
+    check = checked_first(args, label, despite_check, console)
     announce(protocol, baselines, label, console)
     root = OUTPUTS / protocol.name / f"{stamp()}_{safe(label)}"
     row = run_encoding(protocol, label, args, config_dir, root, lambda s: console.print(s, highlight=False, soft_wrap=True))
+    row = dataclasses.replace(row, check=check)
     write_json_atomic(root / "benchmark.json", {"protocol": protocol.name, "hash": hash_, "label": label,
                                                 "overrides": args, "versions": versions(), **row_to_json(row)})
     for error in row.errors:
         console.print(f"[bold red]failed:[/] {escape(error)}", highlight=False, soft_wrap=True)
     placements = place(baselines.rows, row, list(protocol.metrics), protocol.seeds)
-    console.print(placement_table(placements, protocol, label))
+    console.print(placement_table(placements, protocol, label, {r.label: r.check for r in [*baselines.rows, row]}))
     console.print(versus_table(placements, protocol, label))
     console.print(f"runs and benchmark.json: {root}", highlight=False, soft_wrap=True)
 

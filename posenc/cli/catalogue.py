@@ -13,7 +13,9 @@ def encodings() -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from posenc.cli.common import err_console
     from posenc.config import encoding_catalogue
+    from posenc.config.searchpath import shadow_line, shadowed_options
 
     catalogue = [(name, doc, [f"{k}={yaml_value(v)}" for k, v in options.items()])
                  for name, doc, options in encoding_catalogue()]
@@ -27,6 +29,8 @@ def encodings() -> None:
     for name, doc, lines in catalogue:
         table.add_row(name, escape(doc), escape("\n".join(lines)) or "—")
     console.print(table)
+    for name, holders in shadowed_options("encoding"):  # a file of a name another source also holds
+        err_console.print(shadow_line("encoding", name, holders), markup=False, highlight=False, soft_wrap=True)
 
 
 def yaml_value(value) -> str:

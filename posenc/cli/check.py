@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Optional
 import typer
 
 from posenc.cli.common import HYDRA_ARGS, console, run_guarded, user_wants_traceback, without_debug
+from posenc.config.searchpath import SEARCH_ORDER
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -23,21 +24,9 @@ if TYPE_CHECKING:
 HELP_FLAGS = ("--help", "-h")
 
 
-def search_path(config_dir: Path | None) -> list[str]:
-    """The override that puts the user's config directory on Hydra's search path."""
-    if config_dir is None:
-        return []
-    if not config_dir.is_dir():
-        from posenc.errors import UserError
-
-        raise UserError(f"--config-dir {config_dir} is not a directory — give the directory that holds "
-                        f"encoding/<name>.yaml")
-    return [f"hydra.searchpath=[file://{config_dir.resolve()}]"]
-
-
 def check(ctx: typer.Context,
           config_dir: Optional[Path] = typer.Option(None, "--config-dir", help="a directory of your own configs "
-                                                    "(encoding/<name>.yaml), searched after posenc's"),
+                                                    f"(encoding/<name>.yaml), as every command takes it; {SEARCH_ORDER}"),
           only: Optional[list[str]] = typer.Option(None, "--only", metavar="GROUP", help="run only this group of "
                                                    "properties (repeatable): causality, attention paths, …, cuda")
           ) -> None:
@@ -51,7 +40,7 @@ def check(ctx: typer.Context,
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())
         return
-    failed = run_guarded(lambda: run_check([*search_path(config_dir), *without_debug(ctx.args)], only),
+    failed = run_guarded(lambda: run_check(without_debug(ctx.args), config_dir, only),
                          user_wants_traceback(ctx.args))
     if failed:
         raise typer.Exit(1)
@@ -71,11 +60,16 @@ def groups(only: list[str] | None) -> set[str] | None:
     return {known[name.lower()] for name in only}
 
 
-def run_check(overrides: list[str], only: list[str] | None = None) -> int:
-    """Compose, check (the groups of --only, or all), print the table; the number of properties that fail."""
+def run_check(overrides: list[str], config_dir: Path | None = None, only: list[str] | None = None) -> int:
+    """Compose, check (the groups of --only, or all), print the table; the number of properties that
+    fail. config_dir: added to the search path as every command's --config-dir is
+    (posenc/config/searchpath.py)."""
     from posenc.check import compose_subject, run_checks
+    from posenc.config.searchpath import add_config_dirs
 
     chosen = groups(only)
+    if config_dir is not None:
+        add_config_dirs([config_dir])
     subject = compose_subject(overrides)
     with console.status("checking…") if console.is_terminal else contextlib.nullcontext():
         rows = run_checks(subject, only=chosen)

@@ -81,12 +81,31 @@ def missing_option(key: str, node) -> str | None:
     others read from each choice's own config (conf/<group>/<choice>.yaml, what it extends included)."""
     group, _, option = key.partition(".")
     choice = node.get("name") or group
+    unset = unset_argument(group, option, node, choice)
+    if unset is not None:
+        return unset
     owners = [c for c in group_options(group) if c != choice and option in choice_keys(group, c)]
     if owners:
         listed = " — `posenc encodings` lists every encoding's options" if group == "encoding" else ""
         return (f"{choice} has no option {option} ({', '.join(owners)} {'has' if len(owners) == 1 else 'have'} it): "
                 f"choose one of those with {group}=…, or drop {key}{listed}")
     return None  # no other choice has it: a typo, answered as any unknown key
+
+
+def unset_argument(group: str, option: str, node, choice: str) -> str | None:
+    """The line for an argument the chosen class takes but its YAML does not set (Hydra's
+    ``key=value`` only changes a key the YAML has), or None when the class has no such argument."""
+    import dataclasses
+
+    from posenc.config import choice_schema
+
+    target = node.get("_target_")
+    schema = choice_schema(target) if isinstance(target, str) else None
+    if schema is None or option not in {f.name for f in dataclasses.fields(schema)}:
+        return None
+    return (f"{group}.{option} is an argument of {target}, but {group}/{choice}.yaml does not set it, so Hydra has "
+            f"no key to change — add `{option}: <its default>` to that YAML, or add the key from the command line: "
+            f"+{group}.{option}=…")
 
 
 def choice_keys(group: str, choice: str) -> set[str]:

@@ -43,7 +43,7 @@ from posenc.cli.sweep_names import sweep_naming, swept_keys
 from posenc.config import apply_choice_schemas
 from posenc.errors import UserError
 from posenc.run.directory import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
-from posenc.config.searchpath import add_config_dirs, config_search_path
+from posenc.config.searchpath import add_config_dirs, config_search_path, warn_shadowed
 from posenc.train import distributed
 
 log = logging.getLogger("posenc")
@@ -62,6 +62,7 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
+    warn_shadowed(hc.runtime.choices)  # a sweep job's own choices (said once per process)
     if multirun:
         record_sweep(Path(hc.sweep.dir))
         kept = prepare_job(cfg, run_dir)  # a resumed sweep: a completed job is kept, an interrupted one continues
@@ -158,6 +159,7 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
             hydra.shell_completion(config_name=config_name, overrides=overrides)
             return []
         mode, cfg = compose_once(hydra, config_name, overrides, bool(args.multirun))
+        warn_shadowed(cfg.hydra.runtime.choices)  # a chosen file that another source also holds
         check(cfg, mode == RunMode.RUN)
         if mode == RunMode.RUN:
             return [run_composed(hydra, cfg, config_name, functools.partial(task, checked=True))]

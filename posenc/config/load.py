@@ -63,6 +63,7 @@ def _compose(overrides: list[str], bench: bool) -> DictConfig:
                                    run_mode=RunMode.RUN, with_log_configuration=False)
     finally:
         GlobalHydra.instance().clear()
+    searchpath.warn_shadowed(cfg.hydra.runtime.choices)  # a chosen file that another source also holds
     with open_dict(cfg):
         del cfg["hydra"]  # as hydra.compose(return_hydra_config=False)
     return apply_choice_schemas(cfg)

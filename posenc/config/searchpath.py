@@ -1,19 +1,23 @@
 """Where configs come from: posenc's own conf/, then every plugin's config directory.
 
-One mechanism, Hydra's config search path, seen by every command. posenc's conf/ (shipped in
-the package as ``pkg://posenc.conf``) comes first; after it, in order:
+One mechanism, Hydra's config search path, seen by every command, in one order (SEARCH_ORDER):
 
-- the directories of ``POSENC_CONFIG_PATH`` (``os.pathsep``-separated, as PYTHONPATH), which
-  ``--config-dir DIR`` on any command prepends to for the command's process (so a sweep's jobs,
-  a submitit launcher's included, inherit it as they inherit PYTHONPATH);
-- the config packages that installed distributions name in the ``posenc.plugins`` entry-point
-  group (``mine = "myenc.conf"`` -> ``pkg://myenc.conf``).
+1. posenc's own conf/ (shipped in the package as ``pkg://posenc.conf``);
+2. the directories of ``POSENC_CONFIG_PATH`` (``os.pathsep``-separated, as PYTHONPATH), in order,
+   which ``--config-dir DIR`` on any command prepends to for the command's process (so a sweep's
+   jobs, a submitit launcher's included, inherit it as they inherit PYTHONPATH);
+3. the config packages that installed distributions name in the ``posenc.plugins`` entry-point
+   group (``mine = "myenc.conf"`` -> ``pkg://myenc.conf``), by entry-point name.
 
 Each is a Hydra config directory: ``encoding/NAME.yaml`` with a ``_target_`` adds an encoding.
-As with Hydra's own ``--config-dir``, a plugin adds options but never shadows posenc's own file
-of the same name. ``config_search_path`` is what Hydra composes with (``posenc train``'s runner
-and ``posenc.config.compose``, which every other command composes through); ``config_file`` and
-``group_options`` read the same sources for listings (``posenc encodings``, ``posenc bench``).
+A file is taken from the first source that has it, so a plugin adds options but never replaces
+posenc's own file of the same name, and a directory of yours comes before an installed plugin.
+That is never silent: composing a config that chose a file more than one source holds prints one
+``warning:`` line naming the file used and the ones it shadows (``warn_shadowed``), and
+``posenc encodings`` says the same of every encoding. ``config_search_path`` is what Hydra
+composes with (``posenc train``'s runner and ``posenc.config.compose``, which every other command
+composes through); ``config_file`` and ``group_options`` read the same sources for listings
+(``posenc encodings``, ``posenc bench``).
 """
 
 from __future__ import annotations
@@ -40,6 +44,10 @@ ENV_VAR = "POSENC_CONFIG_PATH"
 ENTRY_POINT_GROUP = "posenc.plugins"
 #: the flag every command takes (Hydra's own name for it), and its short form
 CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+#: the one search order, as docs/extending.md, docs/check.md and every --config-dir help state it
+SEARCH_ORDER = ("posenc's own configs first, then --config-dir and POSENC_CONFIG_PATH's directories in order, then "
+                "installed plug-ins (posenc.plugins entry points); the first file of a name is used, and a shadowed one "
+                "is named in a warning")
 
 
 def add_config_dirs(dirs: list[str | Path]) -> None:
@@ -164,10 +172,56 @@ def group_options(group: str) -> list[str]:
     return sorted(names)
 
 
-def source_of(group: str, name: str) -> str | None:
-    """The search-path URL that holds group/name.yaml (posenc's own first), or None."""
+def sources_of(group: str, name: str) -> list[str]:
+    """Every search-path URL that holds group/name.yaml, in search order (the first is used)."""
+    out = []
     for url in sources():
         root = _root(url)
         if root is not None and root.joinpath(group).joinpath(f"{name}.yaml").is_file():
-            return url
-    return None
+            out.append(url)
+    return out
+
+
+def source_of(group: str, name: str) -> str | None:
+    """The search-path URL whose group/name.yaml is used (posenc's own first), or None."""
+    found = sources_of(group, name)
+    return found[0] if found else None
+
+
+def describe_source(url: str) -> str:
+    """A source as a user knows it: posenc's own configs, a directory, an installed plug-in."""
+    scheme, _, where = url.partition("://")
+    if url == CONFIG_PATH:
+        return "posenc's own configs"
+    return f"the installed plug-in {where}" if scheme == "pkg" else where
+
+
+def shadow_line(group: str, name: str, holders: list[str]) -> str:
+    """One line: which source's group/name.yaml ``group=name`` uses, and which it shadows."""
+    others = " and ".join(describe_source(u) for u in holders[1:])
+    return (f"warning: {group}={name} uses {group}/{name}.yaml from {describe_source(holders[0])}; the one in "
+            f"{others} is shadowed (search order: posenc's own, then --config-dir and POSENC_CONFIG_PATH, then "
+            f"installed plug-ins) — give it another name to use it")
+
+
+def shadowed_options(group: str) -> list[tuple[str, list[str]]]:
+    """(name, the sources holding group/name.yaml, in search order) for every option of a group
+    that more than one source holds."""
+    found = [(name, sources_of(group, name)) for name in group_options(group)]
+    return [(name, holders) for name, holders in found if len(holders) > 1]
+
+
+_WARNED: set[tuple[str, ...]] = set()
+
+
+def warn_shadowed(choices) -> None:
+    """One ``warning:`` line on stderr, once per process, for each config file a compose chose
+    (Hydra's ``hydra.runtime.choices``: group -> name) that more than one source holds."""
+    for key, name in dict(choices or {}).items():
+        group = str(key).partition("@")[0]
+        if not isinstance(name, str) or group.startswith("hydra"):
+            continue
+        holders = sources_of(group, name)
+        if len(holders) > 1 and (group, name, *holders) not in _WARNED:
+            _WARNED.add((group, name, *holders))
+            print(shadow_line(group, name, holders), file=sys.stderr)

@@ -52,20 +52,36 @@ def _entropy_figure(plt, probes: dict, train_length: int | None):
     return fig
 
 
-def _bias_figure(plt, b: dict):
-    """b_h(n) against distance, a line per head: a legend names up to 8 heads; more are coloured
-    by head index on a colour bar (a legend of 16 heads would be longer than the plot)."""
-    fig, ax = plt.subplots(figsize=(4.5, 3))
-    n_head = len(b["bias"])
+def _head_lines(plt, fig, ax, rows: list[list[float]], x: list[int]) -> None:
+    """One line per head: a legend names up to 8 heads; more are coloured by head index on a
+    colour bar (a legend of 16 heads would be longer than the plot)."""
+    n_head = len(rows)
     many = n_head > 8
     colours = plt.get_cmap("viridis")([h / max(1, n_head - 1) for h in range(n_head)]) if many else [None] * n_head
-    for h, (row, colour) in enumerate(zip(b["bias"], colours)):
-        ax.plot(b["distance"], row, lw=1, color=colour, label=None if many else f"head {h}")
+    for h, (row, colour) in enumerate(zip(rows, colours)):
+        ax.plot(x[: len(row)], row, lw=1, color=colour, label=None if many else f"head {h}")
     if many:
         bar = fig.colorbar(plt.cm.ScalarMappable(plt.Normalize(0, n_head - 1), "viridis"), ax=ax)
         bar.set_label("head h")
-    ax.set(xlabel="distance n = i - j", ylabel="b_h(n)", title="position bias")
-    return fig
+
+
+def _bias_figure(plt, b: dict) -> tuple[object, str]:
+    """A relative bias: b_h(n) against distance, a line per head. Any other bias: a panel per
+    probed query position i, b_h(i, i - n) against n, on one y axis, so a bias that changes with
+    the query (FIRE's, an absolute one) shows as panels that differ. Returns (figure, heading)."""
+    where = f"layers {', '.join(map(str, b['layers']))}" if "layers" in b else ""
+    if b.get("relative", True):
+        fig, ax = plt.subplots(figsize=(4.5, 3))
+        _head_lines(plt, fig, ax, b["bias"], b["distance"])
+        ax.set(xlabel="distance n = i - j", ylabel="b_h(n)", title=" ".join(filter(None, ["position bias", b.get("name"), where])))
+        return fig, ""
+    queries = b["by_query"]
+    fig, axes = plt.subplots(1, len(queries), figsize=(3.2 * len(queries), 3), sharey=True, squeeze=False)
+    for ax, (i, rows) in zip(axes[0], queries.items()):
+        _head_lines(plt, fig, ax, rows, b["distance"])
+        ax.set(xlabel="distance n = i - j", title=f"query i = {i}")
+    axes[0][0].set_ylabel("b_h(i, i − n)")
+    return fig, " ".join(filter(None, ["position bias", b.get("name"), where])) + ": not a function of i − j alone"
 
 
 def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None,
@@ -78,9 +94,9 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
     out.mkdir(parents=True, exist_ok=True)
     paths = []
 
-    def save(fig, name: str) -> None:
-        if title:
-            fig.suptitle(f"{title} · T={T}", fontsize=8)
+    def save(fig, name: str, heading: str = "") -> None:
+        if title or heading:
+            fig.suptitle("\n".join(filter(None, [f"{title} · T={T}" if title else "", heading])), fontsize=8)
         fig.tight_layout()
         legend_below(fig.axes, fontsize=7)  # under the panels: it covers no curve
         paths.append(save_figure(fig, out / name))
@@ -105,8 +121,10 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
             ax.set(xlabel="pair i (θ_i falls with i)", title=f"mean ‖{key[0]}‖² per pair")
         save(fig, "rotary_pairs.png")
 
-    if probes["bias"]:
-        save(_bias_figure(plt, probes["bias"]), "bias.png")
+    biases = probes["bias"] or []
+    for b in biases:  # one figure per distinct layer encoding with a bias; bias.png where there is one
+        fig, heading = _bias_figure(plt, b)
+        save(fig, "bias.png" if len(biases) == 1 else f"bias_layer{b['layers'][0]}.png", heading)
     return paths
 
 

@@ -11,8 +11,9 @@ bias, decays, logit scale, sink and normaliser). From them:
 - for rotary encodings, the mean squared norm of q and of k in each rotated pair, per layer
   and against the pair's frequency θ_i (Barbero et al., ICLR 2025: the highest frequencies
   carry positional heads, the lowest act as semantic channels);
-- for position biases, b_h(n) against the distance n per head (``distance_bias`` where the
-  encoding offers it, else the last query's row of ``position_bias``).
+- for position biases, per layer encoding that has one: b_h(n) against the distance n per head
+  for a relative bias, rows b_h(i, i - n) at several query positions i for any other
+  (posenc/eval/probe_bias.py).
 
 Everything returned is plain lists and numbers (JSON-ready); ``write_probe_figures`` draws PNGs
 (posenc/eval/probe_figures.py, re-exported here).
@@ -23,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from posenc.eval.probe_bias import position_bias_curve, position_bias_curves  # noqa: F401 - re-exported
 from posenc.eval.probe_figures import log_buckets, write_probe_figures, write_probes  # noqa: F401 - re-exported
 
 
@@ -142,24 +144,13 @@ def rotary_frequency_norms(model: nn.Module, idx: Tensor, inputs: list[Tensor] |
 
 
 @torch.no_grad()
-def position_bias_curve(encoding: nn.Module, max_distance: int, device: torch.device | str = "cpu") -> dict | None:
-    """b_h(n) for n = 0..max_distance-1 per head, or None for an encoding without a bias."""
-    if not encoding.has_position_bias:
-        return None
-    n = torch.arange(max_distance, device=device)
-    table = encoding.distance_bias(n)  # (H, R) or None
-    if table is None:  # a bias not of the distance alone: the row of the last query, read backwards
-        table = encoding.position_bias(n, n)[:, -1, :].flip(-1)
-    return {"distance": n.tolist(), "bias": table.float().cpu().tolist()}
-
-
-@torch.no_grad()
 def attention_probes(model: nn.Module, idx: Tensor) -> dict:
     """All probes at one length T = idx.shape[1]: JSON-ready.
 
     entropy[layer][head][i] and distance_by_query[layer][head][i]: averaged over the batch;
     distance[layer][head]: averaged over queries too; max_entropy[i] = log(i+1), a uniform
-    row's; rotary and bias: see ``rotary_frequency_norms`` and ``position_bias_curve``."""
+    row's; rotary and bias: see ``rotary_frequency_norms`` and ``position_bias_curves`` (a list, one
+    entry per distinct layer encoding with a bias, or None)."""
     T = idx.shape[1]
     pos = torch.arange(T, device=idx.device)
     inputs = capture_inputs(model, idx)  # the one forward
@@ -174,7 +165,7 @@ def attention_probes(model: nn.Module, idx: Tensor) -> dict:
         "distance_by_query": [d.tolist() for d in distance],
         "distance": [d.mean(-1).tolist() for d in distance],
         "rotary": rotary_frequency_norms(model, idx, inputs),
-        "bias": position_bias_curve(model.encoding, T, idx.device),
+        "bias": position_bias_curves(model, T, idx.device),
     }
 
 

@@ -18,7 +18,7 @@ from posenc.errors import UserError
 from posenc.output.figures import legend_below
 from posenc.run.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import interval_note, save_figure, titled  # selects the Agg backend first
-from posenc.report.runs import Group, find_runs, format_value, group_runs, varying_keys
+from posenc.report.runs import Group, deduplicate, find_runs, format_value, group_runs, varying_keys
 from posenc.report.setup import setup_line
 from posenc.report.stats import Stat, aggregate, scale_of
 from posenc.report.style import group_families, styles_for
@@ -64,8 +64,9 @@ def length_stats(group: Group) -> dict[int, Stat]:
 
 def extrapolation_groups(paths: Sequence[Path]) -> list[Group]:
     """The runs under paths grouped as `posenc compare` groups them (by what the sweep varied;
-    a lone run or a sweep of seeds is labelled by its encoding)."""
-    runs = find_runs(paths)
+    a lone run or a sweep of seeds is labelled by its encoding), one run per (config, seed) as
+    compare keeps them: a run given twice (on its own and inside a sweep) counts once."""
+    runs, _ = deduplicate(find_runs(paths))
     if not any(r.ok and EXTRAPOLATION_PPL.match(k) for r in runs for k in r.summary or {}):
         raise UserError(f"no finished run with an extrapolation evaluation under {', '.join(map(str, paths))} "
                         "— train with eval.at_end=true and eval.lengths=[1,2,4,...]")

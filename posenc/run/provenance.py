@@ -3,13 +3,16 @@
 A run directory's ``provenance.json``, written when training starts, records for every class an
 encoding config names (``_target_``, a mechanism's ``inner`` and a layout kind's own encoding
 included): its module, the module's source file, the directory it was imported from, and a
-SHA-256 of its source (the module file; for a plugin package, every ``.py`` file of the package,
-so a helper module's change counts too; posenc's own encodings are the module file, and
-posenc's version says the rest). It also records the plugin config directories the run was
+SHA-256 of each source file importing it runs (``sources``, by path under that directory): for a
+plugin package, the module, the package's __init__.py files and the package's modules it imports,
+transitively (posenc/run/imports.py; a helper module's change counts, an unrelated file of the
+package or an empty __init__.py does not); posenc's own encodings are the module file, and
+posenc's version says the rest. It also records the plugin config directories the run was
 composed with, so a resume composes with them from any directory.
 
-``posenc eval`` and ``posenc probe`` warn (one line) when the code differs now; a resume refuses
-(one ``error:`` line) unless ``trainer.allow_code_change=true`` (posenc/cli/launch.py).
+``posenc eval`` and ``posenc probe`` warn (one line naming every file that changed, was added or
+is gone) when the code differs now; a resume refuses (one ``error:`` line) unless
+``trainer.allow_code_change=true`` (posenc/cli/launch.py).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from posenc.config.searchpath import plugin_sources
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
+from posenc.run.imports import package_sources
 
 PROVENANCE_FILE = "provenance.json"
 ALLOW_KEY = "trainer.allow_code_change"
@@ -85,16 +89,24 @@ def unimportable(target: str, error: BaseException, import_root: str | None = No
 
 def _source_files(module) -> tuple[Path | None, list[Path]]:
     """(the module's file, the files its hash covers): the module file for posenc's own modules
-    and single-file plugins, every .py file of the top-level package for a plugin package."""
+    and single-file plugins; for a plugin package, what importing the module runs within it
+    (posenc/run/imports.py)."""
     file = getattr(module, "__file__", None)
     if file is None:
         return None, []
-    top = sys.modules.get(module.__name__.partition(".")[0])
-    package_dir = Path(top.__file__).parent if top is not None and getattr(top, "__path__", None) \
-        and getattr(top, "__file__", None) else None
-    if package_dir is None or module.__name__.startswith("posenc."):
+    root = _import_root(module)
+    if module.__name__.startswith("posenc.") or "." not in module.__name__ or root is None:
         return Path(file), [Path(file)]
-    return Path(file), sorted(package_dir.rglob("*.py"))
+    return Path(file), package_sources(module.__name__, Path(root))
+
+
+def _legacy_files(module) -> list[Path]:
+    """The files a record written before ``sources`` hashed: every .py of a plugin's top-level package."""
+    top = sys.modules.get(module.__name__.partition(".")[0])
+    if module.__name__.startswith("posenc.") or top is None or not getattr(top, "__path__", None) \
+            or not getattr(top, "__file__", None):
+        return [Path(module.__file__)]
+    return sorted(Path(top.__file__).parent.rglob("*.py"))
 
 
 def _import_root(module) -> str | None:
@@ -106,18 +118,37 @@ def _import_root(module) -> str | None:
     return str(Path(file).resolve().parents[depth])
 
 
+def _relative(path: Path, root: Path) -> str:
+    path = path.resolve()
+    return str(path.relative_to(root) if path.is_relative_to(root) else path.name)
+
+
+def _digest(files: list[Path], root: Path) -> str:
+    """SHA-256 over each file's name (relative to the import root: a renamed file counts) and bytes."""
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(_relative(path, root).encode())
+        digest.update(b"\0" + path.resolve().read_bytes() + b"\0")
+    return digest.hexdigest()
+
+
 def code_record(target: str) -> dict:
-    """module, file, import_root, sha256 (over the files, by relative name and content) of target."""
+    """module, file, import_root, sources ({file under the import root: sha256}) and sha256 (over
+    them all) of target."""
     module = import_module_of(target)
     file, covered = _source_files(module)
     root = Path(_import_root(module) or "/").resolve()
-    digest = hashlib.sha256()
-    for path in covered:  # each file's name (relative to the import root) and bytes: a renamed file counts
-        path = path.resolve()
-        digest.update(str(path.relative_to(root) if path.is_relative_to(root) else path.name).encode())
-        digest.update(b"\0" + path.read_bytes() + b"\0")
+    sources = {_relative(path, root): hashlib.sha256(path.resolve().read_bytes()).hexdigest() for path in covered}
     return {"module": module.__name__, "file": str(file.resolve()) if file else None,
-            "import_root": _import_root(module), "files": len(covered), "sha256": digest.hexdigest()}
+            "import_root": _import_root(module), "sources": sources, "sha256": _digest(covered, root)}
+
+
+def file_changes(then: dict, now: dict) -> list[str]:
+    """The files that differ between two records: 'a.py changed', 'b.py (new)', 'c.py (gone)'."""
+    before, after = then["sources"], now["sources"]
+    return ([f"{f} changed" for f in sorted(before.keys() & after.keys()) if before[f] != after[f]]
+            + [f"{f} (new)" for f in sorted(after.keys() - before.keys())]
+            + [f"{f} (gone)" for f in sorted(before.keys() - after.keys())])
 
 
 def record(cfg: DictConfig) -> dict:
@@ -162,9 +193,17 @@ def changes(run_dir: Path) -> list[str]:
             now = code_record(target)
         except UserError as e:
             raise unimportable(target, e.__cause__ or e, then.get("import_root")) from e
-        if now["sha256"] != then["sha256"]:
-            moved = "" if now["file"] == then["file"] else f", now from {now['file']}"
-            out.append(f"{target} ({then['file']}: sha256 {then['sha256'][:12]} then, {now['sha256'][:12]} now{moved})")
+        moved = "" if now["file"] == then["file"] else f"; now from {now['file']}"
+        if "sources" in then:
+            files = file_changes(then, now)
+            if files:
+                out.append(f"{target} ({', '.join(files)} under {then.get('import_root')}{moved})")
+            continue
+        # a record made before per-file hashes: the hash it took, over the files it covered
+        module = import_module_of(target)
+        legacy = _digest(_legacy_files(module), Path(_import_root(module) or "/").resolve())
+        if legacy != then["sha256"]:
+            out.append(f"{target} ({then['file']}: sha256 {then['sha256'][:12]} then, {legacy[:12]} now{moved})")
     return out
 
 
