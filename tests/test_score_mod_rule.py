@@ -23,7 +23,7 @@ from posenc.build import build_encoding, build_model
 from posenc.check import Status, compose_subject
 from posenc.check.flex_backward import backward_problem, score_mod_backward
 from posenc.check.runner import CHECKS
-from posenc.cli.check import search_path
+from posenc.config.searchpath import add_config_dirs
 from posenc.config import compose, group_options
 from posenc.nn import flex
 from posenc.nn.cumsum import _cumsum, cumsum
@@ -106,10 +106,11 @@ def test_a_plugin_score_mod_that_indexes_one_grad_tensor_twice_fails_the_row_nam
     key's lookup (torch's own advice) passes."""
     monkeypatch.syspath_prepend(str(plugin))
     check = dict(CHECKS)["score_mod backward"]
-    row, = check(compose_subject([*search_path(plugin / "conf"), "encoding=twice"]))
+    add_config_dirs([plugin / "conf"])  # as --config-dir does (the autouse fixture restores POSENC_CONFIG_PATH)
+    row, = check(compose_subject(["encoding=twice"]))
     assert row.status is Status.FAIL
     assert "`w` indexed more than once" in row.note and "clone" in row.note
-    row, = check(compose_subject([*search_path(plugin / "conf"), "encoding=cloned"]))
+    row, = check(compose_subject(["encoding=cloned"]))
     assert row.status is Status.PASS, row
 
 
