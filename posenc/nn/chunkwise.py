@@ -26,6 +26,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from posenc.nn.precision import without_autocast
+
 #: the diagonal blocks inverted by forward substitution before merging (the fastest of 4, 8, 16
 #: on a CPU for C = 32: 1.8 ms for 256 systems against 3.5 ms row by row and 4 ms for torch's solve)
 BLOCK = 8
@@ -58,6 +60,7 @@ class _UnitLowerSolve(torch.autograd.Function):
     """X = (I + tril₋₁(A))⁻¹ R. Backward, with L = I + tril₋₁(A): dR = L⁻ᵀ dX, dA = -tril₋₁(dR Xᵀ)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, A: Tensor, R: Tensor) -> Tensor:
         T = unit_lower_inverse(A)  # (..., C, C)
         X = T @ R  # (..., C, n)
@@ -66,6 +69,7 @@ class _UnitLowerSolve(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @without_autocast
     def backward(ctx, dX: Tensor) -> tuple[Tensor, Tensor]:
         T, X = ctx.saved_tensors
         dR = T.transpose(-1, -2) @ dX
@@ -88,6 +92,7 @@ class _StatePass(torch.autograd.Function):
     dW_n = -dU_n S_nᵀ, dK_n = U_n dS_{n+1}ᵀ, dd_n = <S_n, dS_{n+1}>."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, Q: Tensor, U0: Tensor, W: Tensor | None, K: Tensor, d: Tensor) -> Tensor:
         N, M, _, dv = U0.shape
         dk = K.shape[-1]
@@ -105,6 +110,7 @@ class _StatePass(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @without_autocast
     def backward(ctx, dO: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
         Q, W, K, d, S_all, U = ctx.saved_tensors
         dO = dO.contiguous()

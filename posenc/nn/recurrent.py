@@ -77,7 +77,7 @@ class RecurrentMixer(nn.Module):
         B, T, C = x.shape
         seg = ctx.doc
         qkv, gate, a, *b = self.c_in(x).split(self.widths, dim=-1)  # (B, T, 3C), (B, T, C), (B, T, H) [, (B, T, H)]
-        qkv = fused.causal_conv_silu(qkv, self.conv_weight, seg)
+        qkv = fused.causal_conv_silu(wide(qkv), self.conv_weight, seg)  # float32 under autocast too
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in qkv.split(C, dim=2))
         if b:  # the delta rule writes k with strength β: unit keys keep I - β k kᵀ a contraction
             q, k = fused.l2_normalize(wide(q)).type_as(q), fused.l2_normalize(wide(k)).type_as(k)
@@ -91,8 +91,8 @@ class RecurrentMixer(nn.Module):
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
         """The recurrence: fla's kernels on CUDA when installed, the chunked PyTorch form otherwise."""
-        if fla_kernels.usable(q.device):
-            return fla_kernels.mix(q, k, v, g, beta, seg)
+        if fla_kernels.usable(self.attention, q, v):
+            return fla_kernels.mix(self.attention, q, k, v, g, beta, seg)
         if beta is not None:
             return chunked_gated_delta_rule(q, k, v, g, beta, seg)
         return chunked_gla(q, k, v, g, seg)
