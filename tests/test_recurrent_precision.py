@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from posenc.build import build_layout, build_model
 from posenc.config import compose
 from posenc.config.searchpath import group_options
+from posenc.nn.kda import chunked_kda
 from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla
 
 BF16 = torch.autocast("cpu", torch.bfloat16)
@@ -62,6 +63,7 @@ def inputs(B: int = 1, H: int = 2, T: int = 1024, D: int = 64) -> tuple[torch.Te
 CHUNKED = {
     "gated_delta": chunked_gated_delta_rule,
     "gla": lambda q, k, v, g, beta, seg: chunked_gla(q, k, v, g, seg),
+    "kda": lambda q, k, v, g, beta, seg: chunked_kda(q, k, v, g[..., None].expand_as(k) * torch.linspace(0.1, 2, 64), beta, seg),
 }
 #: three documents in a row of 1024 tokens, starting inside chunks
 SEG = torch.repeat_interleave(torch.arange(3), torch.tensor([300, 500, 224]))[None]

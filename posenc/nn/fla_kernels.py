@@ -38,6 +38,7 @@ DEVICES: set[str] = {"cuda"}
 KERNELS: dict[str, tuple[str, str]] = {
     "gated_delta": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
     "gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "kda": ("fla.ops.kda", "chunk_kda"),
 }
 #: the kernels fla refused in this process (mixer -> the error); they are not tried again
 _refused: dict[str, str] = {}
@@ -115,7 +116,7 @@ def cu_seqlens(seg: Tensor) -> Tensor:
 
 def mix(rule: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
     """The recurrence through fla (after ``usable``): q, k (B, H, T, dk) (q already scaled),
-    v (B, H, T, dv), g, beta (B, H, T) -> (B, H, T, dv)."""
+    v (B, H, T, dv), g (B, H, T) (kda: (B, H, T, dk)), beta (B, H, T) -> (B, H, T, dv)."""
     return _call(_imported[rule], rule, q, k, v, g, beta, seg)
 
 
