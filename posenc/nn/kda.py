@@ -16,7 +16,7 @@ Two forms, equal in exact arithmetic (tests/test_kda.py, and both to fla's naive
 - ``chunked_kda``: chunks of C tokens, the WY / UT form of the gated delta rule (posenc/nn/
   recurrence.py) with per-channel decays, as fla's ``chunk_kda``. With b_t = Σ_{s<=t} g_s the
   within-chunk cumulative log decay (now a vector) and γ_t = e^{b_t}, the state a chunk's token t
-  holds is S_t = (S_0 diag(γ_t) + Σ_{j<=t} u_j (k_j ⊙ γ_t/γ_j)ᵀ), so
+  holds is S_t = S_0 diag(γ_t) + Σ_{j<=t} u_j (k_j ⊙ γ_t/γ_j)ᵀ, so
 
       o_t = S_0 (γ_t ⊙ q_t) + Σ_{j<=t} M^q_tj u_j,   (I + A) U = diag(β) V - diag(β) (Γ ⊙ K) S_0ᵀ,
       A_tj = β_t M^k_tj (j < t),   S_C = S_0 diag(γ_C) + Σ_j u_j (k_j ⊙ γ_C/γ_j)ᵀ
@@ -26,9 +26,9 @@ Two forms, equal in exact arithmetic (tests/test_kda.py, and both to fla's naive
   exponential of a positive number (``decayed_products``): exactly (a C x 8 x d_k tensor) inside
   blocks of 8 tokens, and between blocks through the last token r of the block before the row's,
   e^{b_t - b_j} = e^{b_t - b_r} e^{b_r - b_j}, both factors <= 1, as fla's kernels split a chunk
-  into sub-chunks. The solve and the chunk-to-chunk state pass are the gated delta rule's
-  (posenc/nn/chunkwise.py; the state's decay is a diagonal); the rest runs in autograd. Memory is
-  linear in T.
+  into sub-chunks, with a hand-written backward. The solve and the chunk-to-chunk state pass are
+  the gated delta rule's (posenc/nn/chunkwise.py; the state's decay is a diagonal); the rest runs
+  in autograd. Memory is linear in T.
 
 Both compute in at least float32 with autocast off (posenc/nn/precision.py); the chunked form
 returns v's dtype.
@@ -39,6 +39,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from posenc.nn.chunkwise import state_pass, unit_lower_solve
 from posenc.nn.precision import without_autocast
@@ -72,25 +73,82 @@ def recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, seg:
 def decayed_products(x: Tensor, k: Tensor, b: Tensor, sub: int = SUB) -> Tensor:
     """M_tj = Σ_d x_td k_jd e^{b_td - b_jd} for j <= t in each chunk, zero above the diagonal.
 
-    x (..., C, dk) with leading dims that broadcast against k's, k and b (..., C, dk), C a multiple
-    of ``sub`` -> (..., C, C). b is non-increasing along C (cumulative log decays), so every
-    exponential below is of a number <= 0."""
+    x (S, ..., C, dk) (S stacked row inputs: q and k), k and b (..., C, dk), C a multiple of
+    ``sub`` -> (S, ..., C, C). b is non-increasing along C (cumulative log decays), so every
+    exponential formed is of a number <= 0. With a hand-written backward (``_DecayedProducts``):
+    autograd's runs the broadcast products and their reductions as a dozen passes over the
+    C x sub x d_k tensor, this three."""
+    return _DecayedProducts.apply(x, k, b, sub)
+
+
+def _factors(x: Tensor, k: Tensor, b: Tensor, sub: int, E: Tensor | None = None) -> tuple[Tensor, ...]:
+    """What both passes use: inside each block of ``sub`` tokens E_tjd = e^{b_td - b_jd} (j <= t,
+    else 0) and K̃_tj = k_j ⊙ E_tj, (..., n, sub, sub, dk); between blocks, through r = the last
+    token of the block before the row's, x_t ⊙ e^{b_t - b_r} (S, ..., n-1, sub, dk) and
+    k_j ⊙ e^{b_r - b_j} (..., n-1, C, dk), and which columns are earlier than the row's block."""
     C = b.shape[-2]
     n = C // sub
-    xs, ks, bs = (t.unflatten(-2, (n, sub)) for t in (x, k, b))  # (..., n, sub, dk)
-    # inside each block, exactly: (..., n, sub, sub, dk)
-    lower = torch.ones(sub, sub, dtype=torch.bool, device=b.device).tril()[..., None]
-    E = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill(~lower, float("-inf")).exp()
-    inside = (xs[..., :, None, :] * E * ks[..., None, :, :]).sum(-1)  # (..., n, sub, sub)
-    eye = torch.eye(n, dtype=b.dtype, device=b.device)[:, None, :, None]  # block I's rows, block I's columns
-    M = (inside.unsqueeze(-2) * eye).flatten(-2).flatten(-3, -2)  # (..., C, C), block-diagonal
-    if n > 1:  # rows of block I >= 1 against every earlier block, through r = the last token of block I - 1
-        ref = bs[..., :-1, -1:, :]  # (..., n-1, 1, dk)
-        xr = xs[..., 1:, :, :] * (bs[..., 1:, :, :] - ref).exp()  # x_t e^{b_t - b_r}: (..., n-1, sub, dk)
-        kr = k[..., None, :, :] * (ref - b[..., None, :, :]).clamp_max(0).exp()  # k_j e^{b_r - b_j}: (..., n-1, C, dk)
-        earlier = torch.arange(C, device=b.device) < torch.arange(1, n, device=b.device)[:, None, None] * sub
-        M = M + F.pad((xr @ kr.transpose(-1, -2)) * earlier, (0, 0, 0, 0, 1, 0)).flatten(-3, -2)  # (..., C, C)
-    return M
+    xs, ks, bs = (t.unflatten(-2, (n, sub)) for t in (x, k, b))  # (S, ..., n, sub, dk), (..., n, sub, dk)
+    if E is None:
+        lower = torch.ones(sub, sub, dtype=torch.bool, device=b.device).tril()[..., None]
+        E = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill_(~lower, float("-inf")).exp_()
+    Kt = ks[..., None, :, :] * E
+    ref = bs[..., :-1, -1:, :]  # (..., n-1, 1, dk)
+    ex = (bs[..., 1:, :, :] - ref).exp_()  # e^{b_t - b_r}: (..., n-1, sub, dk)
+    ek = (ref - b[..., None, :, :]).clamp_max_(0).exp_()  # e^{b_r - b_j}, j <= r (later columns masked)
+    earlier = torch.arange(C, device=b.device) < torch.arange(1, n, device=b.device)[:, None, None] * sub  # (n-1, 1, C)
+    return xs, E, Kt, ex, xs[..., 1:, :, :] * ex, k[..., None, :, :] * ek, ek, earlier
+
+
+class _DecayedProducts(torch.autograd.Function):
+    """M = blockdiag(K̃ x) + earlier ⊙ (x̃ k̃ᵀ) (``_factors``). Backward, with G = dM split the
+    same way: inside, dx_t = Σ_j G_tj K̃_tj, Y_tj = Σ_s G^s_tj x^s_t, dk_j = Σ_t Y_tj ⊙ E_tj and
+    Z = Y ⊙ K̃ (the gradient of log E): db_t += Σ_j Z_tj, db_j -= Σ_t Z_tj; between blocks, the
+    two products' gradients, then through each exponential factor alike, and b_r's share of both."""
+
+    @staticmethod
+    @without_autocast
+    def forward(ctx, x: Tensor, k: Tensor, b: Tensor, sub: int) -> Tensor:
+        xs, E, Kt, _, xr, kr, _, earlier = _factors(x, k, b, sub)
+        n = b.shape[-2] // sub
+        inside = (Kt @ xs.movedim(0, -1)).movedim(-1, 0)  # (S, ..., n, sub, sub): Σ_d x_td K̃_tjd
+        M = (inside.unsqueeze(-2) * torch.eye(n, dtype=b.dtype, device=b.device)[:, None, :, None]).flatten(-2)
+        if n > 1:  # (S, ..., n, sub, C): rows of block I >= 1 against the columns before block I
+            M[..., 1:, :, :] += (xr @ kr.transpose(-1, -2)) * earlier
+        ctx.save_for_backward(x, k, b, E)  # E: three passes to recompute, sub x d_k per token to keep
+        ctx.sub = sub
+        return M.flatten(-3, -2)  # (S, ..., C, C)
+
+    @staticmethod
+    @once_differentiable
+    @without_autocast
+    def backward(ctx, dM: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+        x, k, b, E = ctx.saved_tensors
+        sub = ctx.sub
+        xs, _, Kt, ex, xr, kr, ek, earlier = _factors(x, k, b, sub, E)
+        n = b.shape[-2] // sub
+        G = dM.unflatten(-2, (n, sub))  # (S, ..., n, sub, C)
+        Gi = G.unflatten(-1, (n, sub)).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # (S, ..., n, sub, sub)
+        # contiguous operands: a CPU bmm over a strided batch runs matrix by matrix
+        Gm = Gi.movedim(0, -2).contiguous()  # (..., n, sub_t, S, sub_j)
+        dx = (Gm @ Kt).movedim(-2, 0)  # (S, ..., n, sub, dk)
+        Y = Gm.transpose(-1, -2).contiguous() @ xs.movedim(0, -2).contiguous()  # (..., n, sub_t, sub_j, dk): Σ_s G^s_tj x^s_t
+        dk = (Y * E).sum(-3)  # (..., n, sub, dk)
+        Z = Y.mul_(Kt)
+        db = Z.sum(-2) - Z.sum(-3)  # (..., n, sub, dk)
+        if n > 1:
+            Go = G[..., 1:, :, :] * earlier  # (S, ..., n-1, sub, C)
+            dxr = Go @ kr  # (S, ..., n-1, sub, dk)
+            dkr = (Go.transpose(-1, -2) @ xr).sum(0)  # (..., n-1, C, dk)
+            dx[..., 1:, :, :] += dxr * ex
+            Zx = (dxr * xr).sum(0)  # the gradient of b_t - b_r through e^{b_t - b_r}: (..., n-1, sub, dk)
+            Zk = dkr * kr  # and of b_r - b_j through e^{b_r - b_j}: (..., n-1, C, dk)
+            dk_off = (dkr * ek).sum(-3)  # (..., C, dk)
+            db[..., 1:, :, :] += Zx
+            db = db.flatten(-3, -2) - Zk.sum(-3)  # (..., C, dk)
+            db.unflatten(-2, (n, sub))[..., :-1, -1, :] += Zk.sum(-2) - Zx.sum(-2)  # b_r's share
+            return dx.flatten(-3, -2), dk.flatten(-3, -2) + dk_off, db, None
+        return dx.flatten(-3, -2), dk.flatten(-3, -2), db.flatten(-3, -2), None
 
 
 @without_autocast
