@@ -43,11 +43,15 @@ from torch.autograd.function import once_differentiable
 
 from posenc.nn.chunkwise import state_pass, unit_lower_solve
 from posenc.nn.precision import without_autocast
-from posenc.nn.recurrence import CHUNK, _chunks, _pad, _starts
+from posenc.nn.recurrence import _chunks, _pad, _starts
 
 #: tokens per block inside a chunk whose decayed products are computed exactly (fla's kernels
-#: take sub-chunks of 16 in chunks of 64)
+#: take sub-chunks of 16 in chunks of 64), and per chunk: 16, where the gated delta rule takes 32
+#: (posenc/nn/recurrence.py): the per-channel products grow with C; the forward and backward took
+#: 54 ms at C = 16 against 75 at 32 and 130 at 64 (B=8, H=4, T=256, d_h=32, one CPU thread;
+#: blocks of 4 or 16 were slower than 8: docs/hybrids.md, Cost)
 SUB = 8
+CHUNK = 16
 
 
 @without_autocast
@@ -75,47 +79,54 @@ def decayed_products(x: Tensor, k: Tensor, b: Tensor, sub: int = SUB) -> Tensor:
 
     x (S, ..., C, dk) (S stacked row inputs: q and k), k and b (..., C, dk), C a multiple of
     ``sub`` -> (S, ..., C, C). b is non-increasing along C (cumulative log decays), so every
-    exponential formed is of a number <= 0. With a hand-written backward (``_DecayedProducts``):
-    autograd's runs the broadcast products and their reductions as a dozen passes over the
-    C x sub x d_k tensor, this three."""
+    exponential formed is of a number <= 0. With a hand-written backward (``_DecayedProducts``)."""
     return _DecayedProducts.apply(x, k, b, sub)
 
 
-def _factors(x: Tensor, k: Tensor, b: Tensor, sub: int, E: Tensor | None = None) -> tuple[Tensor, ...]:
-    """What both passes use: inside each block of ``sub`` tokens E_tjd = e^{b_td - b_jd} (j <= t,
-    else 0) and K̃_tj = k_j ⊙ E_tj, (..., n, sub, sub, dk); between blocks, through r = the last
-    token of the block before the row's, x_t ⊙ e^{b_t - b_r} (S, ..., n-1, sub, dk) and
-    k_j ⊙ e^{b_r - b_j} (..., n-1, C, dk), and which columns are earlier than the row's block."""
+def _between_blocks(x: Tensor, k: Tensor, b: Tensor, sub: int) -> tuple[Tensor, ...]:
+    """x, k, b in blocks of ``sub`` tokens, (S, ..., n, sub, dk) and (..., n, sub, dk), and the
+    factors between blocks, through r = the last token of the block before the row's:
+    e^{b_t - b_r} (..., n-1, sub, dk), e^{b_r - b_j} (..., n-1, C, dk) (1 for j > r, masked),
+    x_t e^{b_t - b_r}, k_j e^{b_r - b_j}, and which columns lie before the row's block (n-1, 1, C)."""
     C = b.shape[-2]
     n = C // sub
-    xs, ks, bs = (t.unflatten(-2, (n, sub)) for t in (x, k, b))  # (S, ..., n, sub, dk), (..., n, sub, dk)
-    if E is None:
-        lower = torch.ones(sub, sub, dtype=torch.bool, device=b.device).tril()[..., None]
-        E = (bs[..., :, None, :] - bs[..., None, :, :]).masked_fill_(~lower, float("-inf")).exp_()
-    Kt = ks[..., None, :, :] * E
+    xs, ks, bs = (t.unflatten(-2, (n, sub)) for t in (x, k, b))
     ref = bs[..., :-1, -1:, :]  # (..., n-1, 1, dk)
-    ex = (bs[..., 1:, :, :] - ref).exp_()  # e^{b_t - b_r}: (..., n-1, sub, dk)
-    ek = (ref - b[..., None, :, :]).clamp_max_(0).exp_()  # e^{b_r - b_j}, j <= r (later columns masked)
-    earlier = torch.arange(C, device=b.device) < torch.arange(1, n, device=b.device)[:, None, None] * sub  # (n-1, 1, C)
-    return xs, E, Kt, ex, xs[..., 1:, :, :] * ex, k[..., None, :, :] * ek, ek, earlier
+    ex = (bs[..., 1:, :, :] - ref).exp_()
+    ek = (ref - b[..., None, :, :]).clamp_max_(0).exp_()
+    earlier = torch.arange(C, device=b.device) < torch.arange(1, n, device=b.device)[:, None, None] * sub
+    return xs, ks, bs, ex, ek, xs[..., 1:, :, :] * ex, k[..., None, :, :] * ek, earlier
+
+
+def _kd(ks: Tensor, bs: Tensor, d: int) -> tuple[Tensor, Tensor]:
+    """The d-th subdiagonal inside each block: e^{b_t - b_{t-d}} and k_{t-d} e^{b_t - b_{t-d}}, t >= d."""
+    sub = bs.shape[-2]
+    e = (bs[..., d:, :] - bs[..., :sub - d, :]).exp_()  # (..., n, sub - d, dk)
+    return e, e * ks[..., :sub - d, :]
 
 
 class _DecayedProducts(torch.autograd.Function):
-    """M = blockdiag(K̃ x) + earlier ⊙ (x̃ k̃ᵀ) (``_factors``). Backward, with G = dM split the
-    same way: inside, dx_t = Σ_j G_tj K̃_tj, Y_tj = Σ_s G^s_tj x^s_t, dk_j = Σ_t Y_tj ⊙ E_tj and
-    Z = Y ⊙ K̃ (the gradient of log E): db_t += Σ_j Z_tj, db_j -= Σ_t Z_tj; between blocks, the
-    two products' gradients, then through each exponential factor alike, and b_r's share of both."""
+    """M = the blocks' own terms, subdiagonal by subdiagonal (only the j <= t half is formed, and
+    no C x sub x d_k tensor is kept), plus earlier ⊙ (x̃ k̃ᵀ) between blocks (``_between_blocks``).
+
+    Backward, with G = dM: on subdiagonal d, with w_t = Σ_s G^s_t,t-d x^s_t and z = w ⊙ k_{t-d}
+    e^{b_t - b_{t-d}} (the gradient of the exponent): dx_t += G_t,t-d k_{t-d} e^{..},
+    dk_{t-d} += w e^{..}, db_t += z, db_{t-d} -= z; between blocks, the product's gradients, then
+    through each exponential factor alike, and b_r's share of both."""
 
     @staticmethod
     @without_autocast
     def forward(ctx, x: Tensor, k: Tensor, b: Tensor, sub: int) -> Tensor:
-        xs, E, Kt, _, xr, kr, _, earlier = _factors(x, k, b, sub)
+        xs, ks, bs, _, _, xr, kr, earlier = _between_blocks(x, k, b, sub)
         n = b.shape[-2] // sub
-        inside = (Kt @ xs.movedim(0, -1)).movedim(-1, 0)  # (S, ..., n, sub, sub): Σ_d x_td K̃_tjd
-        M = (inside.unsqueeze(-2) * torch.eye(n, dtype=b.dtype, device=b.device)[:, None, :, None]).flatten(-2)
-        if n > 1:  # (S, ..., n, sub, C): rows of block I >= 1 against the columns before block I
+        M = x.new_zeros(*xs.shape[:-3], n, sub, n, sub)
+        inside = M.diagonal(dim1=-4, dim2=-2)  # the blocks on the diagonal: (S, ..., sub, sub, n)
+        for d in range(sub):
+            inside.diagonal(-d, -3, -2).copy_(torch.linalg.vecdot(xs[..., d:, :], _kd(ks, bs, d)[1]))
+        M = M.flatten(-2)  # (S, ..., n, sub, C)
+        if n > 1:  # rows of block I >= 1 against the columns before block I
             M[..., 1:, :, :] += (xr @ kr.transpose(-1, -2)) * earlier
-        ctx.save_for_backward(x, k, b, E)  # E: three passes to recompute, sub x d_k per token to keep
+        ctx.save_for_backward(x, k, b)
         ctx.sub = sub
         return M.flatten(-3, -2)  # (S, ..., C, C)
 
@@ -123,31 +134,32 @@ class _DecayedProducts(torch.autograd.Function):
     @once_differentiable
     @without_autocast
     def backward(ctx, dM: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
-        x, k, b, E = ctx.saved_tensors
+        x, k, b = ctx.saved_tensors
         sub = ctx.sub
-        xs, _, Kt, ex, xr, kr, ek, earlier = _factors(x, k, b, sub, E)
+        xs, ks, bs, ex, ek, xr, kr, earlier = _between_blocks(x, k, b, sub)
         n = b.shape[-2] // sub
         G = dM.unflatten(-2, (n, sub))  # (S, ..., n, sub, C)
-        Gi = G.unflatten(-1, (n, sub)).diagonal(dim1=-4, dim2=-2).movedim(-1, -3)  # (S, ..., n, sub, sub)
-        # contiguous operands: a CPU bmm over a strided batch runs matrix by matrix
-        Gm = Gi.movedim(0, -2).contiguous()  # (..., n, sub_t, S, sub_j)
-        dx = (Gm @ Kt).movedim(-2, 0)  # (S, ..., n, sub, dk)
-        Y = Gm.transpose(-1, -2).contiguous() @ xs.movedim(0, -2).contiguous()  # (..., n, sub_t, sub_j, dk): Σ_s G^s_tj x^s_t
-        dk = (Y * E).sum(-3)  # (..., n, sub, dk)
-        Z = Y.mul_(Kt)
-        db = Z.sum(-2) - Z.sum(-3)  # (..., n, sub, dk)
+        Gi = G.unflatten(-1, (n, sub)).diagonal(dim1=-4, dim2=-2)  # (S, ..., sub, sub, n)
+        dx, dk, db = torch.zeros_like(xs), torch.zeros_like(ks), torch.zeros_like(bs)
+        for d in range(sub):
+            e, kd = _kd(ks, bs, d)
+            Gd = Gi.diagonal(-d, -3, -2)[..., None]  # (S, ..., n, sub - d, 1)
+            dx[..., d:, :].addcmul_(Gd, kd)
+            w = (Gd * xs[..., d:, :]).sum(0)  # (..., n, sub - d, dk)
+            dk[..., :sub - d, :].addcmul_(w, e)
+            z = w.mul_(kd)
+            db[..., d:, :] += z
+            db[..., :sub - d, :] -= z
         if n > 1:
             Go = G[..., 1:, :, :] * earlier  # (S, ..., n-1, sub, C)
-            dxr = Go @ kr  # (S, ..., n-1, sub, dk)
-            dkr = (Go.transpose(-1, -2) @ xr).sum(0)  # (..., n-1, C, dk)
-            dx[..., 1:, :, :] += dxr * ex
-            Zx = (dxr * xr).sum(0)  # the gradient of b_t - b_r through e^{b_t - b_r}: (..., n-1, sub, dk)
-            Zk = dkr * kr  # and of b_r - b_j through e^{b_r - b_j}: (..., n-1, C, dk)
-            dk_off = (dkr * ek).sum(-3)  # (..., C, dk)
-            db[..., 1:, :, :] += Zx
-            db = db.flatten(-3, -2) - Zk.sum(-3)  # (..., C, dk)
-            db.unflatten(-2, (n, sub))[..., :-1, -1, :] += Zk.sum(-2) - Zx.sum(-2)  # b_r's share
-            return dx.flatten(-3, -2), dk.flatten(-3, -2) + dk_off, db, None
+            dxr, dkr = Go @ kr, (Go.transpose(-1, -2) @ xr).sum(0)  # (S, ..., n-1, sub, dk), (..., n-1, C, dk)
+            dx[..., 1:, :, :].addcmul_(dxr, ex)
+            zx = (dxr * xr).sum(0)  # the gradient of b_t - b_r through e^{b_t - b_r}: (..., n-1, sub, dk)
+            zk = dkr * kr  # and of b_r - b_j through e^{b_r - b_j}: (..., n-1, C, dk)
+            db[..., 1:, :, :] += zx
+            db.flatten(-3, -2).sub_(zk.sum(-3))
+            db[..., :-1, -1, :] += zk.sum(-2) - zx.sum(-2)  # b_r's share
+            dk.flatten(-3, -2).add_((dkr * ek).sum(-3))
         return dx.flatten(-3, -2), dk.flatten(-3, -2), db.flatten(-3, -2), None
 
 
