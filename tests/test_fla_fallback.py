@@ -21,6 +21,7 @@ from conftest import TINY, run_cli, run_dirs
 from fla_reference import fla_naive, varlen
 
 from posenc.nn import fla_kernels
+from posenc.nn.kda import chunked_kda
 from posenc.nn.recurrence import chunked_gated_delta_rule
 
 #: fla-core 0.6's refusal, raised from the backward of chunk_gated_delta_rule (fla/ops/common/chunk_o.py)
@@ -46,16 +47,23 @@ def fla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return warned
 
 
-def install_fla(monkeypatch: pytest.MonkeyPatch, kernel) -> None:
-    """An importable ``fla.ops.gated_delta_rule`` whose ``chunk_gated_delta_rule`` is ``kernel``."""
-    for name in ("fla", "fla.ops", "fla.ops.gated_delta_rule"):
-        monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
-    sys.modules["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = kernel
+def install_fla(monkeypatch: pytest.MonkeyPatch, kernel, rule: str = "gated_delta") -> None:
+    """An importable fla module for ``rule`` (``fla.ops.gated_delta_rule``, ``fla.ops.kda``) whose
+    kernel (``chunk_gated_delta_rule``, ``chunk_kda``) is ``kernel``."""
+    module, name = fla_kernels.KERNELS[rule]
+    for package in ("fla", "fla.ops", module):
+        monkeypatch.setitem(sys.modules, package, types.ModuleType(package))
+    setattr(sys.modules[module], name, kernel)
 
 
 def naive_gated_delta_rule():
     naive = fla_naive("gated_delta_rule/naive.py")
     return varlen(lambda q, k, v, g, beta, scale: naive.naive_recurrent_gated_delta_rule(q, k, v, beta, g, scale=scale)[0])
+
+
+def naive_kda():
+    naive = fla_naive("kda/naive.py")
+    return varlen(lambda q, k, v, g, beta, scale: naive.naive_recurrent_kda(q, k, v, g, beta, scale=scale)[0])
 
 
 def refusing_kernel():
@@ -127,22 +135,25 @@ def test_a_run_without_a_usable_fla_is_the_chunked_run_with_one_warning(fla, fla
     assert "use the chunked PyTorch recurrence" in fla_on_cpu[0]
 
 
-def test_a_working_fla_computes_the_layer_and_is_tried_once(fla_on_cpu, monkeypatch):
+@pytest.mark.parametrize("rule", ["gated_delta", "kda"])
+def test_a_working_fla_computes_the_layer_and_is_tried_once(rule, fla_on_cpu, monkeypatch):
     """With a kernel that runs (fla's naive recurrence in its place, per cu_seqlens sequence), the
-    layer's recurrence is the kernel's, documents included, equal to the chunked form; the kernel
-    is tried once per dtype and head sizes (in an evaluation too), and no warning is given."""
+    layer's recurrence is the kernel's as the layer calls it (fla's layout, documents flattened
+    with cu_seqlens, KDA's per-channel gates), equal to the chunked form; the kernel is tried once
+    per dtype and head sizes (in an evaluation too), and no warning is given."""
     calls = []
-    kernel = naive_gated_delta_rule()
-    install_fla(monkeypatch, lambda *a, **kw: (calls.append(1), kernel(*a, **kw))[1])
+    kernel = {"gated_delta": naive_gated_delta_rule, "kda": naive_kda}[rule]()
+    install_fla(monkeypatch, lambda *a, **kw: (calls.append(1), kernel(*a, **kw))[1], rule)
     gen = torch.Generator().manual_seed(0)
     B, H, T, D = 2, 2, 100, 16
     q, v = torch.randn(B, H, T, D, generator=gen), torch.randn(B, H, T, D, generator=gen)
     k = torch.nn.functional.normalize(torch.randn(B, H, T, D, generator=gen), dim=-1)
-    g, beta = -torch.rand(B, H, T, generator=gen), torch.rand(B, H, T, generator=gen)
+    g, beta = -torch.rand(B, H, T, *((D,) if rule == "kda" else ()), generator=gen), torch.rand(B, H, T, generator=gen)
     seg = torch.tensor([[0] * 30 + [1] * 70, [0] * T])
     with torch.inference_mode():  # first used in an evaluation: the trial still runs a backward
-        assert fla_kernels.usable("gated_delta", q, v)
-    assert fla_kernels.usable("gated_delta", q, v)
+        assert fla_kernels.usable(rule, q, v)
+    assert fla_kernels.usable(rule, q, v)
     assert len(calls) == 1 and fla_on_cpu == []
-    torch.testing.assert_close(fla_kernels.mix("gated_delta", q, k, v, g, beta, seg),
-                               chunked_gated_delta_rule(q, k, v, g, beta, seg), rtol=1e-4, atol=1e-4)
+    chunked = chunked_kda if rule == "kda" else chunked_gated_delta_rule
+    torch.testing.assert_close(fla_kernels.mix(rule, q, k, v, g, beta, seg), chunked(q, k, v, g, beta, seg),
+                               rtol=1e-4, atol=1e-4)
