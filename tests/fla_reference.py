@@ -6,10 +6,13 @@ with the reason where fla-core (the `test` extra) is not installed."""
 from __future__ import annotations
 
 import importlib.util
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 
 def fla_naive(path: str) -> ModuleType:
@@ -26,3 +29,19 @@ def fla_naive(path: str) -> ModuleType:
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
     return module
+
+
+def varlen(naive: Callable) -> Callable:
+    """fla's kernel signature, ``kernel(q, k, v, g[, beta], scale=, cu_seqlens=) -> (o, None)`` on
+    (B, T, H, ·) tensors, computed by ``naive(q, k, v, g[, beta], scale=) -> o``, one of fla's naive
+    recurrences (which take no cu_seqlens) in the kernel's argument order, run on each packed
+    sequence alone: what fla's chunked kernel computes, without Triton."""
+
+    def kernel(q, k, v, g, *beta, scale=None, cu_seqlens=None, **_):
+        if cu_seqlens is None:
+            return naive(q, k, v, g, *beta, scale=scale), None
+        bounds = cu_seqlens.tolist()
+        outs = [naive(*(t[:, a:b] for t in (q, k, v, g, *beta)), scale=scale) for a, b in itertools.pairwise(bounds)]
+        return torch.cat(outs, dim=1), None
+
+    return kernel

@@ -107,3 +107,23 @@ def test_l2_normalize_is_f_normalize():
     torch.testing.assert_close(out, ref)
     torch.testing.assert_close(dx, rx)
     assert torch.autograd.gradcheck(l2_normalize, (torch.randn(3, 8, dtype=torch.float64, requires_grad=True),))
+
+
+@pytest.mark.parametrize("name", ["rms_norm", "causal_conv_silu", "l2_normalize"])
+def test_the_hand_written_steps_compute_in_float32_under_bf16_autocast(name):
+    """Under CPU bf16 autocast (trainer.precision=bf16) a float32 input gives the float32 result,
+    values and gradients: autocast lowers vecdot and matmul to bf16, and these steps use both."""
+    torch.manual_seed(0)
+    x, w = torch.randn(4, 64, 96, requires_grad=True), (1 + 0.3 * torch.randn(96)).requires_grad_()
+    conv_w = torch.randn(96, 4, requires_grad=True)
+    seg = torch.repeat_interleave(torch.arange(2), torch.tensor([20, 44])).expand(4, 64)
+    fn, inputs = {"rms_norm": (lambda a, b: rms_norm(a, b, 1e-6), (x, w)),
+                  "causal_conv_silu": (lambda a, b: causal_conv_silu(a, b, seg), (x, conv_w)),
+                  "l2_normalize": (l2_normalize, (x,))}[name]
+    want, want_grads = grads(fn, *inputs)
+    with torch.autocast("cpu", torch.bfloat16):
+        got, got_grads = grads(fn, *inputs)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+    for a, b in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

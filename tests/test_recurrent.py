@@ -143,9 +143,9 @@ def model_of(*overrides: str) -> torch.nn.Module:
 
 
 ROPE_INSIDE = "layout.kinds.recurrent.encoding={_target_:posenc.nn.encodings.rope.RoPE,name:rope}"
-# both recurrences, a softmax layer with partial RoPE and with NoPE, and RoPE inside the recurrent layers
-HYBRIDS = [["layout=qwen3_next"], ["layout=jamba_like"], ["layout=hybrid", ROPE_INSIDE]]
-IDS = ["qwen3_next", "jamba_like", "rope-inside"]
+# the three recurrences, a softmax layer with partial RoPE and with NoPE, and RoPE inside the recurrent layers
+HYBRIDS = [["layout=qwen3_next"], ["layout=jamba_like"], ["layout=kimi_linear"], ["layout=hybrid", ROPE_INSIDE]]
+IDS = ["qwen3_next", "jamba_like", "kimi_linear", "rope-inside"]
 
 
 def tokens(seed: int = 0, length: int = 40) -> torch.Tensor:

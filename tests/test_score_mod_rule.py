@@ -194,3 +194,13 @@ def test_cope_and_stick_breaking_sum_through_the_op_too():
     stick = torch.ones(T, T, dtype=torch.bool).tril(-1)
     assert_no_scan_left(aot_graphs(lambda s: contextual_positions(torch.sigmoid(s)), scores))
     assert_no_scan_left(aot_graphs(lambda s: stick_breaking_weights(s, stick), scores))
+
+
+def test_kdas_per_channel_decays_sum_through_the_op():
+    """Kimi Linear's KDA layers (layout=kimi_linear): their per-channel within-chunk decays too."""
+    cfg = compose(["layout=kimi_linear", "model.d_model=64", "model.n_head=4", "model.n_layer=4",
+                   f"trainer.seq_len={T}"])
+    torch.manual_seed(0)
+    model = build_model(cfg, vocab_size=64).train()
+    x = torch.randint(64, (2, T))
+    assert_no_scan_left(aot_graphs(lambda x: model(x, x)[1], x))

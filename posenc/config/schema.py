@@ -75,7 +75,7 @@ class ModelConfig:
 class LayerKindConfig:
     window: Optional[int] = None                # tokens a query sees, itself included; null: its whole causal past
     chunked: bool = False                       # chunks of `window` tokens (Llama 4) instead of a sliding band (Mistral)
-    mixer: str = "softmax"                      # softmax | gated_delta | gla: attention or a gated linear recurrence (posenc/nn/recurrent.py)
+    mixer: str = "softmax"                      # softmax | gated_delta | kda | gla: attention or a gated linear recurrence (posenc/nn/recurrent.py)
     encoding: Dict[str, Any] = field(default_factory=dict)   # this kind's encoding: overrides of `encoding`, or a whole one with _target_
 
 

@@ -8,7 +8,8 @@ with hand-written backwards.
   blocks by forward substitution, then pairs of blocks merged, T₂₁ = -T₂₂ A₂₁ T₁₁, and X = T R.
   The backward reuses T: dR = Tᵀ dX, dA = -tril₋₁(dR Xᵀ), two batched products instead of a
   second solve.
-- ``state_pass``: the chunk-to-chunk pass of the state, S_{n+1} = d_n S_n + K_nᵀ (U_n - W_n S_n),
+- ``state_pass``: the chunk-to-chunk pass of the state, S_{n+1} = d_n S_n + K_nᵀ (U_n - W_n S_n)
+  (d_n a scalar per head, or a diagonal: one decay per key channel),
   and the outputs' reads of it, Q_n S_n. Run by autograd, each of the T/C steps costs several
   small ops forwards and twice as many backwards, and every chunk's slice of each input a
   zero-filled gradient. Here only the two products that depend on the previous step run in the
@@ -25,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
+
+from posenc.nn.precision import without_autocast
 
 #: the diagonal blocks inverted by forward substitution before merging (the fastest of 4, 8, 16
 #: on a CPU for C = 32: 1.8 ms for 256 systems against 3.5 ms row by row and 4 ms for torch's solve)
@@ -58,6 +61,7 @@ class _UnitLowerSolve(torch.autograd.Function):
     """X = (I + tril₋₁(A))⁻¹ R. Backward, with L = I + tril₋₁(A): dR = L⁻ᵀ dX, dA = -tril₋₁(dR Xᵀ)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, A: Tensor, R: Tensor) -> Tensor:
         T = unit_lower_inverse(A)  # (..., C, C)
         X = T @ R  # (..., C, n)
@@ -66,6 +70,7 @@ class _UnitLowerSolve(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @without_autocast
     def backward(ctx, dX: Tensor) -> tuple[Tensor, Tensor]:
         T, X = ctx.saved_tensors
         dR = T.transpose(-1, -2) @ dX
@@ -81,13 +86,15 @@ def unit_lower_solve(A: Tensor, R: Tensor) -> Tensor:
 class _StatePass(torch.autograd.Function):
     """O_n = Q_n S_n with S_0 = 0, S_{n+1} = d_n S_n + K_nᵀ U_n, U_n = U0_n - W_n S_n (W_n = 0 when
     W is None: GLA). Inputs chunk-major, (N, M, C, ·) with N chunks and M = batch x heads, and
-    contiguous: a CPU ``bmm`` over a strided batch runs matrix by matrix; d: (N, M, 1, 1).
+    contiguous: a CPU ``bmm`` over a strided batch runs matrix by matrix; d: (N, M, 1, 1), a scalar
+    decay per head, or (N, M, d_k, 1), one per key channel (KDA: d_n S_n is then diag(d_n) S_n).
 
     Backward, from dS_N = 0 down: dU_n = K_n dS_{n+1},
     dS_n = d_n dS_{n+1} + Q_nᵀ dO_n - W_nᵀ dU_n; then for every chunk at once dQ_n = dO_n S_nᵀ,
     dW_n = -dU_n S_nᵀ, dK_n = U_n dS_{n+1}ᵀ, dd_n = <S_n, dS_{n+1}>."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, Q: Tensor, U0: Tensor, W: Tensor | None, K: Tensor, d: Tensor) -> Tensor:
         N, M, _, dv = U0.shape
         dk = K.shape[-1]
@@ -105,6 +112,7 @@ class _StatePass(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
+    @without_autocast
     def backward(ctx, dO: Tensor) -> tuple[Tensor, Tensor, Tensor | None, Tensor, Tensor]:
         Q, W, K, d, S_all, U = ctx.saved_tensors
         dO = dO.contiguous()
@@ -123,12 +131,15 @@ class _StatePass(torch.autograd.Function):
         dQ = dO @ S_t
         dW = (dU @ S_t).neg_() if W is not None else None
         dK = U @ dS_next.transpose(-1, -2)
-        dd = torch.linalg.vecdot(S_all.flatten(-2), dS_next.flatten(-2))[..., None, None]
+        if d.shape[-2] == 1:  # a scalar per head: <S_n, dS_{n+1}> over the whole state
+            dd = torch.linalg.vecdot(S_all.flatten(-2), dS_next.flatten(-2))[..., None, None]
+        else:  # one per key channel: the same, row by row
+            dd = torch.linalg.vecdot(S_all, dS_next)[..., None]
         return dQ, dU, dW, dK, dd
 
 
 def state_pass(Q: Tensor, U0: Tensor, W: Tensor | None, K: Tensor, d: Tensor) -> Tensor:
-    """Q_n S_n for every chunk n (``_StatePass``): Q, U0, W, K (M, N, C, ·), d (M, N, 1, 1)
-    -> (M, N, C, dv)."""
+    """Q_n S_n for every chunk n (``_StatePass``): Q, U0, W, K (M, N, C, ·), d (M, N, 1, 1) or
+    (M, N, d_k, 1) -> (M, N, C, dv)."""
     major = [t.transpose(0, 1).contiguous() if t is not None else None for t in (Q, U0, W, K, d)]  # (N, M, ...)
     return _StatePass.apply(*major).transpose(0, 1)

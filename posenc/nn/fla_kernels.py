@@ -1,42 +1,107 @@
 """flash-linear-attention's chunked Triton kernels for the recurrent layer kinds, on CUDA.
 
-Optional (``pip install posenc[fla]``): without fla, or off CUDA, the recurrent layers use the
-chunked PyTorch form (posenc/nn/recurrence.py), which computes the same thing. fla takes
+Optional (``pip install posenc[fla]``): off CUDA the recurrent layers use the chunked PyTorch form
+(posenc/nn/recurrence.py), which computes the same thing and is the designed path there. fla takes
 (B, T, H, d) tensors and, for packed documents, one flattened sequence with ``cu_seqlens`` (the
 offsets where each document starts): the same reset of the state at every document.
+
+fla can refuse in two places, and either way the layers take the chunked PyTorch form for the rest
+of the process, with one warning that names the error, never a crash:
+
+- at import: fla not installed, or its Triton missing or not matching torch (an ImportError, or
+  whatever fla's import raises);
+- at call time, in the backward: fla-core 0.6 refuses ``RuntimeError: Triton >= 3.4.0 and < 3.7.1
+  on Hopper GPUs produces incorrect results for gated chunk_bwd_dqkwg (see #640)``
+  (fla/ops/common/chunk_o.py, unless tilelang is installed), which the backwards of
+  ``chunk_gated_delta_rule`` and ``chunk_simple_gla`` call. Their forwards succeed: the error would
+  surface in the first ``loss.backward()``, far from the layer.
+
+So before its first use with a dtype and head sizes, each kernel runs once forwards and backwards
+on a small input of two documents (the ``cu_seqlens`` path), outside any compiled graph; any
+exception there is fla's refusal.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
 from posenc.nn.attention import warn_once
 
+#: the device types fla's Triton kernels run on: a set, so that a test can take the paths of a
+#: refusing or missing fla on a CPU
+DEVICES: set[str] = {"cuda"}
+#: each recurrent mixer's kernel: (module, function)
+KERNELS: dict[str, tuple[str, str]] = {
+    "gated_delta": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
+    "gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "kda": ("fla.ops.kda", "chunk_kda"),
+}
+#: the kernels fla refused in this process (mixer -> the error); they are not tried again
+_refused: dict[str, str] = {}
+#: (mixer, device type, dtype, d_k, d_v) of every first use that ran forwards and backwards
+_passed: set[tuple] = set()
+#: the kernels imported (mixer -> function): a dict lookup in the forward, which torch.compile traces
+_imported: dict[str, Callable] = {}
 
-@functools.cache
-def _ops() -> tuple | None:
-    """(chunk_gated_delta_rule, chunk_simple_gla), or None when fla (or Triton) is not installed."""
-    try:
-        gdr = importlib.import_module("fla.ops.gated_delta_rule")
-        gla = importlib.import_module("fla.ops.simple_gla")
-    except ImportError:
-        return None
-    return gdr.chunk_gated_delta_rule, gla.chunk_simple_gla
 
-
-def usable(device: torch.device) -> bool:
-    """Whether fla's kernels run here: a CUDA device and fla importable (one warning if not)."""
-    if device.type != "cuda":
+def usable(rule: str, q: Tensor, v: Tensor) -> bool:
+    """Whether fla's kernel for ``rule`` computes this call: a device fla runs on, and the kernel
+    imported and run once forwards and backwards at this dtype and head sizes (one warning if not)."""
+    if q.device.type not in DEVICES or rule in _refused:
         return False
-    if _ops() is None:
-        warn_once("recurrent layers run the chunked PyTorch recurrence on CUDA: flash-linear-attention is not "
-                  "installed (pip install 'posenc[fla]' for its kernels)")
-        return False
+    if (rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]) not in _passed:
+        return _first_use(rule, q, v)
     return True
+
+
+@torch.compiler.disable
+def _first_use(rule: str, q: Tensor, v: Tensor) -> bool:
+    """Import the kernel and run it on a small input (gradients on, whatever the caller's mode);
+    record what happened. Eager even inside a compiled forward."""
+    try:
+        kernel = _kernel(rule)
+        with torch.inference_mode(False), torch.enable_grad():
+            *inputs, seg = _trial_inputs(rule, q.device, q.dtype, q.shape[-1], v.shape[-1])
+            out = _call(kernel, rule, *inputs, seg)
+            grads = torch.autograd.grad(out.sum(), [t for t in inputs if t is not None])
+            float(sum(g.float().sum() for g in grads))  # waits for the kernels: their errors surface here
+    except Exception as error:  # noqa: BLE001 - whatever fla raises, the chunked form computes the same thing
+        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        _refused[rule] = reason
+        hint = " (pip install 'posenc[fla]')" if isinstance(error, ImportError) else ""
+        warn_once(f"flash-linear-attention's {KERNELS[rule][1]} is not usable on {q.device.type} ({reason}): the "
+                  f"{rule} layers use the chunked PyTorch recurrence for the rest of this run{hint}")
+        return False
+    _passed.add((rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]))
+    return True
+
+
+def _kernel(rule: str) -> Callable:
+    if rule not in _imported:
+        module, name = KERNELS[rule]
+        _imported[rule] = getattr(importlib.import_module(module), name)
+    return _imported[rule]
+
+
+def _trial_inputs(rule: str, device: torch.device, dtype: torch.dtype, dk: int, dv: int) -> list:
+    """q, k, v, g, beta, seg for one row of two documents (40 + 60 tokens: a chunk boundary
+    inside the second), leaves that need gradients; drawn from a generator of their own, so the
+    caller's random stream is untouched."""
+    gen = torch.Generator().manual_seed(0)
+    T, H = 100, 1
+
+    def leaf(*shape: int, scale: float = 1.0, shift: float = 0.0) -> Tensor:
+        return (torch.rand(*shape, generator=gen) * scale + shift).to(device, dtype).requires_grad_()
+
+    q, k, v = leaf(1, H, T, dk, shift=-0.5), leaf(1, H, T, dk, shift=-0.5), leaf(1, H, T, dv, shift=-0.5)
+    g = leaf(1, H, T, *((dk,) if rule == "kda" else ()), scale=-0.1)  # log decays in (-0.1, 0]
+    beta = leaf(1, H, T) if rule != "gla" else None
+    seg = torch.tensor([[0] * 40 + [1] * (T - 40)], device=device)
+    return [q, k, v, g, beta, seg]
 
 
 def cu_seqlens(seg: Tensor) -> Tensor:
@@ -49,20 +114,23 @@ def cu_seqlens(seg: Tensor) -> Tensor:
     return torch.cat((offsets, offsets.new_tensor([B * T]))).to(torch.int32 if B * T < 2**31 else torch.int64)
 
 
-def mix(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
-    """The recurrence through fla: q, k (B, H, T, dk) (q already scaled), v (B, H, T, dv), g, beta
-    (B, H, T) -> (B, H, T, dv)."""
-    gated_delta_rule, simple_gla = _ops()
+def mix(rule: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
+    """The recurrence through fla (after ``usable``): q, k (B, H, T, dk) (q already scaled),
+    v (B, H, T, dv), g (B, H, T) (kda: (B, H, T, dk)), beta (B, H, T) -> (B, H, T, dv)."""
+    return _call(_imported[rule], rule, q, k, v, g, beta, seg)
+
+
+def _call(kernel: Callable, rule: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None,
+          seg: Tensor | None) -> Tensor:
     B, H, T, _ = q.shape
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, T, H, d)
-    g = g.transpose(1, 2).float()  # (B, T, H)
+    q, k, v, g = (t.transpose(1, 2) for t in (q, k, v, g))  # (B, T, H, ...)
+    g = g.float()
     offsets = None
     if seg is not None:  # documents: one flattened sequence, the state reset at each offset
         q, k, v, g = (t.reshape(1, B * T, *t.shape[2:]) for t in (q, k, v, g))
         offsets = cu_seqlens(seg)
-    if beta is not None:
-        beta = beta.transpose(1, 2).reshape(g.shape).to(q.dtype)
-        o, _ = gated_delta_rule(q, k, v, g, beta, scale=1.0, cu_seqlens=offsets)
+    if beta is None:
+        o, _ = kernel(q, k, v, g, scale=1.0, cu_seqlens=offsets)
     else:
-        o, _ = simple_gla(q, k, v, g, scale=1.0, cu_seqlens=offsets)
+        o, _ = kernel(q, k, v, g, beta.transpose(1, 2).reshape(q.shape[:3]).to(q.dtype), scale=1.0, cu_seqlens=offsets)
     return o.reshape(B, T, H, -1).transpose(1, 2)

@@ -12,7 +12,9 @@ as the composite (tests/test_fused.py holds them to it, and to float64 gradients
 what LayerNorm or GELU would save, and writes its gradients in as few passes as it can.
 
 ``torch.compile`` (the CUDA default) fuses the composites itself, and on a GPU in eager mode each
-composite op is one kernel already: these are used on a CPU in eager mode only.
+composite op is one kernel already: these are used on a CPU in eager mode only. Under autocast
+they compute in their inputs' dtype with autocast off (posenc/nn/precision.py): it would lower
+their ``vecdot`` and products to bf16.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from posenc.nn.precision import without_autocast
 
 
 def _hand_written(x: Tensor) -> bool:
@@ -37,12 +41,14 @@ class _RMSNorm(torch.autograd.Function):
     Saves x and r (as LayerNorm saves x and its statistics)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x: Tensor, weight: Tensor, eps: float) -> Tensor:
         r = torch.rsqrt(torch.linalg.vecdot(x, x).unsqueeze(-1) / x.shape[-1] + eps)  # (..., 1)
         ctx.save_for_backward(x, weight, r)
         return torch.mul(x, r).mul_(weight)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, g: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
         x, weight, r = ctx.saved_tensors
         gx = (g * x).flatten(0, -2)  # (N, C): both reductions read it, as matrix-vector products
@@ -135,12 +141,14 @@ class _CausalConvSiLU(torch.autograd.Function):
     Saves x and y (what the composite's SiLU saves, and less than its slices)."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x: Tensor, weight: Tensor, keep: Tensor | None) -> Tensor:
         y = _conv(x, weight, keep)
         ctx.save_for_backward(x, weight, keep, y)
         return F.silu(y)
 
     @staticmethod
+    @without_autocast
     def backward(ctx, ds: Tensor) -> tuple[Tensor, Tensor, None]:
         x, weight, keep, y = ctx.saved_tensors
         T, K = x.shape[1], weight.shape[1]
@@ -191,6 +199,7 @@ class _L2Normalize(torch.autograd.Function):
     constant 1/eps and dx = r · dy). Saves x̂ and r."""
 
     @staticmethod
+    @without_autocast
     def forward(ctx, x: Tensor, eps: float) -> Tensor:
         norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True)
         r = norm.clamp_min(eps).reciprocal_()
@@ -199,6 +208,7 @@ class _L2Normalize(torch.autograd.Function):
         return xh
 
     @staticmethod
+    @without_autocast
     def backward(ctx, dy: Tensor) -> tuple[Tensor, None]:
         xh, r, above = ctx.saved_tensors
         proj = torch.linalg.vecdot(xh, dy).unsqueeze(-1) * above  # x̂ · dy where ‖x‖ > eps

@@ -28,6 +28,9 @@ references too):
   A_tj = β_t D_tj (k_t·k_j) for j < t. Every chunk's intra-chunk terms are computed at once; only
   the state passes from chunk to chunk (T/C small matmuls), so memory is linear in T. The solve
   and the state pass have hand-written backwards (posenc/nn/chunkwise.py).
+
+Both compute in at least float32 with autocast off (posenc/nn/precision.py), as fla does: under
+bf16 autocast the inputs are cast up, and the chunked form returns v's dtype.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from torch import Tensor
 
 from posenc.nn.chunkwise import state_pass, unit_lower_solve
 from posenc.nn.cumsum import cumsum
+from posenc.nn.precision import without_autocast
 
 #: tokens per chunk: 32 (fla's kernels take 64); on a CPU the per-chunk solve and the C x C
 #: decay products grow as C²: the gated delta rule's forward and backward took 25% more CPU time
@@ -54,6 +58,7 @@ def _starts(seg: Tensor | None, B: int, T: int, device: torch.device) -> Tensor:
     return out
 
 
+@without_autocast
 def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                                seg: Tensor | None = None) -> Tensor:
     """S_t = α_t S_{t-1} (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = S_t q_t, token by token.
@@ -76,6 +81,7 @@ def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
     return torch.cat(out, dim=-1).transpose(-1, -2)
 
 
+@without_autocast
 def recurrent_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor | None = None) -> Tensor:
     """S_t = α_t S_{t-1} + v_t k_tᵀ, o_t = S_t q_t, token by token (shapes as the delta rule's)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
@@ -113,6 +119,7 @@ def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor | None =
     return _chunked(q, k, v, g, None, seg, chunk)
 
 
+@without_autocast
 def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None,
              chunk: int) -> Tensor:
     """Both rules in chunks: beta None is GLA (u = v), else the delta rule's solve for u."""
