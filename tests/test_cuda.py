@@ -55,6 +55,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
     """Loss and every parameter's gradient (bias tables included) of the path CUDA chooses equal
     SDPA with an explicit float mask, in fp32 without compile."""
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     results = []
     for reference in (False, True):
@@ -119,6 +120,7 @@ def test_cuda_block_masks_equal_the_explicit_mask_reference(name, masking, monke
     from posenc.nn.mask import document_positions
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     layout = {"documents": [], "sliding": ["layout=sliding", "layout.window=48"],
               "documents+chunk": ["layout=sliding", "layout.window=64", "layout.kinds.local.chunked=true"]}[masking]
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -169,6 +171,7 @@ def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gra
     from posenc.nn.mask import document_positions
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     doc = torch.tensor([[0] * 40 + [1] * 100 + [2] * 116, [0] * 256], device="cuda") if documents else None
     pos = None if doc is None else document_positions(doc)
