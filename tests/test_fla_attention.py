@@ -46,7 +46,9 @@ def encoding_of(name: str, dtype: torch.dtype = torch.float64, device: str = "cp
     encoding = build_encoding(config(name)).to(device, dtype)
     with torch.no_grad():
         for p in encoding.parameters():  # gates and transforms away from their initial values
-            p.add_(torch.randn_like(p) * 0.3)
+            p.add_(torch.randn_like(p) * 0.1)
+        if hasattr(encoding, "gate_bias"):  # forget gates near σ(4) ≈ 0.98, where trained FoX's are:
+            encoding.gate_bias.add_(0.5)  # keys hundreds of tokens back still count (and windows matter)
     return encoding
 
 
@@ -223,15 +225,15 @@ def layer_and_grads(encoding, ctx: Context, q, k, v, x, layer: int = 1):
 
 
 MASKS = {"causal": (False, Window()), "documents": (True, Window()), "chunked": (True, Window(128, chunked=True)),
-         "sliding": (True, Window(100))}
+         "sliding": (True, Window(48))}
 #: each kernel under each way posenc hands it a mask: none; documents (cu_seqlens); a chunked window (its
 #: chunks as cu_seqlens segments, inside documents); a sliding window (fla's window_size, inside documents)
 CASES = [("fox", "causal"), ("fox", "sliding"), ("fox_rope", "chunked"), ("path", "causal"), ("path_fox", "chunked"),
          ("stick_breaking", "causal"), ("stick_breaking", "documents"), ("stick_breaking", "chunked")]
-#: fla's FoX and PaTH references compute in float32 inside (cumulative gates of |Σ log f| ~ 10², scores
-#: of products of T transforms): agreement to float32's precision, 2e-4 of the largest value; its
-#: stick-breaking reference stays in float64
-TOLERANCE = {"naive": {"fox": 2e-4, "fox_rope": 2e-4, "path": 2e-4, "path_fox": 2e-4, "stick_breaking": 1e-12},
+#: fla's FoX and PaTH references compute in float32 inside (cumulative sums of the gates, products of
+#: transforms): agreement to float32's precision, 1e-5 of the largest value (1e-6 measured); its
+#: stick-breaking reference stays in float64 (1e-15 measured)
+TOLERANCE = {"naive": {"fox": 1e-5, "fox_rope": 1e-5, "path": 1e-5, "path_fox": 1e-5, "stick_breaking": 1e-12},
              "triton": dict.fromkeys(FUSED, 5e-3)}
 
 
