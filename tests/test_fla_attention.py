@@ -67,8 +67,8 @@ def per_document(naive, outputs: int = 1):
         if cu_seqlens is None:
             return naive(q, k, v, *per_token, **options)
         bounds = cu_seqlens.tolist()
-        runs = [naive(q[:, a:b], k[:, a:b], v[:, a:b], *(None if t is None else t[:, a:b] for t in per_token), **options)
-                for a, b in itertools.pairwise(bounds)]
+        runs = [naive(q[:, a:b], k[:, a:b], v[:, a:b], *(None if t is None else t[:, a:b] for t in per_token),
+                      **options) for a, b in itertools.pairwise(bounds)]
         if outputs == 1:
             return torch.cat(runs, dim=1)
         return tuple(None if parts[0] is None else torch.cat(parts, dim=1) for parts in zip(*runs))

@@ -20,11 +20,12 @@ H_t = I and PaTH is NoPE. PaTH with FoX's forget gate (the paper's PaTH-FoX) is
 s_ij cannot be written as a map of q and k alone, so PaTH is the contract's ``qk_scores`` hook:
 attention writes the logits out, computed by the paper's chunked UT algorithm
 (posenc/nn/encodings/householder.py) a block of queries at a time, O(T·(C + d)) beside the
-scores. On CUDA, with flash-linear-attention installed, its fused PaTH kernel computes the whole
-layer instead (``fused_attention``, posenc/nn/fla_attention.py). Under documents packing a visible pair never spans a boundary, so its product holds only
-its own document's transforms; the short convolution does not reach across one either (fla resets
-it at each ``cu_seqlens`` boundary). It wraps an encoding (``encoding.inner``, NoPE by default as in
-the paper) whose ``transform_qk`` runs first.
+scores; on CUDA, with flash-linear-attention installed, its fused PaTH kernel computes the whole
+layer instead (``fused_attention``, posenc/nn/fla_attention.py). Under documents packing a visible
+pair never spans a boundary, so its product holds only its own document's transforms; the short
+convolution does not reach across one either (fla resets it at each ``cu_seqlens`` boundary). It
+wraps an encoding (``encoding.inner``, NoPE by default as in the paper) whose ``transform_qk`` runs
+first.
 
 **Parameters and their scale.** Per layer: W_w as two factors (H·d x rank)(rank x d_model) as fla's
 ``w_proj`` (``w_rank: null`` for one full matrix), the convolution's taps (H·d x conv_size,
