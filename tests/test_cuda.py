@@ -55,6 +55,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
     """Loss and every parameter's gradient (bias tables included) of the path CUDA chooses equal
     SDPA with an explicit float mask, in fp32 without compile."""
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     results = []
     for reference in (False, True):
@@ -119,6 +120,7 @@ def test_cuda_block_masks_equal_the_explicit_mask_reference(name, masking, monke
     from posenc.nn.mask import document_positions
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     layout = {"documents": [], "sliding": ["layout=sliding", "layout.window=48"],
               "documents+chunk": ["layout=sliding", "layout.window=64", "layout.kinds.local.chunked=true"]}[masking]
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
@@ -169,6 +171,7 @@ def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gra
     from posenc.nn.mask import document_positions
 
     torch.backends.cuda.matmul.allow_tf32 = False
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     idx = torch.randint(64, (2, 256), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     doc = torch.tensor([[0] * 40 + [1] * 100 + [2] * 116, [0] * 256], device="cuda") if documents else None
     pos = None if doc is None else document_positions(doc)
@@ -193,9 +196,11 @@ def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gra
         torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
 
 
-def test_stick_breaking_on_cuda_falls_back_to_the_explicit_path_and_trains():
-    """FlexAttention computes a softmax, which stick-breaking replaces: the explicit path, one warning."""
+def test_stick_breaking_on_cuda_falls_back_to_the_explicit_path_and_trains(monkeypatch):
+    """Without fla's kernel (test_fla_attention.py), FlexAttention computes a softmax, which
+    stick-breaking replaces: the explicit path, one warning."""
     errors._WARNED.clear()
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)
     model = cuda_model("stick_breaking")
     idx = torch.randint(64, (2, 256), device="cuda")
     with pytest.warns(RuntimeWarning, match="replaces softmax"):
@@ -221,16 +226,17 @@ def model_at(head_dim: int, *overrides: str, n_layer: int = 1) -> torch.nn.Modul
     return model
 
 
-def flex_layers(model: torch.nn.Module, idx: torch.Tensor) -> int:
-    """How many layers the model plans to run through FlexAttention for idx (planning also says,
-    once, why a layer leaves it by design, before any test listens for a fallback)."""
+def flex_layers(model: torch.nn.Module, idx: torch.Tensor, kinds: tuple[type, ...] = (attention.FlexPlan,)) -> int:
+    """How many layers the model plans to run through FlexAttention (or ``kinds``) for idx (planning
+    also says, once, why a layer leaves it by design, before any test listens for a fallback)."""
     ctx = model.context(idx, None, None, idx.shape[1])
-    return sum(isinstance(p, attention.FlexPlan) for p in attention.plans(model.encoding, ctx, model.n_layer, 0.0))
+    return sum(isinstance(p, kinds) for p in attention.plans(model.encoding, ctx, model.n_layer, 0.0))
 
 
 def fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
-    return [str(w.message) for w in caught
-            if issubclass(w.category, RuntimeWarning) and "FlexAttention" in str(w.message)]
+    """FlexAttention's fallbacks, and fla's kernels refusing when they ran."""
+    return [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)
+            and ("FlexAttention" in str(w.message) or "flash-linear-attention" in str(w.message))]
 
 
 def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4) -> tuple[list[float], list[str]]:
@@ -259,10 +265,11 @@ def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4) -> tuple[list[f
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_compiled_bf16_training_at_the_shapes_users_train(name, head_dim):
     """Every encoding compiles and trains in bf16 at head_dim 64, T 1024; at head_dim 128 those
-    whose layers run FlexAttention (the kernel posenc compiles; SDPA's are torch's own)."""
+    whose layers run FlexAttention (the kernel posenc compiles; SDPA's are torch's own) or fla's."""
     model = model_at(head_dim, f"encoding={name}")
-    if head_dim == 128 and not flex_layers(model, torch.zeros(1, USER_T, dtype=torch.long, device="cuda")):
-        pytest.skip("no layer runs FlexAttention: SDPA's kernels, covered at head_dim 64")
+    kinds = (attention.FlexPlan, attention.FusedPlan)
+    if head_dim == 128 and not flex_layers(model, torch.zeros(1, USER_T, dtype=torch.long, device="cuda"), kinds):
+        pytest.skip("no layer runs FlexAttention or fla: SDPA's kernels, covered at head_dim 64")
     losses, fell = compiled_bf16_losses(model)
     assert not fell, fell
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0], losses
@@ -283,6 +290,7 @@ def test_flex_attention_equals_the_explicit_mask_at_the_shapes_users_train(name,
     """FlexAttention's compiled kernel, forward and backward in fp32, gives the loss and every
     gradient of SDPA with the explicit float mask at head_dim 64 and 128, T 1024."""
     monkeypatch.setattr(torch.backends.cuda.matmul, "allow_tf32", False)
+    monkeypatch.setattr(attention, "fused_plan", lambda *args: None)  # fla's kernels: test_fla_attention.py
     idx = torch.randint(64, (1, USER_T), device="cuda", generator=torch.Generator("cuda").manual_seed(0))
     results = []
     for reference in (False, True):

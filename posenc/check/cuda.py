@@ -36,6 +36,7 @@ from posenc.data.batches import Batch
 from posenc.hardware import autocast_context
 from posenc.nn.attention import plans
 from posenc.nn.flex import FlexPlan
+from posenc.nn.kernel_plan import FusedPlan
 
 #: the head dimensions users train (GPT-2 small: 64; Llama and most 2024-25 models: 128)
 HEAD_DIMS = (64, 128)
@@ -163,7 +164,7 @@ def kernel_names(model: torch.nn.Module, x: torch.Tensor, doc: torch.Tensor | No
         linear = model.blocks[layer].attn.attention == "linear"
         kinds.append(mixer if mixer != "softmax" else "linear attention" if linear else
                      "FlexAttention" if isinstance(plan, FlexPlan) else "SDPA causal" if plan is None else
-                     "SDPA explicit mask")
+                     f"{plan.name}'s own kernel" if isinstance(plan, FusedPlan) else "SDPA explicit mask")
     return " + ".join(dict.fromkeys(kinds))
 
 
@@ -199,9 +200,12 @@ def new_warnings() -> Iterator[list[warnings.WarningMessage]]:
 
 
 def fallback(caught: list[warnings.WarningMessage], kernels: str) -> str | None:
-    """The message of a fallback from FlexAttention announced while a row ran whose plan was
-    FlexAttention (a kernel that did not compile), or None."""
-    if "FlexAttention" not in kernels:
-        return None
-    return next((f"planned FlexAttention, fell back: {w.message}"[:300] for w in caught
-                 if issubclass(w.category, RuntimeWarning) and "FlexAttention" in str(w.message)), None)
+    """The message of a fallback announced while a row ran whose plan was FlexAttention (a kernel that
+    did not compile) or an encoding's own kernel (flash-linear-attention refusing when it ran), or None."""
+    for planned, said in (("FlexAttention", "FlexAttention"), ("own kernel", "flash-linear-attention")):
+        if planned in kernels:
+            fell = next((f"planned {planned}, fell back: {w.message}"[:300] for w in caught
+                         if issubclass(w.category, RuntimeWarning) and said in str(w.message)), None)
+            if fell is not None:
+                return fell
+    return None

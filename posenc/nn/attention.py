@@ -6,6 +6,9 @@ mask (posenc/nn/mask.py: causal, documents, a window).
 Which kernel runs is chosen from those offers and from what the device can do (``plan``),
 never from the encoding's name (docs/mechanisms.md):
 
+- a kernel of the encoding's own, where it offers one for this context (``fused_attention``:
+  fla's FoX, PaTH and stick-breaking kernels on CUDA, posenc/nn/kernel_plan.py): given q and k
+  transformed and scaled, it computes the whole layer (``attend_layer``); otherwise, from the hooks:
 - nothing but causality: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN /
   memory-efficient), the fast common case; a logit scale multiplies q and keeps it;
 - on CUDA, a bias offered as a score_mod, decays, a sink and/or a mask beyond causality:
@@ -41,6 +44,7 @@ from posenc.errors import warn_once
 from posenc.nn import flex, flex_kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flex import FlexPlan, FlexUnavailable
+from posenc.nn.kernel_plan import FusedPlan, fused_plan
 from posenc.nn.logits import NO_TERMS, LayerTerms, explicit_weights, float_mask, with_content, with_terms  # noqa: F401
 from posenc.nn.mask import AttentionMask
 
@@ -51,7 +55,8 @@ QUERY_CHUNK = 512
 #: FlexAttention's kernels need a head dimension of at least this
 FLEX_MIN_HEAD_DIM = 16
 
-__all__ = ["DensePlan", "FlexPlan", "Plan", "attend", "plan", "plans", "select_kernel", "warn_once"]
+__all__ = ["DensePlan", "FlexPlan", "FusedPlan", "Plan", "attend", "attend_layer", "plan", "plans", "select_kernel",
+           "warn_once"]
 
 
 def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_score_mod: bool,
@@ -110,7 +115,7 @@ class DensePlan:
 
 
 #: how one layer's attention is computed in one forward: None is SDPA's is_causal fast path
-Plan = DensePlan | FlexPlan | None
+Plan = DensePlan | FlexPlan | FusedPlan | None
 
 
 def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, layer: int
@@ -122,9 +127,7 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
     q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
     q, k = encoding.transform_qk(q, k, ctx, layer)
     content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
-    scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
-    if scale is not None:
-        q = q * scale.to(q.dtype)  # (B, H, T, hd) x (B|1, H|1, T, 1): query i's logits x τ_i
+    q = with_logit_scale(encoding, q, ctx, layer)
     return q, k, LayerTerms(
         content=content,
         scores=encoding.qk_scores(q, k, ctx, layer) if encoding.has_qk_scores else None,
@@ -134,9 +137,22 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
     )
 
 
+def with_logit_scale(encoding: PositionalEncoding, q: Tensor, ctx: Context, layer: int) -> Tensor:
+    """q (B, H, T, hd) times the encoding's logit scale τ, so it multiplies q·k/√d alone, on every kernel."""
+    scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
+    return q if scale is None else q * scale.to(q.dtype)  # x (B|1, H|1, T, 1): query i's logits x τ_i
+
+
 def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float) -> Plan:
-    """How block ``layer`` attends in this forward, from what its encoding offers, its mask and
-    the device (one warning when a CUDA run falls back from FlexAttention)."""
+    """How block ``layer`` attends in this forward: by the encoding's own kernel where it offers one
+    here (posenc/nn/kernel_plan.py), else as its hooks say (``hooks_plan``)."""
+    hooks = functools.partial(hooks_plan, encoding, ctx, layer, dropout_p)
+    return fused_plan(encoding, ctx, layer, dropout_p, hooks) or hooks()
+
+
+def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float) -> Plan:
+    """How block ``layer`` attends from what its encoding's hooks offer, its mask and the device (one
+    warning when a CUDA run falls back from FlexAttention)."""
     mask = ctx.mask(layer)
     per_layer = (encoding.has_content_bias or encoding.has_qk_scores or encoding.has_decay or encoding.has_sink
                  or encoding.has_normaliser)
@@ -147,7 +163,7 @@ def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: floa
     if encoding.has_qk_scores:  # no fused kernel computes another q·k: the logits are written out
         if ctx.device.type == "cuda":
             warn_once(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
-                      f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel is wired")
+                      f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel runs here")
         return dense_plan(encoding, ctx, layer)
     kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, True, encoding.has_normaliser)
     if kernel == "flex":
@@ -196,7 +212,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
 
     plan: the layer's plan for this forward; terms: what its encoding adds in this layer;
     query_chunk: rows per chunk of a plan without a dense mask (default QUERY_CHUNK; `posenc
-    check` takes chunks that do not divide a short T, to test the long-sequence path)."""
+    check` takes chunks that do not divide a short T, to test the long-sequence path). A fused plan
+    is computed here from the hooks' terms, as the plan they give (``attend_layer`` runs its kernel)."""
+    if isinstance(plan, FusedPlan):
+        plan = plan.hooks_plan()
     if plan is None and terms.empty:
         return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
     if isinstance(plan, FlexPlan):
@@ -221,6 +240,20 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
             return y
         out[..., start:end, :] = y
     return out
+
+
+def attend_layer(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding, ctx: Context, layer: int,
+                 plan: Plan = None, dropout_p: float = 0.0) -> Tensor:
+    """One layer's attention from its projections: q, k, v (B, H, T, hd) -> (B, H, T, hd); ctx carries the
+    block's input. A fused plan's kernel is given q and k transformed and scaled; where it cannot run, or
+    the plan is another, the encoding's hooks (``encode``) and ``attend``."""
+    if isinstance(plan, FusedPlan):
+        qt, kt = encoding.transform_qk(q, k, ctx, layer)
+        out = plan.attend(with_logit_scale(encoding, qt, ctx, layer), kt, v, ctx, layer)
+        if out is not None:
+            return out
+    q, k, terms = encode(encoding, q, k, ctx, layer)
+    return attend(q, k, v, plan, dropout_p, terms)
 
 
 def attend_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, terms: LayerTerms, start: int, lo: int,

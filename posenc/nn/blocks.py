@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.nn import fused
-from posenc.nn.attention import LayerTerms, Plan, attend, dense_plan, encode, explicit_weights, with_terms
+from posenc.nn.attention import LayerTerms, Plan, attend_layer, dense_plan, encode, explicit_weights, with_terms
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
@@ -56,9 +56,9 @@ class CausalSelfAttention(nn.Module):
         if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
             q, k, v = self.heads(x)
             y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.transform_qk(fq, fk, ctx, layer))
-        else:
-            q, k, v, terms = self.encoded(x, encoding, ctx, layer)
-            y = attend(q, k, v, plan, self.dropout if self.training else 0.0, terms)
+        else:  # the encoding's hooks see this block's input x (FoX's forget gates are computed from it)
+            q, k, v = self.heads(x)
+            y = attend_layer(q, k, v, encoding, ctx.with_input(x), layer, plan, self.dropout if self.training else 0.0)
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 

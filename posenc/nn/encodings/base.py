@@ -29,7 +29,9 @@ optional hook, computed in each layer:
   keys the query sees, Llama 4's attention temperature);
 - ``sink_logit(layer)``: a per-head logit that joins the softmax's denominator with a zero
   value (attention sinks: GPT-OSS);
-- ``normalise(scores, q_idx, k_idx)``: replaces softmax itself (stick-breaking attention).
+- ``normalise(scores, q_idx, k_idx)``: replaces softmax itself (stick-breaking attention);
+- ``fused_attention(ctx, layer)``: a kernel of the encoding's own for a layer's whole attention, equal
+  to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels on CUDA).
 
 Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
 sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each
@@ -41,10 +43,9 @@ encoding (posenc/nn/layout.py): the model asks ``for_layer``. A mechanism that w
 encoding (posenc/nn/encodings/mechanism.py) passes every hook through and adds its own.
 
 The base class itself is NoPE: no positional information at all, which a causal decoder can
-still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding
-offers is *derived* from which hooks it overrides (``offers``: ``has_position_bias``, ``has_decay``…):
-there is no flag to remember, and attention never asks which encoding it has. The vocabulary
-(position_bias, distance_bias, score_mod, …) and ``Context`` are in posenc/nn/encodings/context.py.
+still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding offers is
+*derived* from which hooks it overrides (``offers``: ``has_decay``…): no flag to remember, and
+attention never asks which encoding it has. The vocabulary and ``Context``: posenc/nn/encodings/context.py.
 """
 
 from __future__ import annotations
@@ -53,18 +54,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
-    Context,
-    Normaliser,
-    ScoreMod,
-    ScoreRows,
-    distance_score_mod,
-    positions_at,
+    Context, FusedAttention, KernelUnavailable, Normaliser, ScoreMod, ScoreRows, distance_score_mod, positions_at,
 )
-from posenc.nn.encodings.options import (  # noqa: F401 - re-exported
-    BUILDER_ARGUMENTS,
-    constructor_arguments,
-    outermost_encodings,
-)
+from posenc.nn.encodings.options import BUILDER_ARGUMENTS, constructor_arguments, outermost_encodings  # noqa: F401
 
 #: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
 #: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
@@ -73,7 +65,7 @@ ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
 
 #: the hooks an encoding may override; ``offers(hook)`` says whether it does
 HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "qk_scores", "decay",
-         "logit_scale", "sink_logit", "normalise", "rotary_frequencies")
+         "logit_scale", "sink_logit", "normalise", "rotary_frequencies", "fused_attention")
 
 
 class PositionalEncoding(nn.Module):
@@ -161,6 +153,15 @@ class PositionalEncoding(nn.Module):
         Only called when a subclass overrides it (``has_normaliser``)."""
         raise NotImplementedError
 
+    def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
+        """A kernel of the encoding's own that computes block ``layer``'s whole attention in this forward
+        (``FusedAttention``), or None where it has none for this context (device, ``ctx.dtype``, head dim,
+        ``ctx.mask(layer)``, libraries installed): attention then computes it from the other hooks, which
+        define what the kernel must equal. log_gates: the kernel must also add a wrapping mechanism's log
+        forget gates. Asked once per forward for the layers sharing this encoding and mask (ctx.x is None
+        here; the kernel is given the block's input). Only called when a subclass overrides it."""
+        raise NotImplementedError
+
     # --- what a fused kernel may use instead of ``position_bias`` -------------------------------
     def distance_bias(self, distance: Tensor) -> Tensor:
         """For a position bias that depends on positions only through the distance n = i - j of
@@ -184,9 +185,8 @@ class PositionalEncoding(nn.Module):
         """For an encoding that rotates dimension pairs of q and k by m·θ_i in block ``layer``: θ
         (head_dim/2,) float, θ_i of pair i, 0 for a pair left unrotated, learned ones as they are
         now; pair i is dims (2i, 2i+1), or (i, i + rot_dim/2) where ``self.style == "half"``
-        (``self.rot_dim``, the rotated width, defaults to head_dim).
-        None (the default): no rotation in this layer. The rotary probe (posenc/eval/probes.py)
-        reads it, and figures draw an encoding that offers it as rotary."""
+        (``self.rot_dim``, the rotated width, defaults to head_dim). None (the default): no rotation
+        in this layer. The rotary probe (posenc/eval/probes.py) reads it; figures draw it as rotary."""
         return None
 
     # --- derived facts ----------------------------------------------------------------

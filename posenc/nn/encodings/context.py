@@ -15,7 +15,9 @@ Vocabulary, one name per concept:
     decay          cumulative log forget gates c, a logit term c_i - c_j in each layer;
     logit scale    τ_i multiplying q_i·k_j/√d (additive terms are added unscaled);
     sink           a logit s_h of a key with zero value that every query sees;
-    normaliser     what turns a row of logits into weights: softmax unless replaced.
+    normaliser     what turns a row of logits into weights: softmax unless replaced;
+    fused_attention a kernel of the encoding's own computing a layer's whole attention (fla's FoX,
+                   PaTH and stick-breaking kernels on CUDA), equal to what the other hooks define.
 """
 
 from __future__ import annotations
@@ -38,6 +40,16 @@ Normaliser = Callable[[Tensor, Tensor, Tensor], Tensor]
 #: a layer's scores s_ij in row blocks: rows(start, end, lo) -> (B, H, end - start, end - lo), the
 #: queries start..end-1 over the keys lo..end-1 (window indices), so that long sequences never hold T x T
 ScoreRows = Callable[[int, int, int], Tensor]
+#: a layer's whole attention by a kernel of the encoding's own: (q, k, v, ctx, layer, log_gates) -> (B, H, T, dv).
+#: q, k: (B, H, T, d) after transform_qk and the logit scale; v: (B, H, T, dv); ctx: with the block's input x
+#: and the layer's mask; log_gates: (B, H, T) per-token log forget gates g_t of a wrapping mechanism, whose sums
+#: Σ_{t=j+1..i} g_t join the logits unscaled (FoX's decays), or None
+FusedAttention = Callable[[Tensor, Tensor, Tensor, "Context", int, "Tensor | None"], Tensor]
+
+
+class KernelUnavailable(RuntimeError):
+    """What a ``FusedAttention`` raises when it cannot run after all (its library refused at call time,
+    said in a warning): attention computes that layer from the encoding's other hooks instead."""
 
 
 

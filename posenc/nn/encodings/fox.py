@@ -35,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posenc.nn import fla_attention
 from posenc.nn.cumsum import cumsum
-from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 
 
@@ -80,6 +81,18 @@ class FoX(Mechanism):
         c = cumulative_log_gates(self.log_forget_gates(ctx.x, layer))
         inner = self.inner_decay(ctx, layer)
         return c if inner is None else c + inner
+
+    def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
+        """On CUDA, flash-linear-attention's forgetting attention around an encoding that acts on q and k
+        alone (FoX, FoX-RoPE), or the inner encoding's own kernel given the gates (PaTH-FoX)."""
+        def gates(ctx: Context, layer: int) -> Tensor:  # log f_t (B, H, T): fla sums them itself
+            return self.log_forget_gates(ctx.x, layer)
+
+        if self.inner.offers("fused_attention"):
+            return fla_attention.with_gates(self.inner.fused_attention(ctx, layer, log_gates=True), gates)
+        if not self.inner_acts_on_qk():
+            return None
+        return fla_attention.forgetting_kernel(ctx, layer, self.head_dim, self.name, gates)
 
     def options(self) -> dict[str, object]:
         return {**super().options(), "bias_scale": self.bias_scale}

@@ -7,6 +7,12 @@ adds, ``logit_scale`` multiplies, ``sink_logit`` joins as log(e^a + e^b)). What 
 offers is what the inner encoding offers plus what the subclass overrides, so attention still
 derives every path from ``offers`` and never learns a name.
 
+A kernel of the inner encoding's own (``fused_attention``) computes what the inner encoding
+defines, so it passes through only a mechanism that adds nothing but hooks on q and k (``ON_QK``:
+attention applies them before any kernel), as SSMax's logit scale; a mechanism with a kernel of its
+own asks ``inner_acts_on_qk`` whether that kernel, given the transformed q and k, covers the inner
+encoding too (FoX-RoPE), or composes with the inner kernel (PaTH-FoX: FoX's gates given to PaTH's).
+
 The inner encoding is a config node of its own (Hydra's defaults list puts conf/encoding/<x>.yaml
 under ``encoding.inner``; choose it with ``encoding@encoding.inner=rope`` and set its keys as
 ``encoding.inner.base=500``); posenc/build.py builds it first and hands it to the wrapper.
@@ -19,7 +25,11 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreMod, ScoreRows
+from posenc.nn.encodings.base import HOOKS, Context, FusedAttention, PositionalEncoding, ScoreMod, ScoreRows
+
+#: the hooks that act on q and k (or the embeddings) before attention: a kernel given the transformed,
+#: scaled q and k has computed them already
+ON_QK = ("embed", "transform_qk", "logit_scale", "rotary_frequencies")
 
 
 class Mechanism(PositionalEncoding):
@@ -90,6 +100,17 @@ class Mechanism(PositionalEncoding):
 
     def normalise(self, scores: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
         return self.inner.normalise(scores, q_idx, k_idx)
+
+    def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
+        """The inner encoding's kernel, where this mechanism adds nothing but hooks on q and k."""
+        if any(self.own(hook) for hook in HOOKS if hook not in ON_QK) or not self.inner.offers("fused_attention"):
+            return None
+        return self.inner.fused_attention(ctx, layer, log_gates)
+
+    def inner_acts_on_qk(self) -> bool:
+        """Whether the inner encoding acts on q and k alone (NoPE, RoPE): a kernel of this mechanism
+        given the transformed q and k then computes the inner encoding as well."""
+        return not any(self.inner.offers(hook) for hook in HOOKS if hook not in ON_QK)
 
     # --- what the inner hook gives, for a subclass to combine with its own ----------------
     def inner_decay(self, ctx: Context, layer: int) -> Tensor | None:

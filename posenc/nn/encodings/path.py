@@ -20,10 +20,12 @@ H_t = I and PaTH is NoPE. PaTH with FoX's forget gate (the paper's PaTH-FoX) is
 s_ij cannot be written as a map of q and k alone, so PaTH is the contract's ``qk_scores`` hook:
 attention writes the logits out, computed by the paper's chunked UT algorithm
 (posenc/nn/encodings/householder.py) a block of queries at a time, O(T·(C + d)) beside the
-scores. Under documents packing a visible pair never spans a boundary, so its product holds only
-its own document's transforms; the short convolution does not reach across one either (fla resets
-it at each ``cu_seqlens`` boundary). It wraps an encoding (``encoding.inner``, NoPE by default as in
-the paper) whose ``transform_qk`` runs first.
+scores; on CUDA, with flash-linear-attention installed, its fused PaTH kernel computes the whole
+layer instead (``fused_attention``, posenc/nn/fla_attention.py). Under documents packing a visible
+pair never spans a boundary, so its product holds only its own document's transforms; the short
+convolution does not reach across one either (fla resets it at each ``cu_seqlens`` boundary). It
+wraps an encoding (``encoding.inner``, NoPE by default as in the paper) whose ``transform_qk`` runs
+first.
 
 **Parameters and their scale.** Per layer: W_w as two factors (H·d x rank)(rank x d_model) as fla's
 ``w_proj`` (``w_rank: null`` for one full matrix), the convolution's taps (H·d x conv_size,
@@ -41,7 +43,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.encodings.base import Context, PositionalEncoding, ScoreRows
+from posenc.nn import fla_attention
+from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding, ScoreRows
 from posenc.nn.encodings.householder import PathScores
 from posenc.nn.encodings.mechanism import Mechanism
 
@@ -123,6 +126,17 @@ class PaTH(Mechanism):
             w, beta = self.householder_vectors(ctx.x, ctx.doc, layer)
             dtype = w.dtype
             return PathScores(q.to(dtype), k.to(dtype), w, beta).rows
+
+    def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
+        """On CUDA, flash-linear-attention's PaTH attention (given a wrapping FoX's gates: PaTH-FoX) around
+        an encoding that acts on q and k alone."""
+        def transforms(ctx: Context, layer: int) -> tuple[Tensor, Tensor]:  # w, β in float32, as fla takes them
+            with torch.autocast(ctx.x.device.type, enabled=False):
+                return self.householder_vectors(ctx.x, ctx.doc, layer)
+
+        if not self.inner_acts_on_qk():
+            return None
+        return fla_attention.path_kernel(ctx, layer, self.head_dim, self.name, transforms)
 
     def options(self) -> dict[str, object]:
         return {**super().options(), "w_rank": self.w_rank, "conv_size": self.conv_size,

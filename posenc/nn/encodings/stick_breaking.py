@@ -19,8 +19,10 @@ A hidden key (another document, outside a window, the future) has z = -inf, henc
 takes nothing and leaves the stick whole, so every mask is respected by construction.
 
 This is the contract's ``normalise`` hook: attention writes the logits out (dense on CPU, in
-query chunks for long sequences); FlexAttention computes a softmax, so on CUDA attention falls
-back to the explicit path with one warning. No parameters of its own.
+query chunks for long sequences). On CUDA flash-linear-attention's stick-breaking kernel computes
+the whole layer (``fused_attention``, posenc/nn/fla_attention.py: its output plus its remainder on
+the query's value); without fla, or under a sliding window it does not take, attention falls back to
+the explicit path with one warning (FlexAttention computes a softmax). No parameters of its own.
 """
 
 from __future__ import annotations
@@ -29,8 +31,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from posenc.nn import fla_attention
 from posenc.nn.cumsum import cumsum
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 
 
@@ -64,3 +67,10 @@ class StickBreaking(Mechanism):
         weights = stick_breaking_weights(scores.to(dtype), stick)
         rest = (1.0 - weights.sum(-1, keepdim=True)).clamp(min=0.0)  # (B, H, Tq, 1)
         return weights + rest * (k_idx[None, :] == q_idx[:, None])  # the remainder on key i = query i
+
+    def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
+        """On CUDA, flash-linear-attention's stick-breaking attention around an encoding that acts on q and k
+        alone; none under a wrapping FoX (fla's kernel takes no gates)."""
+        if log_gates or not self.inner_acts_on_qk():
+            return None
+        return fla_attention.stick_breaking_kernel(ctx, layer, self.head_dim, self.name)

@@ -1,0 +1,270 @@
+"""flash-linear-attention's kernels for FoX, PaTH, PaTH-FoX and stick-breaking (issue 45): on a CUDA
+context the plan is fla's kernel, offered by the encoding's ``fused_attention`` hook; fla absent or
+refusing (at import, or when the kernel runs) is one warning and posenc's own path; and the
+arguments posenc passes (FoX's gates in log space and unscaled, PaTH's w and β, its gates times √d,
+stick-breaking's remainder on the query's own value, documents and chunked windows as cu_seqlens, a
+sliding window as window_size) make fla's maths posenc's definition.
+
+On CPU the adapters run with fla's naive references (fla/ops/<op>/naive.py, loaded by file, run
+document by document where fla's kernel takes cu_seqlens) in place of the Triton ops, through the
+very kernel the encoding offers on CUDA (the device stubbed, as test_attention_paths.py does), in
+float64 against posenc's own path, values and gradients of q, k, v and every parameter of the
+encoding. On a GPU the same tests run fla's Triton kernels (marked cuda, skipped without CUDA).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import types
+import warnings
+
+import pytest
+import torch
+from fla_reference import fla_naive
+
+from posenc import errors
+from posenc.build import build_encoding
+from posenc.config import compose
+from posenc.nn import attention, fla_attention
+from posenc.nn.encodings.base import Context
+from posenc.nn.mask import AttentionMask, Window
+
+FUSED = ["fox", "fox_rope", "path", "path_fox", "stick_breaking"]
+B, H, HD = 2, 2, 64
+SHAPE = ["model.n_layer=2", f"model.n_head={H}", f"model.d_model={H * HD}", "trainer.seq_len=1024"]
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@functools.cache
+def config(name: str):
+    return compose([f"encoding={name}", *SHAPE])
+
+
+def encoding_of(name: str, dtype: torch.dtype = torch.float64, device: str = "cpu") -> torch.nn.Module:
+    torch.manual_seed(0)
+    encoding = build_encoding(config(name)).to(device, dtype)
+    with torch.no_grad():
+        for p in encoding.parameters():  # gates and transforms away from their initial values
+            p.add_(torch.randn_like(p) * 0.1)
+        if hasattr(encoding, "gate_bias"):  # forget gates near σ(4) ≈ 0.98, where trained FoX's are:
+            encoding.gate_bias.add_(0.5)  # keys hundreds of tokens back still count (and windows matter)
+    return encoding
+
+
+def segments_of(T: int, seed: int) -> torch.Tensor:
+    """(B, T) document ids: a few runs of random length per row."""
+    g = torch.Generator().manual_seed(seed)
+    cuts = [sorted(torch.randperm(T - 1, generator=g)[:3].add(1).tolist()) for _ in range(B)]
+    return torch.stack([torch.bucketize(torch.arange(T), torch.tensor(c), right=True) for c in cuts])
+
+
+# --- fla's naive references with the Triton ops' signatures -------------------------------------
+def per_document(naive, outputs: int = 1):
+    """naive as fla's op takes documents: each cu_seqlens segment of the flattened sequence run alone."""
+    @functools.wraps(naive)  # its signature: what posenc reads of the op (a window_size, or none)
+    def op(q, k, v, *per_token, cu_seqlens=None, **options):
+        if cu_seqlens is None:
+            return naive(q, k, v, *per_token, **options)
+        bounds = cu_seqlens.tolist()
+        runs = [naive(q[:, a:b], k[:, a:b], v[:, a:b], *(None if t is None else t[:, a:b] for t in per_token),
+                      **options) for a, b in itertools.pairwise(bounds)]
+        if outputs == 1:
+            return torch.cat(runs, dim=1)
+        return tuple(None if parts[0] is None else torch.cat(parts, dim=1) for parts in zip(*runs))
+
+    return op
+
+
+def naive_ops() -> dict[str, tuple]:
+    forgetting = fla_naive("forgetting_attn/naive.py").naive_forgetting_attn
+    path = fla_naive("path_attn/naive.py").naive_path_attn
+    stick = fla_naive("stickbreaking_attn/naive.py").naive_stickbreaking_attn
+
+    def path_op(q, k, v, w, beta, g, scale):  # fla's op returns (o, k_cache); its naive needs the gates
+        return path(q, k, v, w, beta, torch.zeros_like(beta) if g is None else g, scale), None
+
+    def forgetting_op(q, k, v, g, scale, window_size=None):  # fla's op returns q's dtype, its naive float32
+        return forgetting(q, k, v, g, scale, window_size).to(q.dtype)
+
+    return {fla_attention.FORGETTING[0]: (per_document(forgetting_op),),
+            fla_attention.PATH[0]: (per_document(path_op, outputs=2),),
+            fla_attention.STICK_BREAKING[0]: (per_document(stick, outputs=2),)}
+
+
+@pytest.fixture
+def fresh(monkeypatch):
+    """No fla ops loaded and no warning said yet in this process."""
+    monkeypatch.setattr(errors, "_WARNED", set())
+    monkeypatch.setattr(fla_attention, "_loaded", {})
+
+
+@pytest.fixture
+def on_cuda(monkeypatch, fresh):
+    """stub(naive=True): from then on contexts are on CUDA (the device stubbed; the hooks' own path
+    there is the explicit-mask one, which runs on the CPU), in any dtype the naive references take,
+    and fla's ops are its naive references unless naive=False."""
+    def stub(naive: bool = True) -> None:
+        if naive:
+            ops = naive_ops()
+            monkeypatch.setattr(fla_attention, "load", lambda module, names: ops[module])
+            monkeypatch.setattr(fla_attention, "DTYPES", (*fla_attention.DTYPES, torch.float64))
+        monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
+        monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
+    return stub
+
+
+def context(T: int, doc: torch.Tensor | None, window: Window, dtype: torch.dtype, device: str = "cpu") -> Context:
+    doc = None if doc is None else doc.to(device)
+    return Context.arange(T, device, dtype, doc, (AttentionMask(T, doc, window),) * 2)
+
+
+# --- which plan ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("window", [Window(), Window(64, chunked=True)])
+def test_on_cuda_the_plan_is_flas_kernel(name, window, on_cuda):
+    encoding = encoding_of(name, torch.float32)
+    doc = segments_of(256, 1)
+    on_cuda()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # taken silently
+        assert isinstance(attention.plan(encoding, context(256, None, window, torch.bfloat16), 0, 0.0),
+                          attention.FusedPlan)
+        assert isinstance(attention.plan(encoding, context(256, doc, window, torch.float32), 1, 0.0),
+                          attention.FusedPlan)
+
+
+@pytest.mark.parametrize(("name", "why"), [
+    ("path", "takes no sliding window"), ("stick_breaking", "takes no sliding window"),
+    ("fox", "no attention dropout"), ("fox", "float16, bfloat16 or float32"), ("path", "takes head_dim 16, 32"),
+])
+def test_what_flas_kernel_does_not_take_falls_back_with_one_warning(name, why, on_cuda, monkeypatch):
+    encoding = encoding_of(name, torch.float32)
+    window = Window(100) if "sliding" in why else Window()
+    dropout = 0.1 if "dropout" in why else 0.0
+    dtype = torch.float64 if "float16" in why else torch.bfloat16
+    if "head_dim" in why:
+        monkeypatch.setattr(encoding, "head_dim", 48)
+    on_cuda()
+    monkeypatch.setattr(fla_attention, "DTYPES", (torch.float16, torch.bfloat16, torch.float32))
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plans = [attention.plan(encoding, context(256, None, window, dtype), 0, dropout) for _ in range(2)]
+    assert not any(isinstance(p, attention.FusedPlan) for p in plans)
+    [message] = [str(w.message) for w in said if why in str(w.message)]  # said once, naming the encoding
+    assert f"encoding '{name}'" in message
+
+
+HOPPER = "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results"
+
+
+@pytest.mark.parametrize("name", FUSED)
+@pytest.mark.parametrize("failure", [ImportError("No module named 'fla'"), RuntimeError(HOPPER)])
+def test_without_fla_or_when_it_refuses_at_import_the_plan_is_posencs_own_with_one_warning(name, failure, on_cuda,
+                                                                                         monkeypatch):
+    def import_module(module):
+        raise failure
+    monkeypatch.setattr(fla_attention, "importlib", types.SimpleNamespace(import_module=import_module))
+    encoding = encoding_of(name, torch.float32)
+    on_cuda(naive=False)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        plans = [attention.plan(encoding, context(256, None, Window(), torch.bfloat16), layer, 0.0) for layer in (0, 1)]
+    assert not any(isinstance(p, attention.FusedPlan) for p in plans)
+    [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
+    assert f"{type(failure).__name__}: {failure}" in fla
+
+
+@pytest.mark.parametrize("name", FUSED)
+def test_a_kernel_that_refuses_when_it_runs_leaves_the_layer_to_posencs_path(name, on_cuda, monkeypatch):
+    """fla refusing when its kernel runs (a RuntimeError) is one warning; that layer, and the next
+    forward's plan, are posenc's own path, with the same output."""
+    def refusing(*args, **kwargs):
+        raise RuntimeError(HOPPER)
+    fla = types.SimpleNamespace(parallel_forgetting_attn=refusing, parallel_path_attn=refusing,
+                                parallel_stickbreaking_attn=refusing)
+    monkeypatch.setattr(fla_attention, "importlib", types.SimpleNamespace(import_module=lambda module: fla))
+    encoding = encoding_of(name)
+    encoding.prepare(128)
+    q, k, v, x = inputs(128, seed=3)
+    cpu = context(128, None, Window(), torch.float64)
+    expected = attention.attend_layer(q, k, v, encoding, cpu.with_input(x), 0, attention.plan(encoding, cpu, 0, 0.0))
+    on_cuda(naive=False)
+    monkeypatch.setattr(fla_attention, "DTYPES", (torch.float64,))
+    ctx = context(128, None, Window(), torch.float64)
+    chosen = attention.plan(encoding, ctx, 0, 0.0)
+    assert isinstance(chosen, attention.FusedPlan)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        out = attention.attend_layer(q, k, v, encoding, ctx.with_input(x), 0, chosen)
+        later = attention.plan(encoding, ctx, 0, 0.0)
+    [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
+    assert f"RuntimeError: {HOPPER}" in fla and not isinstance(later, attention.FusedPlan)
+    torch.testing.assert_close(out, expected)
+
+
+# --- parity: fla's maths through posenc's arguments = posenc's own path --------------------------------
+def inputs(T: int, seed: int, dtype: torch.dtype = torch.float64, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
+               for _ in range(3))
+    x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64).to(device, dtype)
+    return q, k, v, x
+
+
+def layer_and_grads(encoding, ctx: Context, q, k, v, x, layer: int = 1):
+    """The layer's attention through the plan ctx gives, and the gradients of a fixed projection of it
+    with respect to q, k, v and every parameter of the encoding."""
+    encoding.prepare(ctx.T)  # RoPE's table, as the model asks once per forward
+    chosen = attention.plan(encoding, ctx, layer, 0.0)
+    out = attention.attend_layer(q, k, v, encoding, ctx.with_input(x), layer, chosen)
+    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(out)
+    wrt = [q, k, v, *encoding.parameters()]
+    grads = torch.autograd.grad((out * probe).sum(), wrt, allow_unused=True)
+    return chosen, out, [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
+
+
+MASKS = {"causal": (False, Window()), "documents": (True, Window()), "chunked": (True, Window(128, chunked=True)),
+         "sliding": (True, Window(48))}
+#: each kernel under each way posenc hands it a mask: none; documents (cu_seqlens); a chunked window (its
+#: chunks as cu_seqlens segments, inside documents); a sliding window (fla's window_size, inside documents)
+CASES = [("fox", "causal"), ("fox", "sliding"), ("fox_rope", "chunked"), ("path", "causal"), ("path_fox", "chunked"),
+         ("stick_breaking", "causal"), ("stick_breaking", "documents"), ("stick_breaking", "chunked")]
+#: fla's FoX and PaTH references compute in float32 inside (cumulative sums of the gates, products of
+#: transforms): agreement to float32's precision, 1e-5 of the largest value (1e-6 measured); its
+#: stick-breaking reference stays in float64 (1e-15 measured)
+TOLERANCE = {"naive": {"fox": 1e-5, "fox_rope": 1e-5, "path": 1e-5, "path_fox": 1e-5, "stick_breaking": 1e-12},
+             "triton": dict.fromkeys(FUSED, 5e-3)}
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> None:
+    """|actual - expected| <= tolerance · max |expected|, everywhere."""
+    torch.testing.assert_close(actual, expected, atol=tolerance * expected.abs().max().item(), rtol=0, msg=what)
+
+
+@pytest.mark.parametrize("backend", ["naive", pytest.param("triton", marks=[pytest.mark.cuda, cuda])])
+@pytest.mark.parametrize(("name", "mask"), CASES)
+def test_flas_kernel_computes_posencs_definition(name, mask, backend, on_cuda, monkeypatch):
+    """Values and gradients (q, k, v, FoX's gates, PaTH's projections, convolution and β) of the layer
+    by fla's kernel, fed what posenc feeds it, equal posenc's own path: float64 with fla's naive
+    references (float32 on a GPU with fla's Triton kernels), head_dim 64, T = 320: five of the 64-token
+    chunks of PaTH's algorithms (what its scores depend on; fla's naive PaTH takes ~20 s at T = 512)."""
+    T = 320
+    documents, window = MASKS[mask]
+    doc = segments_of(T, 2) if documents else None
+    device, dtype = ("cpu", torch.float64) if backend == "naive" else ("cuda", torch.float32)
+    encoding = encoding_of(name, dtype, device)
+    q, k, v, x = inputs(T, seed=4, dtype=dtype, device=device)
+    with monkeypatch.context() as own:  # posenc's own path: the plan from the encoding's hooks
+        own.setattr(attention, "fused_plan", lambda *args: None)
+        _, expected, expected_grads = layer_and_grads(encoding, context(T, doc, window, dtype, device), q, k, v, x)
+    if backend == "naive":
+        on_cuda()
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = False
+    chosen, out, grads = layer_and_grads(encoding, context(T, doc, window, dtype, device), q, k, v, x)
+    assert isinstance(chosen, attention.FusedPlan) and not chosen.failed
+    tolerance = TOLERANCE[backend][name]
+    assert_close(out, expected, tolerance, "the layer's output")
+    for n, g, e in zip(["q", "k", "v", *(n for n, _ in encoding.named_parameters())], grads, expected_grads):
+        assert_close(g, e, tolerance, f"the gradient of {n}")
