@@ -268,3 +268,51 @@ def test_flas_kernel_computes_posencs_definition(name, mask, backend, on_cuda, m
     assert_close(out, expected, tolerance, "the layer's output")
     for n, g, e in zip(["q", "k", "v", *(n for n, _ in encoding.named_parameters())], grads, expected_grads):
         assert_close(g, e, tolerance, f"the gradient of {n}")
+
+
+def test_a_kernel_that_refuses_in_its_backward_costs_the_step_one_retry_not_the_run(on_cuda, monkeypatch):
+    """fla refusing in a kernel's backward (where fla 0.6's Hopper refusal is raised) surfaces in the
+    step's loss.backward(), far from the layer: the step is taken again with fla's attention kernels
+    refused (one warning), from the same batch, and the layers compute from their encoding's hooks."""
+    from contextlib import nullcontext
+
+    from conftest import TINY
+    from posenc.build import build_model
+    from posenc.data.batches import Batch
+    from posenc.train.state import micro_batches, new_train_state, train_step
+
+    # an op whose backward raises from a file of fla's package, as fla's Triton backward would
+    source = ("import torch\n"
+              "class Refusing(torch.autograd.Function):\n"
+              "    @staticmethod\n"
+              "    def forward(ctx, o):\n"
+              "        return o.clone()\n"
+              "    @staticmethod\n"
+              "    def backward(ctx, grad):\n"
+              f"        raise RuntimeError({HOPPER!r})\n")
+    namespace: dict = {}
+    exec(compile(source, "/site-packages/fla/ops/forgetting_attn/parallel.py", "exec"), namespace)
+    [naive] = naive_ops()[fla_attention.FORGETTING[0]]
+
+    def refusing_in_backward(q, k, v, g, scale, window_size=None, cu_seqlens=None):
+        return namespace["Refusing"].apply(naive(q, k, v, g, scale, window_size, cu_seqlens=cu_seqlens))
+
+    on_cuda(naive=False)
+    fla_attention._loaded[fla_attention.FORGETTING] = (refusing_in_backward,)
+    cfg = compose(["encoding=fox", *TINY])
+    torch.manual_seed(0)
+    model = build_model(cfg, vocab_size=64)
+    idx = torch.randint(64, (4, 33), generator=torch.Generator().manual_seed(0))
+
+    class Same:
+        def next(self) -> Batch:
+            return Batch(idx[:, :-1], idx[:, 1:])
+
+    state = new_train_state(model, cfg.trainer, Same(), torch.device("cpu"), nullcontext)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        result = train_step(state, micro_batches(state))
+    [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
+    assert "parallel_forgetting_attn" in fla and "Hopper" in fla
+    assert state.step == 1 and torch.isfinite(result.loss)
+    assert fla_attention._loaded[fla_attention.FORGETTING] is None  # not tried again in this process

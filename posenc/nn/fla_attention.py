@@ -28,6 +28,7 @@ from torch import Tensor
 
 from posenc.errors import warn_once
 from posenc.nn.encodings.context import Context, FusedAttention, KernelUnavailable
+from posenc.nn.fla_kernels import cu_seqlens  # the recurrent layers' offsets: the same convention
 from posenc.nn.mask import AttentionMask
 
 #: the ops each kernel needs: (module, op names), what ``load`` takes
@@ -76,6 +77,26 @@ def refused(error: BaseException) -> bool:
     if isinstance(error, torch.cuda.OutOfMemoryError):
         return False
     return isinstance(error, (RuntimeError, AssertionError)) or type(error).__module__.startswith("triton")
+
+
+def refuse_from(error: BaseException) -> bool:
+    """After a failed training step: whether ``error`` is fla refusing inside one of its kernels'
+    backwards (a frame of its traceback in fla's package; the forward's refusals ``run`` catches). Then
+    every fla attention kernel this process loaded is refused (one warning each), so that the step,
+    taken again, computes those layers from the encodings' hooks."""
+    import traceback
+
+    seen: BaseException | None = error
+    inside = False
+    while seen is not None and not inside:
+        inside = any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(seen.__traceback__))
+        seen = seen.__cause__ if seen.__cause__ is not seen else None
+    loaded = [key for key, ops in _loaded.items() if ops is not None]
+    if not (inside and refused(error) and loaded):
+        return False
+    for key in loaded:
+        refuse(key, error)
+    return True
 
 
 def run(key: tuple[str, tuple[str, ...]], adapter: Callable[..., Tensor], *args: object) -> Tensor:
@@ -194,8 +215,6 @@ def to_fla(mask: AttentionMask, *tensors: Tensor) -> tuple[list[Tensor], Tensor 
     seg = segments(mask, B, tensors[0].device)
     if seg is None:
         return out, None
-    from posenc.nn.fla_kernels import cu_seqlens  # the recurrent layers' offsets, the same convention
-
     return [t.reshape(1, B * T, *t.shape[2:]) for t in out], cu_seqlens(seg)
 
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn.attention import warn_once
+from posenc.errors import warn_once
 
 #: the device types fla's Triton kernels run on: a set, so that a test can take the paths of a
 #: refusing or missing fla on a CPU

@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from posenc.data.batches import Batch
 from posenc.errors import warn_once
 from posenc.hardware import use_compile
-from posenc.nn import flex_kernels
+from posenc.nn import fla_attention, flex_kernels
 from posenc.train import distributed
 
 #: attempts of one step: each failed compilation moves one kernel down a finite ladder (or the model
@@ -172,12 +172,16 @@ def recover(state: TrainState, error: Exception) -> bool:
     """After a failed step, what runs next time (said in one warning), or False to re-raise error:
 
     - dynamo's recompile limit reached: raised (flex_kernels.raise_recompile_limit);
+    - flash-linear-attention refused inside an attention kernel's backward: its kernels are not used
+      again, the layers compute from their encodings' hooks (posenc/nn/fla_attention.py);
     - a FlexAttention kernel failed to compile: each layer kind this step planned with one steps
       down its ladder of kernel configurations, to the dense path at the end (posenc/nn/flex_kernels.py);
     - any other compilation of a compiled model failed (inductor lowering, Triton): the model runs
       uncompiled for the rest of the run."""
     if flex_kernels.is_recompile_limit(error):
         flex_kernels.raise_recompile_limit()
+        return True
+    if fla_attention.refuse_from(error):  # fla refused in a kernel's backward: those layers take the hooks
         return True
     if not flex_kernels.is_compile_error(error):
         return False
