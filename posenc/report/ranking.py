@@ -15,8 +15,8 @@ number of groups minus those detectably behind it. So the ranks and the verdict 
 the leader's interval is [1, 1] exactly when it is named best, and every group tied for best has an
 interval starting at 1. A group with one seed is detectably different from none ([1, n groups]).
 A bootstrap of 2-3 seeds, as used before, sees only a few distinct means and printed [1, 1] beside
-a tie. Kendall's τ between rankings keeps Efron's bootstrap (seeds resampled in every cell, a
-seeded numpy Generator: deterministic).
+a tie. Kendall's τ between rankings keeps Efron's bootstrap (seeds resampled in every cell, by
+scipy.stats.bootstrap with a seeded numpy Generator: deterministic).
 """
 
 from __future__ import annotations
@@ -130,12 +130,6 @@ def leader(values: Values, higher_is_better: bool, log: bool = False) -> Leader:
     return _leader(x, behind(x, higher_is_better), higher_is_better)
 
 
-def _bootstrap_means(scaled: Mapping[str, np.ndarray], resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """(resamples, groups): each group's mean over its seeds drawn with replacement."""
-    columns = [x[rng.integers(0, len(x), size=(resamples, len(x)))].mean(axis=1) for x in scaled.values()]
-    return np.stack(columns, axis=1)
-
-
 def rank_groups(values: Values, higher_is_better: bool, log: bool = False) -> Ranking:
     """The groups ranked by their mean, each with the interval of ranks the pairwise Welch tests
     allow, and the leader from the same tests."""
@@ -163,6 +157,35 @@ def _tau(x: np.ndarray, y: np.ndarray) -> float | None:
         warnings.simplefilter("ignore")
         tau = stats.kendalltau(x, y).statistic
     return None if np.isnan(tau) else float(tau)
+
+
+def _tau_interval(at_u: list[np.ndarray], at_v: list[np.ndarray], resamples: int,
+                  rng: np.random.Generator) -> tuple[float | None, float | None]:
+    """95% percentile interval of τ between the groups' means at u and at v, each group's seeds at
+    each value resampled on their own (scipy.stats.bootstrap over the 2·groups samples, unpaired).
+    A resample whose ranking is all ties has no τ: it is left out (np.nanpercentile), and an interval
+    no resample defines is None. A cell of one seed is resampled as itself."""
+    cells = [*at_u, *at_v]
+    drawn = [i for i, c in enumerate(cells) if len(c) > 1]  # scipy resamples samples of two or more
+    groups = len(at_u)
+
+    def tau_of_means(*resampled: np.ndarray) -> float:
+        means = [c.mean() for c in cells]
+        for i, c in zip(drawn, resampled):
+            means[i] = c.mean()
+        t = _tau(np.array(means[:groups]), np.array(means[groups:]))
+        return np.nan if t is None else t
+
+    if not drawn:
+        taus = np.full(resamples, tau_of_means())
+    else:
+        with warnings.catch_warnings():  # a degenerate resample distribution warns; its NaNs are handled below
+            warnings.simplefilter("ignore")
+            taus = stats.bootstrap([cells[i] for i in drawn], tau_of_means, n_resamples=resamples, vectorized=False,
+                                   paired=False, method="percentile", random_state=rng).bootstrap_distribution
+    if np.isnan(taus).all():
+        return None, None
+    return float(np.nanpercentile(taus, 2.5)), float(np.nanpercentile(taus, 97.5))
 
 
 def flips(u: Values, v: Values, shared: Sequence[str], higher_is_better: bool, log: bool = False) -> list[Flip]:
@@ -194,10 +217,7 @@ def rank_agreement(by_value: Mapping[str, Values], higher_is_better: bool, log: 
             out.append(Agreement(u, v, None, None, None, shared, ()))
             continue
         tau = _tau(np.array([fu[k].mean() for k in shared]), np.array([fv[k].mean() for k in shared]))
-        bu = _bootstrap_means({k: fu[k] for k in shared}, resamples, rng)
-        bv = _bootstrap_means({k: fv[k] for k in shared}, resamples, rng)
-        taus = [t for i in range(resamples) if (t := _tau(bu[i], bv[i])) is not None]
-        low, high = (float(np.percentile(taus, 2.5)), float(np.percentile(taus, 97.5))) if taus else (None, None)
+        low, high = _tau_interval([fu[k] for k in shared], [fv[k] for k in shared], resamples, rng)
         found = flips(by_value[u], by_value[v], shared, higher_is_better, log)
         out.append(Agreement(u, v, tau, low, high, shared, tuple(found)))
     return out
