@@ -99,11 +99,13 @@ def encoding_sizes(cfg: DictConfig) -> dict:
 
 
 def supplied(node: DictConfig, sizes: dict) -> dict:
-    """The sizes the node's class takes (every encoding takes d_model and n_head; n_layer and
-    train_len only where its __init__ names them) and the node does not set itself (a run
-    directory's config from before the builder supplied them keeps its own values)."""
+    """The sizes the node's class takes (those its __init__ names: a mechanism names none of
+    d_model and n_head, which it takes from its inner encoding; d_model and n_head also to an
+    __init__ taking **kwargs, as before) and the node does not set itself (a run directory's config
+    from before the builder supplied them keeps its own values)."""
     takes = inspect.signature(get_class(node._target_).__init__).parameters
-    return {k: v for k, v in sizes.items() if k not in node and (k in ("d_model", "n_head") or k in takes)}
+    forwards = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in takes.values())
+    return {k: v for k, v in sizes.items() if k not in node and (k in takes or forwards and k in ("d_model", "n_head"))}
 
 
 def build_encoding(cfg: DictConfig) -> PositionalEncoding:

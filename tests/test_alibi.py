@@ -47,7 +47,7 @@ def test_bias_is_slope_times_key_minus_query():
         for i in range(6):
             for j in range(i + 1):
                 assert bias[h, i, j].item() == pytest.approx(slopes[h].item() * (j - i))
-    assert enc.has_position_bias and enc.max_len is None
+    assert enc.offers("position_bias") and enc.max_len is None
     assert list(enc.state_dict()) == []  # fixed slopes: nothing learned, nothing saved
 
 

@@ -79,7 +79,7 @@ def test_compiled_flex_kernel_equals_the_masked_reference(name):
     from torch.nn.attention.flex_attention import flex_attention
 
     encoding = tiny_model(name).encoding
-    assert encoding.has_position_bias
+    assert encoding.offers("position_bias")
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 4, 128, 16, generator=g) for _ in range(3))
     pos = torch.arange(128)
@@ -102,8 +102,8 @@ class AbsoluteBias(PositionalEncoding):
 def test_overriding_bias_is_what_makes_an_encoding_biased():
     """No flag to remember: a subclass that overrides bias has one, and attention uses it."""
     encoding = AbsoluteBias(32, 4, name="absolute")
-    assert encoding.has_position_bias and not PositionalEncoding(32, 4).has_position_bias
-    assert not encoding.is_relative and encoding.score_mod(Context.arange(4)) is None
+    assert encoding.offers("position_bias") and not PositionalEncoding(32, 4).offers("position_bias")
+    assert not encoding.offers("distance_bias") and encoding.score_mod(Context.arange(4)) is None
     q, k, v, pos = rotated_qkv(PositionalEncoding(32, 4))
     chosen = attention.plan(encoding, Context.arange(T, dtype=torch.float64), 0, 0.0)
     expected = reference(q, k, v, encoding.position_bias(pos, pos).double())

@@ -46,13 +46,9 @@ class LogDistance(PositionalEncoding):
         self.slope = nn.Parameter(torch.zeros(n_head))
         self.offset = nn.Parameter(torch.zeros(n_head)) if offset else None
 
-    def distance_bias(self, distance):  # (R,) -> (H, R)
+    def distance_bias(self, distance):  # (R,) -> (H, R): the one form; posenc derives position_bias, score_mod
         b = -F.softplus(self.slope)[:, None] * torch.log1p(distance.to(self.slope.dtype))[None, :]
         return b + self.offset[:, None] if self.offset is not None else b
-
-    def position_bias(self, q_pos, k_pos):  # (..., Tq), (..., Tk) -> (..., H, Tq, Tk)
-        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)
-        return self.distance_bias(torch.arange(int(n.max()) + 1, device=n.device))[:, n].movedim(0, -3)
 
 
 class WindowLength(PositionalEncoding):

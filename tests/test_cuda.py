@@ -62,7 +62,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
         model = cuda_model(name)
         if reference:  # every bias through the dense float mask; no bias: the mask is causal alone
             monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
-        elif model.encoding.has_position_bias:
+        elif model.encoding.offers("position_bias"):
             assert isinstance(attention.plan(model.encoding, Context.arange(256, "cuda"), 0, 0.0),
                               attention.FlexPlan)
         _, loss = model(idx, idx)

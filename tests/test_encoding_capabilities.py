@@ -23,6 +23,51 @@ def test_options_default_to_the_constructors_arguments(plugin):
     assert RoPE(32, 2).options() == {"base": 10000, "fraction": 1.0, "style": "interleaved"}  # its own override
 
 
+def test_options_are_recorded_from_the_call_whoever_makes_it(plugin):
+    """The arguments bound to the constructor's signature, defaults included, by keyword or by
+    position, through a subclass's super().__init__ or a factory: never the sizes or the name."""
+    import functools
+
+    from myplug.encodings import LogDistanceBias
+
+    class Steeper(LogDistanceBias):
+        def __init__(self, d_model: int, n_head: int, steepness: int = 3) -> None:
+            super().__init__(d_model, n_head, "steeper", init_slope=float(steepness))
+
+    assert LogDistanceBias(32, 2, "logdist", 0.5).options() == {"init_slope": 0.5, "slope_lr_scale": 1.0}
+    assert functools.partial(LogDistanceBias, 32, slope_lr_scale=3.0)(2).options() == {"init_slope": 1.0,
+                                                                                       "slope_lr_scale": 3.0}
+    assert Steeper(32, 2, steepness=4).options() == {"steepness": 4}  # the class built, not the one it extends
+
+
+def test_a_bias_is_offered_by_either_hook_and_relative_only_by_its_distance_table(plugin):
+    """One query, offers(hook): a bias written as a distance table alone (the plug-in's log-distance
+    bias, ALiBi, Kerple) offers the dense position bias derived from it and is relative; a bias of i
+    and j apart (FIRE, the plug-in's normalised distance) offers position_bias and is not."""
+    from myplug.encodings import LogDistanceBias, NormalisedDistance
+
+    from posenc.build import build_encoding
+    from posenc.config import compose, group_options
+
+    relative, biased = set(), set()
+    for name in group_options("encoding"):
+        encoding = build_encoding(compose([f"encoding={name}", "model.d_model=32", "model.n_head=2"], bench=False))
+        relative |= {name} if encoding.offers("distance_bias") else set()
+        biased |= {name} if encoding.offers("position_bias") else set()
+    assert relative == {"alibi", "kerple", "t5_bias"} and biased == relative | {"fire"}
+    written_once, absolute = LogDistanceBias(32, 2), NormalisedDistance(32, 2)
+    assert written_once.offers("position_bias") and written_once.offers("distance_bias") and written_once.needs_scores
+    assert absolute.offers("position_bias") and not absolute.offers("distance_bias")
+    pos = torch.tensor([[0, 1, 2, 3, 4, 5], [3, 4, 0, 1, 2, 3]])  # (B, T): positions restart in a document
+    bias = written_once.position_bias(pos[:, 2:], pos)  # a slice of queries, as long evaluation asks
+    table = written_once.distance_bias(torch.arange(8))  # (H, 8)
+    assert bias.shape == (2, 2, 4, 6)
+    for b, i, j in ((0, 2, 0), (0, 5, 5), (1, 4, 2), (1, 5, 0)):  # bias of query i and key j = table at i - j
+        assert torch.equal(bias[b, :, i - 2, j], table[:, pos[b, i] - pos[b, j]])
+    with pytest.raises(ValueError, match="not a hook of the encoding contract"):
+        written_once.offers("sink")
+
+
 def test_figure_family_and_rotary_probe_come_from_hooks_not_names(plugin):
     from posenc.eval.probes import attention_probes
     from posenc.nn.model import GPT

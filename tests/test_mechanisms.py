@@ -9,6 +9,7 @@ CPU (eager forward), on CUDA in test_cuda.py.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import warnings
 
@@ -62,13 +63,23 @@ def test_a_mechanism_wraps_the_encoding_its_config_names():
     """encoding@encoding.inner picks the wrapped encoding, encoding.inner.<key> its options; what the
     wrapper offers is its own hook plus everything the inner encoding offers."""
     fox = build_encoding(config("encoding=fox", "encoding@encoding.inner=alibi"))
-    assert fox.inner.name == "alibi" and fox.has_decay and fox.has_position_bias and fox.is_relative
+    assert fox.inner.name == "alibi" and fox.offers("decay") and fox.offers("position_bias") and fox.offers("distance_bias")
     rope = build_encoding(config("encoding=ssmax", "encoding.inner.base=500"))
-    assert rope.inner.name == "rope" and rope.inner.base == 500 and rope.has_logit_scale and not rope.has_position_bias
+    assert rope.inner.name == "rope" and rope.inner.base == 500 and rope.offers("logit_scale") and not rope.offers("position_bias")
     nested = build_encoding(config("encoding=sink", "encoding@encoding.inner=ssmax"))  # a sink around SSMax(RoPE)
-    assert nested.has_sink and nested.has_logit_scale and nested.inner.inner.name == "rope"
+    assert nested.offers("sink_logit") and nested.offers("logit_scale") and nested.inner.inner.name == "rope"
     with pytest.raises(UserError, match="choose it with encoding@encoding.inner=rope"):
         build_encoding(config("encoding=fox", "encoding.inner=rope"))  # a name where a config belongs
+
+
+def test_a_mechanism_takes_its_sizes_from_the_encoding_it_wraps():
+    """A mechanism's constructor names no d_model or n_head, so the builder passes it none: its width
+    and heads are its inner encoding's, and its per-layer, per-head parameters have their shapes."""
+    for name in ("fox", "sink", "ssmax", "stick_breaking", "path"):
+        encoding = build_encoding(config(f"encoding={name}"))
+        assert not {"d_model", "n_head"} & set(inspect.signature(type(encoding)).parameters), name
+        assert (encoding.d_model, encoding.n_head, encoding.head_dim) == (encoding.inner.d_model, 4, 8), name
+    assert build_encoding(config("encoding=fox")).gate_weight.shape == (2, 4, 32)  # (layer, head, d_model)
 
 
 def test_the_encodings_list_shows_what_a_mechanism_wraps_and_extends():
@@ -76,7 +87,7 @@ def test_the_encodings_list_shows_what_a_mechanism_wraps_and_extends():
     options = {name: opts for name, _, opts in encoding_catalogue()}
     assert options["fox"]["inner"] == "nope" and options["fox_rope"] == {**options["fox"], "inner": "rope"}
     fox_rope = build_encoding(config("encoding=fox_rope"))
-    assert fox_rope.inner.name == "rope" and fox_rope.has_decay
+    assert fox_rope.inner.name == "rope" and fox_rope.offers("decay")
 
 
 def test_a_sink_cannot_join_a_normaliser_that_is_not_softmax():
@@ -285,14 +296,14 @@ def test_flex_forms_of_decays_and_sinks_equal_the_reference(name, documents, mon
     ctx = Context.at(pos, torch.float64, doc, (mask,), n_positions=T)
     q, k, v = qkv(2)
     x = torch.randn(B, T, 32, dtype=torch.float64)
-    bias_ctx = ctx.at_indices() if documents and encoding.is_relative else ctx
-    plan = flex.FlexPlan(encoding.score_mod(bias_ctx) if encoding.has_position_bias else None,
+    bias_ctx = ctx.at_indices() if documents and encoding.offers("distance_bias") else ctx
+    plan = flex.FlexPlan(encoding.score_mod(bias_ctx) if encoding.offers("position_bias") else None,
                          mask.block_mask(torch.device("cpu")))
     with torch.no_grad(), warnings.catch_warnings():  # FlexAttention has no backward on CPU
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
         q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), 0)
         out = attention.attend(q, k, v, plan, terms=terms)
-    extra = encoding.position_bias(pos, pos) if encoding.has_position_bias else None
+    extra = encoding.position_bias(pos, pos) if encoding.offers("position_bias") else None
     torch.testing.assert_close(out, reference(q, k, v, mask.visible(), extra, terms))
 
 

@@ -183,7 +183,7 @@ def test_gradients_reach_every_parameter_of_the_transforms():
 def test_path_fox_is_path_plus_foxs_decay():
     """PaTH-FoX: FoX's decays c_i − c_j added to PaTH's scores/√d; with every gate open it is PaTH."""
     fox = build_encoding(config("encoding=path_fox")).double()
-    assert fox.inner.name == "path" and fox.has_qk_scores and fox.has_decay
+    assert fox.inner.name == "path" and fox.offers("qk_scores") and fox.offers("decay")
     g = torch.Generator().manual_seed(4)
     q, k = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64) for _ in range(2))
     ctx = Context.arange(T, dtype=torch.float64).with_input(torch.randn(B, T, 32, generator=g, dtype=torch.float64))

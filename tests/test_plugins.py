@@ -41,12 +41,8 @@ class LogDistanceBias(PositionalEncoding):
         self.log_slope = nn.Parameter(torch.full((n_head,), math.log(init_slope)))  # (H,)
         self.slope_lr_scale = slope_lr_scale
 
-    def distance_bias(self, distance: Tensor) -> Tensor:  # (R,) -> (H, R)
+    def distance_bias(self, distance: Tensor) -> Tensor:  # (R,) -> (H, R); posenc derives the rest
         return -self.log_slope.exp()[:, None] * torch.log1p(distance.float())[None, :]
-
-    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:  # -> (..., H, Tq, Tk)
-        distance = causal_distance(q_pos, k_pos).float()
-        return -self.log_slope.exp()[:, None, None] * torch.log1p(distance).unsqueeze(-3)
 
     def param_groups(self):
         return [([self.log_slope], {"lr_scale": self.slope_lr_scale, "weight_decay": 0.0})]

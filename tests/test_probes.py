@@ -58,7 +58,7 @@ def test_recomputed_attention_reproduces_the_models_attention_output(name):
         y = (probs[layer] @ v).transpose(1, 2).reshape(2, 24, D)  # (B, T, C)
         assert torch.allclose(block.attn.c_proj(y), outputs[layer], atol=1e-5)
         total = probs[layer].sum(-1)
-        if model.encoding.has_sink:  # the sink keeps a share of every row
+        if model.encoding.offers("sink_logit"):  # the sink keeps a share of every row
             assert (total < 1).all() and (total > 0).all()
         else:
             assert torch.allclose(total, torch.ones(2, H, 24))
@@ -76,12 +76,12 @@ def test_every_shipped_encoding_is_probed_from_what_it_offers(name):
                                  "trainer.seq_len=24"]), 256)
     probes = attention_probes(model, torch.randint(0, 256, (1, 24)))
     json.dumps(probes)
-    biased = [model.encoding.for_layer(layer) for layer in range(2) if model.encoding.for_layer(layer).has_position_bias]
+    biased = [model.encoding.for_layer(layer) for layer in range(2) if model.encoding.for_layer(layer).offers("position_bias")]
     if not biased:
         assert probes["bias"] is None
         return
     [b] = probes["bias"]
-    assert b["relative"] == biased[0].is_relative and len(b["bias"]) == H and len(b["bias"][0]) == 24
+    assert b["relative"] == biased[0].offers("distance_bias") and len(b["bias"]) == H and len(b["bias"][0]) == 24
     if not b["relative"]:
         last = biased[0].position_bias(torch.arange(24), torch.arange(24))[:, -1].flip(-1)  # (H, 24) by distance
         assert torch.allclose(torch.tensor(b["bias"]), last.float()) and set(b["by_query"]) == {"5", "11", "23"}

@@ -170,10 +170,10 @@ def training_score_mods(s: Subject) -> tuple[list[tuple[str, ScoreMod, tuple[int
     mods, why_not = [], "no position bias or decay"
     g = torch.Generator().manual_seed(3)
     for layer, encoding in layer_encodings(s):
-        if not (encoding.has_position_bias or encoding.has_decay):
+        if not (encoding.offers("position_bias") or encoding.offers("decay")):
             continue
         contexts = {"positions 0..T-1": Context.arange(T, dtype=torch.float64)}
-        if encoding.has_position_bias and not encoding.is_relative:
+        if encoding.offers("position_bias") and not encoding.offers("distance_bias"):
             contexts["per-document positions"] = Context.at(document_positions(doc), torch.float64, doc,
                                                             n_positions=T)
         x = torch.randn(B, T, encoding.d_model, generator=g, dtype=torch.float64)  # the block's input
@@ -183,8 +183,8 @@ def training_score_mods(s: Subject) -> tuple[list[tuple[str, ScoreMod, tuple[int
             if why is not None:
                 why_not = why
                 continue
-            mod = encoding.score_mod(ctx) if encoding.has_position_bias else None
-            decay = encoding.decay(ctx.with_input(x), layer) if encoding.has_decay else None
+            mod = encoding.score_mod(ctx) if encoding.offers("position_bias") else None
+            decay = encoding.decay(ctx.with_input(x), layer) if encoding.offers("decay") else None
             mods.append((f"layer {layer}, {where}", flex.with_decay(mod, decay),
                          (B, encoding.n_head, T, encoding.head_dim)))
     return mods, why_not

@@ -80,7 +80,7 @@ def cases(s: Subject) -> Iterator[tuple[str, Case]]:
             encoding.prepare(T)
             with torch.no_grad():
                 q, k, terms = attention.encode(encoding, q, k, ctx.with_input(x), layer)
-                extra = encoding.position_bias(pos, pos).double() if encoding.has_position_bias else None
+                extra = encoding.position_bias(pos, pos).double() if encoding.offers("position_bias") else None
                 expected = ref.reference(q, k, v, ref.visible(T, d, window, B), extra, terms)
             yield label, Case(encoding, layer, ctx, mask, q, k, v, terms, expected)
 
@@ -89,13 +89,13 @@ def flex_offered(encoding: PositionalEncoding, ctx: Context) -> str | None:
     """Why FlexAttention does not run this encoding, or None where it does (attention.plan's rules)."""
     if not flex.AVAILABLE:
         return "this torch has no FlexAttention"
-    if encoding.has_content_bias:
+    if encoding.offers("content_bias"):
         return "a content bias joins the dense mask"
-    if encoding.has_normaliser:
+    if encoding.offers("normalise"):
         return "the encoding replaces softmax"
-    if encoding.has_qk_scores:
+    if encoding.offers("qk_scores"):
         return "the encoding replaces q·k, which no fused kernel computes"
-    if encoding.has_position_bias and encoding.score_mod(ctx) is None:
+    if encoding.offers("position_bias") and encoding.score_mod(ctx) is None:
         return "the position bias has no score_mod"
     return None
 
@@ -114,7 +114,7 @@ def attention_paths(s: Subject) -> list[CheckResult]:
             long = dataclasses.replace(dense, dense=None)  # rows computed chunk by chunk, as past DENSE_MAX_LEN
             errors["chunked"].append(max_abs(attention.attend(c.q, c.k, c.v, long, terms=c.terms, query_chunk=CHUNK),
                                              c.expected))
-            bias_ctx = c.ctx.at_indices() if c.ctx.doc is not None and c.encoding.is_relative else c.ctx
+            bias_ctx = attention.bias_context(c.encoding, c.ctx)
             why_not_flex = flex_offered(c.encoding, bias_ctx)
             if why_not_flex is None and label == FLEX_MASK:
                 errors["flex"].append(max_abs(flex_forward(c, bias_ctx), c.expected))
@@ -151,7 +151,7 @@ def bias_slice_gap(encoding: PositionalEncoding, T: int) -> tuple[float, tuple[i
     """The largest max |Δ| on visible pairs between position_bias of a chunk of CHUNK queries with
     the keys before them and that block of the whole window's bias, and that chunk (start, end);
     (0, (0, 0)) for an encoding without a position bias."""
-    if not encoding.has_position_bias:
+    if not encoding.offers("position_bias"):
         return 0.0, (0, 0)
     pos = torch.arange(T)
     encoding.prepare(T)
@@ -170,7 +170,7 @@ def bias_slice_gap(encoding: PositionalEncoding, T: int) -> tuple[float, tuple[i
 
 def flex_forward(c: Case, bias_ctx: Context) -> Tensor:
     """FlexAttention's eager forward with the encoding's score_mod and the mask's BlockMask."""
-    score_mod = c.encoding.score_mod(bias_ctx) if c.encoding.has_position_bias else None
+    score_mod = c.encoding.score_mod(bias_ctx) if c.encoding.offers("position_bias") else None
     plan = flex.FlexPlan(score_mod, c.mask.block_mask(torch.device("cpu")), eager=True)
     with torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # eager flex on CPU warns that it is slow: it is a check
@@ -185,7 +185,7 @@ def bias_forms(s: Subject) -> list[CheckResult]:
     T = s.T
     worst, forms = 0.0, set()
     for _, encoding in layer_encodings(s):
-        if not encoding.has_position_bias:
+        if not encoding.offers("position_bias"):
             continue
         h, i, j = (torch.arange(n).view(*shape) for n, shape in
                    ((encoding.n_head, (-1, 1, 1)), (T, (1, -1, 1)), (T, (1, 1, -1))))
@@ -205,12 +205,12 @@ def bias_forms(s: Subject) -> list[CheckResult]:
                         fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
                     worst = max(worst, max_abs(fly[seen], bias[seen]))
             with torch.no_grad():
-                if encoding.is_relative:
+                if encoding.offers("distance_bias"):
                     forms.add("distance_bias")
                     table = encoding.distance_bias(torch.arange(T)).double()  # (H, T)
                     worst = max(worst, max_abs(table[h, (i - j).clamp(min=0)].expand_as(bias)[seen], bias[seen]))
     if not forms:
-        return [not_offered(name, "no position bias" if not any(e.has_position_bias for _, e in layer_encodings(s))
+        return [not_offered(name, "no position bias" if not any(e.offers("position_bias") for _, e in layer_encodings(s))
                             else "position_bias has neither a score_mod nor a distance_bias")]
     return [holds(name, worst <= TOLERANCE, f"max |Δ| {worst:.1e} ({', '.join(sorted(forms, reverse=True))})",
                   "the fused kernel's bias differs from position_bias")]
@@ -225,11 +225,11 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
     bias_worst, score_worst, biased, rotary = 0.0, 0.0, False, False
     g = torch.Generator().manual_seed(4)
     for _, encoding in layer_encodings(s):
-        if not (encoding.is_relative or encoding.offers("transform_qk")):
+        if not (encoding.offers("distance_bias") or encoding.offers("transform_qk")):
             continue
         encoding.prepare(n)
         with torch.no_grad():
-            if encoding.is_relative:
+            if encoding.offers("distance_bias"):
                 biased = True
                 bias_worst = max(bias_worst, max_abs(encoding.position_bias(pos + shift, pos + shift),
                                                      encoding.position_bias(pos, pos)))
@@ -244,7 +244,7 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
                 score_worst = max(score_worst, max_abs(*scores))
     rows = []
     name = "bias depends on i − j only"
-    has_bias = any(e.has_position_bias for _, e in layer_encodings(s))
+    has_bias = any(e.offers("position_bias") for _, e in layer_encodings(s))
     rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e} (+{shift})",
                       "distance_bias is offered, so the bias must depend on i − j alone") if biased else
                 not_offered(name, "the position bias offers no distance_bias, so may depend on i and j apart"

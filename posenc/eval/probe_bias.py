@@ -25,7 +25,7 @@ def bias_layers(model: nn.Module) -> list[tuple[list[int], nn.Module]]:
     found: dict[int, tuple[list[int], nn.Module]] = {}
     for layer in range(len(model.blocks)):
         encoding = model.encoding.for_layer(layer)
-        if encoding.has_position_bias:
+        if encoding.offers("position_bias"):
             found.setdefault(id(encoding), ([], encoding))[0].append(layer)
     return list(found.values())
 
@@ -49,7 +49,7 @@ def position_bias_curve(encoding: nn.Module, T: int, device: torch.device | str 
     that is not relative "by_query": {str(i): (H, i+1) rows b_h(i, i - n)}}."""
     encoding.prepare(T)
     n = torch.arange(T, device=device)
-    if encoding.is_relative:
+    if encoding.offers("distance_bias"):
         table = encoding.distance_bias(n).float().cpu()  # (H, T)
         return {"relative": True, "distance": n.tolist(), "bias": table.tolist()}
     rows = {i: row_at(encoding, i, device) for i in query_positions(T)}

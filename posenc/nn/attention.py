@@ -54,6 +54,8 @@ DENSE_MAX_LEN = 2048
 QUERY_CHUNK = 512
 #: FlexAttention's kernels need a head dimension of at least this
 FLEX_MIN_HEAD_DIM = 16
+#: the hooks whose terms are computed in each layer (a position bias is computed once per forward)
+PER_LAYER = ("content_bias", "qk_scores", "decay", "sink_logit", "normalise")
 
 __all__ = ["DensePlan", "FlexPlan", "FusedPlan", "Plan", "attend", "attend_layer", "plan", "plans", "select_kernel",
            "warn_once"]
@@ -126,20 +128,20 @@ def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, lay
     the sink and the normaliser. ctx carries the block's input x (``Context.with_input``).
     q, k: (B, H, T, hd) -> q, k (rotated, scaled), terms."""
     q, k = encoding.transform_qk(q, k, ctx, layer)
-    content = encoding.content_bias(q, k, ctx, layer) if encoding.has_content_bias else None
+    content = encoding.content_bias(q, k, ctx, layer) if encoding.offers("content_bias") else None
     q = with_logit_scale(encoding, q, ctx, layer)
     return q, k, LayerTerms(
         content=content,
-        scores=encoding.qk_scores(q, k, ctx, layer) if encoding.has_qk_scores else None,
-        decay=encoding.decay(ctx, layer) if encoding.has_decay else None,
-        sink=encoding.sink_logit(layer) if encoding.has_sink else None,
-        normalise=encoding.normalise if encoding.has_normaliser else None,
+        scores=encoding.qk_scores(q, k, ctx, layer) if encoding.offers("qk_scores") else None,
+        decay=encoding.decay(ctx, layer) if encoding.offers("decay") else None,
+        sink=encoding.sink_logit(layer) if encoding.offers("sink_logit") else None,
+        normalise=encoding.normalise if encoding.offers("normalise") else None,
     )
 
 
 def with_logit_scale(encoding: PositionalEncoding, q: Tensor, ctx: Context, layer: int) -> Tensor:
     """q (B, H, T, hd) times the encoding's logit scale τ, so it multiplies q·k/√d alone, on every kernel."""
-    scale = encoding.logit_scale(ctx, layer) if encoding.has_logit_scale else None
+    scale = encoding.logit_scale(ctx, layer) if encoding.offers("logit_scale") else None
     return q if scale is None else q * scale.to(q.dtype)  # x (B|1, H|1, T, 1): query i's logits x τ_i
 
 
@@ -154,23 +156,23 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
     """How block ``layer`` attends from what its encoding's hooks offer, its mask and the device (one
     warning when a CUDA run falls back from FlexAttention)."""
     mask = ctx.mask(layer)
-    per_layer = (encoding.has_content_bias or encoding.has_qk_scores or encoding.has_decay or encoding.has_sink
-                 or encoding.has_normaliser)
-    if not encoding.has_position_bias and not per_layer and mask.causal_only:
+    per_layer = any(encoding.offers(hook) for hook in PER_LAYER)
+    biased = encoding.offers("position_bias")
+    if not biased and not per_layer and mask.causal_only:
         return None
-    if encoding.has_content_bias:  # its (B, H, T, T) term joins the explicit mask, so the bias does too
+    if encoding.offers("content_bias"):  # its (B, H, T, T) term joins the explicit mask, so the bias does too
         return dense_plan(encoding, ctx, layer)
-    if encoding.has_qk_scores:  # no fused kernel computes another q·k: the logits are written out
+    if encoding.offers("qk_scores"):  # no fused kernel computes another q·k: the logits are written out
         if ctx.device.type == "cuda":
             warn_once(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
                       f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel runs here")
         return dense_plan(encoding, ctx, layer)
-    kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, True, encoding.has_normaliser)
+    replaces_softmax = encoding.offers("normalise")
+    kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, True, replaces_softmax)
     if kernel == "flex":
-        bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
-        score_mod = encoding.score_mod(bias_ctx) if encoding.has_position_bias else None
-        if encoding.has_position_bias and score_mod is None:
-            kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, False, encoding.has_normaliser)
+        score_mod = encoding.score_mod(bias_context(encoding, ctx)) if biased else None
+        if biased and score_mod is None:
+            kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, False, replaces_softmax)
     if kernel == "flex":
         key = flex_kernels.kernel_key(encoding, encoding.head_dim, ctx.dtype)
         options = flex_kernels.options(key, ctx.device)
@@ -180,7 +182,7 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         return FlexPlan(score_mod, mask.block_mask(ctx.device), key=key, options=options,
                         dense=functools.partial(dense_plan, encoding, ctx, layer))
     if why_not is not None:  # a CUDA run that cannot take FlexAttention (on a CPU SDPA is the design)
-        what = f"encoding '{encoding.name}'" if encoding.has_position_bias or per_layer else f"the {mask.window.describe()} mask"
+        what = f"encoding '{encoding.name}'" if biased or per_layer else f"the {mask.window.describe()} mask"
         warn_once(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                   f"(slower, O(H·T²) memory per layer) because {why_not}")
     return dense_plan(encoding, ctx, layer)
@@ -188,8 +190,15 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
 
 def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
     """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
-    bias_ctx = ctx.at_indices() if ctx.doc is not None and encoding.is_relative else ctx
-    return DensePlan.build(ctx.mask(layer), encoding.position_bias if encoding.has_position_bias else None, bias_ctx.pos, ctx.dtype)
+    bias = encoding.position_bias if encoding.offers("position_bias") else None
+    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype)
+
+
+def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
+    """The context a layer's position bias is computed in: window indices under documents packing for a
+    relative bias (it offers ``distance_bias``: i - j inside a document is the difference of the indices,
+    and pairs across documents are masked), else the positions themselves."""
+    return ctx.at_indices() if ctx.doc is not None and encoding.offers("distance_bias") else ctx
 
 
 def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float) -> list[Plan]:

@@ -94,7 +94,7 @@ class LayeredEncoding(PositionalEncoding):
     def __init__(self, encodings: dict[str, PositionalEncoding], kinds: list[str], name: str) -> None:
         first = next(iter(encodings.values()))
         super().__init__(first.d_model, first.n_head, name)
-        additive = sorted({e.name for e in encodings.values() if e.has_embed})
+        additive = sorted({e.name for e in encodings.values() if e.offers("embed")})
         if additive:
             raise ValueError(f"{', '.join(additive)} adds positions to the token embeddings once, before the first "
                              f"layer, so it cannot differ per layer kind — give layout.kinds.*.encoding a rotary, "

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 
 from posenc.nn.attention import plans
 from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
-from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.base import Context, PositionalEncoding, head_dim
 from posenc.nn.flavors import Flavor, get_flavor, init_stds
 from posenc.nn.layout import LayerLayout
 from posenc.nn.mask import AttentionMask, document_positions
@@ -55,8 +55,7 @@ class GPT(nn.Module):
         for key, value in (("vocab_size", vocab_size), ("n_layer", n_layer), ("n_head", n_head), ("d_model", d_model)):
             if value <= 0:
                 raise ValueError(f"model.{key} must be positive, got {value}")
-        if d_model % n_head != 0:
-            raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
+        head_dim(d_model, n_head)  # refuses a d_model that n_head does not divide
         self.layout = layout or LayerLayout.uniform(n_layer)
         if len(self.layout.kinds) != n_layer:
             raise ValueError(f"the layer layout has {len(self.layout.kinds)} layers, the model {n_layer}")

@@ -2,7 +2,7 @@
 
 The line style says the family, derived from the hooks the group's encoding class overrides
 (docs/architecture.md), never from its name: solid for rotary (`transform_qk`,
-`rotary_frequencies`), dash-dot for a bias on the scores (`position_bias`), dashed for additive
+`rotary_frequencies`), dash-dot for a bias on the scores (`position_bias` or `distance_bias`), dashed for additive
 (`embed`), dotted for none or a content-dependent one; a mechanism (`encoding.inner`) is drawn as
 the encoding it wraps. The shipped encodings keep a fixed colour and marker; any other label (a
 plugin's encoding, grouping by `encoding.base`, `model.flavor`, ...) gets a colour from its name's
@@ -71,7 +71,7 @@ def family_of(target: str) -> str | None:
     overrides = lambda hook: getattr(cls, hook) is not getattr(PositionalEncoding, hook)  # noqa: E731
     if overrides("transform_qk") or overrides("rotary_frequencies"):
         return ROTARY
-    if overrides("position_bias"):
+    if overrides("position_bias") or overrides("distance_bias"):  # a relative bias writes only its table
         return BIAS
     if overrides("embed"):
         return ADDITIVE

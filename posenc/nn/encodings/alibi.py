@@ -39,13 +39,9 @@ class ALiBi(PositionalEncoding):
         # fixed, not learned, not saved: recomputed from n_head on load
         self.register_buffer("slopes", torch.tensor(alibi_slopes(n_head)), persistent=False)
 
-    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        rel = (k_pos[..., None, :] - q_pos[..., :, None]).to(torch.float32)  # (..., Tq, Tk): j - i, <= 0 in the past
-        return self.slopes[:, None, None] * rel.unsqueeze(-3)  # (..., H, Tq, Tk)
-
     def distance_bias(self, distance: Tensor) -> Tensor:
-        """b_h(n) = -m_h · n for distances n = i - j >= 0: (R,) -> (H, R); what FlexAttention's
-        score_mod looks up per score, so no H x T x T tensor is ever built on CUDA."""
+        """b_h(n) = -m_h · n for distances n = i - j >= 0: (R,) -> (H, R); the dense bias and, at
+        explicit positions, FlexAttention's score_mod are derived from it."""
         return -self.slopes[:, None] * distance.to(torch.float32)[None, :]
 
     def score_mod(self, ctx: Context) -> ScoreMod:
@@ -59,6 +55,3 @@ class ALiBi(PositionalEncoding):
             return score - slopes[h] * (q_idx - kv_idx)
 
         return mod
-
-    def options(self) -> dict[str, object]:
-        return {}

@@ -7,12 +7,15 @@ has one hook for each, a no-op by default:
 - ``transform_qk(q, k, ctx, layer)``: a position-dependent map of queries and keys, applied
   before q·k (RoPE's rotation; xPos's rotation and decay; PoPE's polar magnitudes; a per-layer
   choice such as RoPE/NoPE hybrids). Not only rotations: anything q and k go through;
-- ``position_bias(q_pos, k_pos)``: a term added to the attention logits that depends on
-  positions alone (T5's relative bias, ALiBi), computed once per forward and shared by all
-  layers (a layer-specific bias comes from a layout's ``for_layer``);
-- ``distance_bias(distance)``: the same bias as a table over distances n = i - j, for a bias
-  that depends on positions only through i - j: what a fused kernel looks up, and what makes the
-  encoding *relative* (shift-invariant, computed at window indices under document packing);
+- ``distance_bias(distance)``: a term added to the attention logits that depends on positions only
+  through the distance n = i - j, as a table over n (T5's relative bias, ALiBi, Kerple): overriding
+  it makes the encoding *relative* (shift-invariant, computed at window indices under documents
+  packing), and it is the one form the encoding writes: the dense ``position_bias`` and the fused
+  kernel's ``score_mod`` are derived from it (a closed form may still override either, for speed);
+- ``position_bias(q_pos, k_pos)``: a logit term from positions alone, (..., H, Tq, Tk), computed once
+  per forward and shared by all layers (a layer-specific bias comes from a layout's ``for_layer``):
+  override it for a bias of i and j apart (FIRE's, which divides by the query's position), with a
+  ``score_mod`` for the fused kernel;
 - ``content_bias(q, k, ctx, layer)``: a logit term that depends on q and k themselves
   (CoPE's contextual positions), computed in each layer;
 - ``qk_scores(q, k, ctx, layer)``: replaces the bilinear form q_i·k_j itself, for a position
@@ -44,8 +47,10 @@ encoding (posenc/nn/encodings/mechanism.py) passes every hook through and adds i
 
 The base class itself is NoPE: no positional information at all, which a causal decoder can
 still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an encoding offers is
-*derived* from which hooks it overrides (``offers``: ``has_decay``…): no flag to remember, and
-attention never asks which encoding it has. The vocabulary and ``Context``: posenc/nn/encodings/context.py.
+*derived* from which hooks it overrides, asked with one query, ``offers(hook)`` (a position bias is
+offered by overriding ``position_bias`` or ``distance_bias``): no flag to remember, and attention
+never asks which encoding it has. Its options are the arguments its constructor was called with
+(``options``). The vocabulary and ``Context``: posenc/nn/encodings/context.py.
 """
 
 from __future__ import annotations
@@ -54,18 +59,26 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
-    Context, FusedAttention, KernelUnavailable, Normaliser, ScoreMod, ScoreRows, distance_score_mod, positions_at,
+    Context, FusedAttention, KernelUnavailable, Normaliser, ScoreMod, ScoreRows, distance_position_bias,
+    distance_score_mod, positions_at,
 )
-from posenc.nn.encodings.options import BUILDER_ARGUMENTS, constructor_arguments, outermost_encodings  # noqa: F401
+from posenc.nn.encodings.options import BUILDER_ARGUMENTS, OPTIONS, outermost_encodings, recording_arguments  # noqa: F401
 
 #: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
 #: no weight decay (an encoding's own parameters are not pulled to zero while they learn)
 GROUP_DEFAULTS: dict[str, float] = {"lr_scale": 1.0, "weight_decay": 0.0}
 ParamGroup = tuple[list[nn.Parameter], dict[str, float]]
 
-#: the hooks an encoding may override; ``offers(hook)`` says whether it does
+#: the hooks an encoding may override; ``offers(hook)`` says whether it acts through one
 HOOKS = ("embed", "transform_qk", "position_bias", "distance_bias", "content_bias", "qk_scores", "decay",
          "logit_scale", "sink_logit", "normalise", "rotary_frequencies", "fused_attention")
+
+
+def head_dim(d_model: int, n_head: int) -> int:
+    """d_model / n_head, the width of one head: the one place a model and its encodings split it."""
+    if d_model % n_head != 0:
+        raise ValueError(f"model.d_model={d_model} is not divisible by model.n_head={n_head}")
+    return d_model // n_head
 
 
 class PositionalEncoding(nn.Module):
@@ -85,14 +98,17 @@ class PositionalEncoding(nn.Module):
     #: window's reach: through L layers a logit sees L·(w - 1 + reach) tokens back.
     reach: int = 0
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        # a subclass's options are the arguments its constructor is called with: recorded as it is called
+        super().__init_subclass__(**kwargs)
+        if "__init__" in cls.__dict__:
+            cls.__init__ = recording_arguments(cls.__init__)
+
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
-        self._constructed_with = constructor_arguments(self)
-        if d_model % n_head != 0:
-            raise ValueError(f"d_model={d_model} is not divisible by n_head={n_head}")
+        self.head_dim = head_dim(d_model, n_head)
         self.d_model = d_model
         self.n_head = n_head
-        self.head_dim = d_model // n_head
         self.name = name
 
     # --- the hooks --------------------------------------------------------------------
@@ -108,14 +124,18 @@ class PositionalEncoding(nn.Module):
         """q_pos: (..., Tq), k_pos: (..., Tk) -> (..., H, Tq, Tk) additive logit bias b_h(i, j);
         leading dims are the batch when positions are per sequence (documents packing).
 
-        Only called when a subclass overrides it (``has_position_bias``); it takes positions, not a
-        context, so that long sequences can ask for one slice of queries at a time. Visibility
-        (causal, documents, windows) is the mask's job, never the bias's."""
-        raise NotImplementedError
+        By default ``distance_bias`` at each pair's distance i - j (``distance_position_bias``); override
+        it for a bias of i and j apart, or a closed form. Only called where the encoding offers a bias
+        (``offers("position_bias")``); it takes positions, not a context, so that long sequences can
+        ask for one slice of queries at a time. Visibility (causal, documents, windows) is the mask's
+        job, never the bias's."""
+        if not self.overrides("distance_bias"):
+            raise NotImplementedError
+        return distance_position_bias(self.distance_bias, q_pos, k_pos)
 
     def content_bias(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> Tensor:
         """q, k: (B, H, T, head_dim) after ``transform_qk`` -> (B, H, T, T) additive logit term.
-        Only called when a subclass overrides it (``has_content_bias``). ``ctx.mask(layer)``
+        Only called when a subclass overrides it (``offers("content_bias")``). ``ctx.mask(layer)``
         says which keys each query sees (a term that sums over keys must respect it)."""
         raise NotImplementedError
 
@@ -124,33 +144,33 @@ class PositionalEncoding(nn.Module):
         scale) -> ``ScoreRows``, the scores s_ij that attention divides by √d and adds the other
         terms to. Attention then writes each row block's logits out (dense, or a block of queries
         at a time for long sequences); entries of hidden keys are ignored. Computed in each layer
-        (ctx.x is the block's input). Only called when a subclass overrides it (``has_qk_scores``)."""
+        (ctx.x is the block's input). Only called when a subclass overrides it (``offers("qk_scores")``)."""
         raise NotImplementedError
 
     def decay(self, ctx: Context, layer: int = 0) -> Tensor | None:
         """Cumulative log-decays c: (B, H, T) float, non-increasing along T; the logit of query
         i and key j gains c_i - c_j = Σ_{t=j+1..i} log f_t. Computed in each layer (ctx.x is the
         block's input), offered to every kernel: rows of a dense mask on CPU, a score_mod over
-        the captured c on CUDA. Only called when a subclass overrides it (``has_decay``)."""
+        the captured c on CUDA. Only called when a subclass overrides it (``offers("decay")``)."""
         raise NotImplementedError
 
     def logit_scale(self, ctx: Context, layer: int = 0) -> Tensor | None:
         """τ: (B|1, H|1, T, 1) factors on q_i·k_j/√d, query by query (SSMax's s·log n_i, a length
         temperature), or None where this layer has none. Attention multiplies q by it, so every
         kernel stays as it is; position and content biases are added unscaled. Only called when
-        a subclass overrides it (``has_logit_scale``)."""
+        a subclass overrides it (``offers("logit_scale")``)."""
         raise NotImplementedError
 
     def sink_logit(self, layer: int = 0) -> Tensor | None:
         """s: (H,) the logit of a sink, a key with a zero value that every query sees: its
         weight exp(s)/(Σ_j exp(z_ij) + exp(s)) is attention that goes nowhere. Only called when
-        a subclass overrides it (``has_sink``)."""
+        a subclass overrides it (``offers("sink_logit")``)."""
         raise NotImplementedError
 
     def normalise(self, scores: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
         """Replaces softmax (``Normaliser``): scores (B, H, Tq, Tk), -inf on hidden keys, for
         queries at window indices q_idx (Tq,) and keys k_idx (Tk,) -> weights (B, H, Tq, Tk).
-        Only called when a subclass overrides it (``has_normaliser``)."""
+        Only called when a subclass overrides it (``offers("normalise")``)."""
         raise NotImplementedError
 
     def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
@@ -162,13 +182,13 @@ class PositionalEncoding(nn.Module):
         here; the kernel is given the block's input). Only called when a subclass overrides it."""
         raise NotImplementedError
 
-    # --- what a fused kernel may use instead of ``position_bias`` -------------------------------
+    # --- a relative bias, and the fused kernel's form of a bias --------------------------------
     def distance_bias(self, distance: Tensor) -> Tensor:
-        """For a position bias that depends on positions only through the distance n = i - j of
-        query i and key j: distance (R,) long, n >= 0 -> (H, R) table b_h(n), differentiable in
-        the encoding's parameters. Override it only for such a bias (and then also
-        ``position_bias``): overriding it is the statement that the encoding is relative
-        (``is_relative``), and it must then return a table, never None."""
+        """A position bias that depends on positions only through the distance n = i - j of query i
+        and key j: distance (R,) long, any n >= 0 in any order -> (H, R), b_h(n) at each,
+        differentiable in the encoding's parameters. Overriding it is the statement that the
+        encoding is relative (``offers("distance_bias")``), and it must then return a table, never
+        None: ``position_bias`` and ``score_mod`` are derived from it."""
         raise NotImplementedError
 
     def score_mod(self, ctx: Context) -> ScoreMod | None:
@@ -190,63 +210,22 @@ class PositionalEncoding(nn.Module):
         return None
 
     # --- derived facts ----------------------------------------------------------------
-    def offers(self, hook: str) -> bool:
-        """Whether this encoding acts through ``hook`` (one of HOOKS): it overrides it."""
+    def overrides(self, hook: str) -> bool:
+        """Whether this encoding's class writes ``hook`` itself."""
         return getattr(type(self), hook) is not getattr(PositionalEncoding, hook)
 
-    @property
-    def has_position_bias(self) -> bool:
-        """Whether this encoding adds a position bias: it overrides ``position_bias``."""
-        return self.offers("position_bias")
-
-    @property
-    def has_embed(self) -> bool:
-        """Whether this encoding adds to the token embeddings: it overrides ``embed``."""
-        return self.offers("embed")
-
-    @property
-    def has_content_bias(self) -> bool:
-        """Whether this encoding adds a logit term computed from q and k: it overrides
-        ``content_bias``."""
-        return self.offers("content_bias")
-
-    @property
-    def has_qk_scores(self) -> bool:
-        """Whether this encoding replaces the bilinear form q_i·k_j: it overrides ``qk_scores``."""
-        return self.offers("qk_scores")
-
-    @property
-    def has_decay(self) -> bool:
-        """Whether this encoding adds cumulative log-decays c_i - c_j: it overrides ``decay``."""
-        return self.offers("decay")
-
-    @property
-    def has_logit_scale(self) -> bool:
-        """Whether this encoding scales q_i·k_j/√d per query: it overrides ``logit_scale``."""
-        return self.offers("logit_scale")
-
-    @property
-    def has_sink(self) -> bool:
-        """Whether this encoding adds a sink logit to the softmax's denominator: it overrides
-        ``sink_logit``."""
-        return self.offers("sink_logit")
-
-    @property
-    def has_normaliser(self) -> bool:
-        """Whether this encoding replaces softmax: it overrides ``normalise``."""
-        return self.offers("normalise")
+    def offers(self, hook: str) -> bool:
+        """Whether this encoding acts through ``hook`` (one of HOOKS): it overrides it, or, for
+        ``position_bias``, ``distance_bias``, from which the dense bias is derived."""
+        if hook not in HOOKS:
+            raise ValueError(f"'{hook}' is not a hook of the encoding contract: one of {', '.join(HOOKS)}")
+        return self.overrides(hook) or (hook == "position_bias" and self.overrides("distance_bias"))
 
     @property
     def needs_scores(self) -> bool:
         """Whether it acts on the score matrix itself (a bias, a logit term, its own q·k, a scale, a
         sink or a normaliser), which linear attention never forms."""
         return any(self.offers(h) for h in HOOKS if h not in ("embed", "transform_qk", "rotary_frequencies"))
-
-    @property
-    def is_relative(self) -> bool:
-        """Whether its position bias depends on positions only through i - j: it overrides
-        ``distance_bias`` (attention then computes it at window indices under document masking)."""
-        return self.offers("distance_bias")
 
     def for_layer(self, layer: int) -> PositionalEncoding:
         """The encoding block ``layer`` uses: itself, unless a layout gives layers their own."""
@@ -269,10 +248,11 @@ class PositionalEncoding(nn.Module):
 
     def options(self) -> dict[str, object]:
         """The encoding's own options, for tables, summaries and W&B. By default the arguments its
-        constructor was called with (but the sizes the builder passes, and name) that hold plain
-        values (numbers, strings, booleans, lists of them); override it to show something else
-        (RoPE shows its scaling's keys only when it scales)."""
-        return dict(self.__dict__.get("_constructed_with", {}))
+        constructor was called with, defaults included (but the sizes the builder passes, and name),
+        that hold plain values (numbers, strings, booleans, lists of them), as the call bound them
+        (``recording_arguments``); override it to show something else (RoPE shows its scaling's keys
+        only when it scales)."""
+        return dict(self.__dict__.get(OPTIONS, {}))
 
     def param_groups(self) -> list[ParamGroup]:
         """The encoding's parameters as optimiser groups: (params, {"lr_scale": s, "weight_decay": w}),
@@ -281,7 +261,7 @@ class PositionalEncoding(nn.Module):
         Adam's ~lr per step). The default: every parameter at the defaults, except those of an
         encoding nested in this one (a mechanism's ``inner``, a layout's kinds), which come as
         that encoding's own param_groups say."""
-        nested = outermost_encodings(self)
+        nested = outermost_encodings(self, PositionalEncoding)
         groups = [group for encoding in nested for group in encoding.param_groups()]
         claimed = {id(p) for params, _ in groups for p in params}
         own = [p for p in self.parameters() if id(p) not in claimed]

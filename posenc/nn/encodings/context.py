@@ -1,14 +1,15 @@
 """What an encoding's hooks are given, and the types they return.
 
 ``Context`` is built once per forward by the model and handed to every hook; the callables'
-shapes (``ScoreMod``, ``Normaliser``, ``ScoreRows``) are what attention asks of a hook;
-``distance_score_mod`` and ``positions_at`` build a FlexAttention score_mod from a distance table.
-The contract itself is posenc/nn/encodings/base.py, which re-exports all of these.
+shapes (``ScoreMod``, ``Normaliser``, ``ScoreRows``) are what attention asks of a hook; the forms
+derived from a relative bias's ``distance_bias``: ``distance_position_bias`` (the dense bias) and
+``distance_score_mod`` (with ``positions_at``, FlexAttention's). The contract itself is
+posenc/nn/encodings/base.py, which re-exports all of these.
 
 Vocabulary, one name per concept:
     position_bias  b_h(i, j), the (..., H, Tq, Tk) logit term computed from positions alone;
-    distance_bias  b_h(n) as a table over distances n = i - j, for a position bias that
-                   depends on positions only through i - j (what a fused kernel looks up);
+    distance_bias  b_h(n) over distances n = i - j, for a position bias that depends on positions
+                   only through i - j: the one form a relative bias writes, the others derived;
     score_mod      the bias as a FlexAttention function of (score, b, h, q_idx, kv_idx);
     content_bias   a logit term computed from q and k in each layer;
     qk_scores      s_ij replacing q_i·k_j (before the 1/√d and every additive term), in row blocks;
@@ -119,6 +120,18 @@ class Context:
         through i - j sees under document masking, where i - j inside a document is the
         difference of the window indices and pairs across documents are masked anyway."""
         return dataclasses.replace(Context.arange(self.T, self.device, self.dtype, self.doc, self.masks), x=self.x)
+
+
+def distance_position_bias(distance_bias: Callable[[Tensor], Tensor], q_pos: Tensor, k_pos: Tensor) -> Tensor:
+    """b_h(i, j) = distance_bias(i - j)_h: queries q_pos (..., Tq), keys k_pos (..., Tk) -> (..., H, Tq, Tk).
+
+    distance_bias is asked once, at every pair's distance (flattened), so the bias is exact at any
+    positions with no host sync to size a table, and costs what the pairs cost: (..., Tq, Tk)
+    distances beside the (..., H, Tq, Tk) bias (the chunked path asks for a slice of queries at a
+    time). The future (j > i) is masked by the caller; its distance is clamped to 0 only so that
+    it stays in distance_bias's domain n >= 0."""
+    distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)  # (..., Tq, Tk)
+    return distance_bias(distance.flatten()).unflatten(-1, distance.shape).movedim(0, -3)  # (H, ...) -> (..., H, Tq, Tk)
 
 
 def distance_score_mod(table: Tensor, pos: Tensor | None) -> ScoreMod:

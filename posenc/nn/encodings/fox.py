@@ -52,10 +52,8 @@ class FoX(Mechanism):
 
     def __init__(
         self,
-        d_model: int,
-        n_head: int,
-        n_layer: int,
         inner: PositionalEncoding,
+        n_layer: int,
         name: str = "fox",
         bias_scale: float | None = None,
         init_std: float = 0.02,
@@ -63,8 +61,8 @@ class FoX(Mechanism):
         super().__init__(inner, name, n_layer)
         self.bias_scale = self.parameter_scale("bias_scale", bias_scale)
         # (layer, head, d_model) and (layer, head): the paper's fgate_proj, one per layer
-        self.gate_weight = nn.Parameter(torch.randn(n_layer, n_head, d_model) * init_std)
-        self.gate_bias = nn.Parameter(torch.zeros(n_layer, n_head))
+        self.gate_weight = nn.Parameter(torch.randn(n_layer, self.n_head, self.d_model) * init_std)
+        self.gate_bias = nn.Parameter(torch.zeros(n_layer, self.n_head))
 
     def log_forget_gates(self, x: Tensor, layer: int) -> Tensor:
         """log f_t = log σ(w_h·x_t + bias_scale·b_h): x (B, T, d_model) -> (B, H, T) in at least

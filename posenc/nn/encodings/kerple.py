@@ -63,13 +63,9 @@ class KerpleLog(PositionalEncoding):
         """(H,) scale of the distance inside the log, > 0."""
         return F.softplus(self.rho2)
 
-    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
-        # |i - j| for the past; the future is masked, clamped to 0 only to keep log1p finite
-        distance = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0)  # (..., Tq, Tk)
-        return kerple_log_bias(self.r1, self.r2, distance).movedim(0, -3)  # (H, ..., Tq, Tk) -> (..., H, Tq, Tk)
-
     def distance_bias(self, distance: Tensor) -> Tensor:
-        """b_h(n) = -r1_h · log(1 + r2_h · n) for distances n >= 0: (R,) -> (H, R)."""
+        """b_h(n) = -r1_h · log(1 + r2_h · n) for distances n >= 0: (R,) -> (H, R); the dense bias and,
+        at explicit positions, FlexAttention's score_mod are derived from it."""
         return kerple_log_bias(self.r1, self.r2, distance)
 
     def score_mod(self, ctx: Context) -> ScoreMod:

@@ -1,11 +1,11 @@
 """A mechanism that wraps another encoding: position through the attention itself, composed with
 any positional encoding (FoX with or without RoPE, SSMax or a sink on top of any encoding).
 
-``Mechanism(inner)`` passes every hook of the base contract through to ``inner`` and adds its
-own: a subclass overrides the hook it contributes and combines it with the inner one (``decay``
-adds, ``logit_scale`` multiplies, ``sink_logit`` joins as log(e^a + e^b)). What the wrapper
-offers is what the inner encoding offers plus what the subclass overrides, so attention still
-derives every path from ``offers`` and never learns a name.
+``Mechanism(inner)`` takes its sizes (d_model, n_head) from ``inner`` and passes every hook of the
+base contract through to it, adding its own: a subclass overrides the hook it contributes and
+combines it with the inner one (``decay`` adds, ``logit_scale`` multiplies, ``sink_logit`` joins
+as log(e^a + e^b)). What the wrapper offers is what the inner encoding offers plus what the
+subclass overrides, so attention still derives every path from ``offers`` and never learns a name.
 
 A kernel of the inner encoding's own (``fused_attention``) computes what the inner encoding
 defines, so it passes through only a mechanism that adds nothing but hooks on q and k (``ON_QK``:
@@ -57,12 +57,12 @@ class Mechanism(PositionalEncoding):
             raise ValueError(f"encoding.{key} must be > 0 (null: √head_dim), got {value}")
         return float(value) if value is not None else math.sqrt(self.head_dim)
 
-    def own(self, hook: str) -> bool:
+    def overrides(self, hook: str) -> bool:
         """Whether this mechanism itself (not its inner encoding) acts through ``hook``."""
         return getattr(type(self), hook) is not getattr(Mechanism, hook)
 
     def offers(self, hook: str) -> bool:
-        return self.own(hook) or self.inner.offers(hook)
+        return super().offers(hook) or self.inner.offers(hook)
 
     # --- the inner encoding's hooks, passed through ------------------------------------
     def embed(self, x: Tensor, ctx: Context) -> Tensor:
@@ -103,7 +103,7 @@ class Mechanism(PositionalEncoding):
 
     def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
         """The inner encoding's kernel, where this mechanism adds nothing but hooks on q and k."""
-        if any(self.own(hook) for hook in HOOKS if hook not in ON_QK) or not self.inner.offers("fused_attention"):
+        if any(self.overrides(hook) for hook in HOOKS if hook not in ON_QK) or not self.inner.offers("fused_attention"):
             return None
         return self.inner.fused_attention(ctx, layer, log_gates)
 
@@ -114,13 +114,13 @@ class Mechanism(PositionalEncoding):
 
     # --- what the inner hook gives, for a subclass to combine with its own ----------------
     def inner_decay(self, ctx: Context, layer: int) -> Tensor | None:
-        return self.inner.decay(ctx, layer) if self.inner.has_decay else None
+        return self.inner.decay(ctx, layer) if self.inner.offers("decay") else None
 
     def inner_logit_scale(self, ctx: Context, layer: int) -> Tensor | None:
-        return self.inner.logit_scale(ctx, layer) if self.inner.has_logit_scale else None
+        return self.inner.logit_scale(ctx, layer) if self.inner.offers("logit_scale") else None
 
     def inner_sink_logit(self, layer: int) -> Tensor | None:
-        return self.inner.sink_logit(layer) if self.inner.has_sink else None
+        return self.inner.sink_logit(layer) if self.inner.offers("sink_logit") else None
 
     def prepare(self, length: int) -> None:
         self.inner.prepare(length)

@@ -1,36 +1,45 @@
 """What an encoding records about itself: the arguments its constructor was called with (its
 ``options()`` by default) and the encodings nested in it (a mechanism's ``inner``, a layout's
 kinds), whose ``param_groups`` are their own. Used by posenc/nn/encodings/base.py, which
-re-exports them."""
+re-exports them; this module imports nothing of posenc's.
+
+The options are declared by the constructor's signature and recorded from the call itself:
+``PositionalEncoding.__init_subclass__`` wraps every subclass's ``__init__`` in
+``recording_arguments``, which binds the call's arguments to that signature
+(``inspect.Signature.bind``) before the constructor runs. So an encoding written outside posenc
+records ``init_slope`` with no code, whoever builds it (Hydra, a test, a subclass).
+"""
 
 from __future__ import annotations
 
+import functools
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING
+
+from torch import nn
 
 if TYPE_CHECKING:
     from posenc.nn.encodings.base import PositionalEncoding
 
 #: constructor arguments the builder passes (posenc/build.py) or that name the encoding: not options
 BUILDER_ARGUMENTS = ("self", "d_model", "n_head", "name", "n_layer", "train_len")
+#: the attribute the outermost constructor's arguments are recorded under
+OPTIONS = "_constructed_with"
 
 
-def constructor_arguments(encoding: PositionalEncoding) -> dict[str, object]:
-    """The plain-valued arguments of the outermost ``__init__`` building encoding (the frames that
-    called this one through ``super().__init__``), but BUILDER_ARGUMENTS: options()' default, so
-    an encoding's options are recorded without it having to list them."""
-    frame, outer = inspect.currentframe(), None
-    frame = frame.f_back.f_back if frame is not None and frame.f_back is not None else None  # past PositionalEncoding.__init__
-    while frame is not None and frame.f_code.co_name == "__init__" and frame.f_locals.get("self") is encoding:
-        outer, frame = frame, frame.f_back
-    if outer is None:
-        return {}
+def plain_arguments(signature: inspect.Signature, args: tuple, kwargs: dict) -> dict[str, object]:
+    """The arguments a call binds to signature, defaults applied, but BUILDER_ARGUMENTS and those
+    that are not plain values (numbers, strings, booleans, None, lists of them: an ``inner``
+    encoding is not one): what ``options()`` shows by default."""
+    bound = signature.bind(*args, **kwargs)
+    bound.apply_defaults()
     plain = (bool, int, float, str)
     out: dict[str, object] = {}
-    for arg, p in inspect.signature(type(encoding).__init__).parameters.items():
-        if arg in BUILDER_ARGUMENTS or p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) or arg not in outer.f_locals:
+    for arg, value in bound.arguments.items():
+        kind = signature.parameters[arg].kind
+        if arg in BUILDER_ARGUMENTS or kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
             continue
-        value = outer.f_locals[arg]
         if value is None or isinstance(value, plain):
             out[arg] = value
         elif isinstance(value, (list, tuple)) and all(isinstance(v, plain) for v in value):
@@ -38,15 +47,30 @@ def constructor_arguments(encoding: PositionalEncoding) -> dict[str, object]:
     return out
 
 
-def outermost_encodings(encoding: PositionalEncoding) -> list[PositionalEncoding]:
-    """The encodings inside encoding that no other encoding inside it contains (what its
-    ``param_groups`` hands over to their own)."""
-    # here, not at the top: base imports this module
-    from posenc.nn.encodings.base import PositionalEncoding
+def recording_arguments(init: Callable[..., None]) -> Callable[..., None]:
+    """init, recording the plain arguments of the call under OPTIONS first. Only the outermost
+    constructor records (the class being built): a subclass's ``super().__init__`` finds them set."""
+    signature = inspect.signature(init)
 
+    @functools.wraps(init)
+    def recording_init(self: nn.Module, *args, **kwargs) -> None:
+        if OPTIONS not in self.__dict__:
+            try:
+                options = plain_arguments(signature, (self, *args), kwargs)
+            except TypeError:  # arguments the signature refuses: the constructor says so itself
+                options = {}
+            self.__dict__[OPTIONS] = options
+        init(self, *args, **kwargs)
+
+    return recording_init
+
+
+def outermost_encodings(encoding: PositionalEncoding, kind: type[nn.Module]) -> list[PositionalEncoding]:
+    """The modules of class ``kind`` (the encoding base class) inside encoding that no other such
+    module inside it contains (what its ``param_groups`` hands over to their own)."""
     found: list[tuple[str, PositionalEncoding]] = []
     for name, module in encoding.named_modules():
-        if module is encoding or not isinstance(module, PositionalEncoding):
+        if module is encoding or not isinstance(module, kind):
             continue
         if not any(name.startswith(outer + ".") for outer, _ in found):
             found.append((name, module))

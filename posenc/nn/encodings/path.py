@@ -69,10 +69,8 @@ class PaTH(Mechanism):
 
     def __init__(
         self,
-        d_model: int,
-        n_head: int,
-        n_layer: int,
         inner: PositionalEncoding,
+        n_layer: int,
         name: str = "path",
         w_rank: int | None = 32,
         conv_size: int = 3,
@@ -80,7 +78,7 @@ class PaTH(Mechanism):
         init_std: float = 0.02,
     ) -> None:
         super().__init__(inner, name, n_layer)
-        if inner.has_qk_scores:
+        if inner.offers("qk_scores"):
             raise ValueError(f"PaTH replaces q·k, which encoding.inner '{inner.name}' replaces too — wrap an encoding "
                              f"without its own scores (e.g. encoding@encoding.inner=nope)")
         if w_rank is not None and w_rank <= 0:
@@ -91,7 +89,7 @@ class PaTH(Mechanism):
         # H_{j+1} is the oldest transform between key j and a query; its convolution reads x_{j+3-c}
         self.reach = max(self.reach, conv_size - 2)
         self.bias_scale = self.parameter_scale("bias_scale", bias_scale)
-        width = n_head * self.head_dim
+        width, d_model = self.n_head * self.head_dim, self.d_model
         if w_rank is None:  # (layer, H·d, d_model): one projection per layer
             self.w_up = nn.Parameter(torch.randn(n_layer, width, d_model) * init_std)
             self.w_down = None
@@ -100,8 +98,8 @@ class PaTH(Mechanism):
             self.w_up = nn.Parameter(torch.randn(n_layer, width, w_rank) * init_std)
         bound = 1.0 / math.sqrt(max(conv_size, 1))  # nn.Conv1d's default for a depthwise kernel
         self.conv = nn.Parameter(torch.empty(n_layer, width, conv_size).uniform_(-bound, bound)) if conv_size else None
-        self.beta_weight = nn.Parameter(torch.randn(n_layer, n_head, d_model) * init_std)
-        self.beta_bias = nn.Parameter(torch.zeros(n_layer, n_head))
+        self.beta_weight = nn.Parameter(torch.randn(n_layer, self.n_head, d_model) * init_std)
+        self.beta_bias = nn.Parameter(torch.zeros(n_layer, self.n_head))
 
     def householder_vectors(self, x: Tensor, doc: Tensor | None, layer: int) -> tuple[Tensor, Tensor]:
         """w_t (B, H, T, d), unit length per head, and β_t (B, H, T) in (0, 2) from the block's

@@ -37,19 +37,17 @@ class Sink(Mechanism):
 
     def __init__(
         self,
-        d_model: int,
-        n_head: int,
-        n_layer: int,
         inner: PositionalEncoding,
+        n_layer: int,
         name: str = "sink",
         scale: float | None = None,
     ) -> None:
         super().__init__(inner, name, n_layer)
-        if inner.has_normaliser:
+        if inner.offers("normalise"):
             raise ValueError(f"a sink joins softmax's denominator, which encoding.inner '{inner.name}' replaces — "
                              f"wrap a softmax encoding (e.g. encoding@encoding.inner=rope)")
         self.scale = self.parameter_scale("scale", scale)
-        self.sink = nn.Parameter(torch.zeros(n_layer, n_head))
+        self.sink = nn.Parameter(torch.zeros(n_layer, self.n_head))
 
     def sink_logit(self, layer: int = 0) -> Tensor:
         """(H,): scale·s_h of this layer (joined with the inner encoding's sink, if it has one)."""

@@ -44,10 +44,8 @@ class SSMax(Mechanism):
 
     def __init__(
         self,
-        d_model: int,
-        n_head: int,
-        n_layer: int,
         inner: PositionalEncoding,
+        n_layer: int,
         name: str = "ssmax",
         train_len: int | None = None,
         init_s: float | None = None,
@@ -63,7 +61,7 @@ class SSMax(Mechanism):
             raise ValueError(f"encoding.init_s must be > 0, got {init_s}")
         self.init_s = float(init_s)
         self.learned = bool(learned)
-        s = torch.full((n_layer, n_head), self.init_s)
+        s = torch.full((n_layer, self.n_head), self.init_s)
         if self.learned:
             self.s = nn.Parameter(s)
         else:

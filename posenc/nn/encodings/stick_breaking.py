@@ -52,11 +52,11 @@ def stick_breaking_weights(scores: Tensor, stick: Tensor) -> Tensor:
 class StickBreaking(Mechanism):
     """Stick-breaking weights over the keys before each query, the rest of the stick to itself."""
 
-    def __init__(self, d_model: int, n_head: int, inner: PositionalEncoding, name: str = "stick_breaking") -> None:
+    def __init__(self, inner: PositionalEncoding, name: str = "stick_breaking") -> None:
         super().__init__(inner, name)
-        if inner.has_normaliser or inner.has_sink:
+        if inner.offers("normalise") or inner.offers("sink_logit"):
             raise ValueError(f"stick-breaking replaces softmax, which encoding.inner '{inner.name}' "
-                             f"{'replaces too' if inner.has_normaliser else 'adds a sink to'} — "
+                             f"{'replaces too' if inner.offers('normalise') else 'adds a sink to'} — "
                              f"wrap an encoding without one (e.g. encoding@encoding.inner=nope)")
 
     def normalise(self, scores: Tensor, q_idx: Tensor, k_idx: Tensor) -> Tensor:
