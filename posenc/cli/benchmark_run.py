@@ -39,8 +39,9 @@ def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_d
     from hydra.core.utils import JobStatus
 
     from posenc.cli.explain import explain
+    from posenc.cli.hydra_argv import parse_args
     from posenc.cli.hydra_commands import check_run
-    from posenc.cli.hydra_entry import parse_args, run_hydra
+    from posenc.cli.hydra_entry import run_hydra
 
     returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
     summaries, errors = [], []
