@@ -134,8 +134,10 @@ SEARCHPATH_KEY = "hydra.searchpath"
 def with_plugin_sources(overrides: list[str]) -> list[str]:
     """overrides with the plugins' config sources on Hydra's search path, as the override
     ``hydra.searchpath=[...]`` (what `posenc train`'s runner, ``compose`` and Hydra's own app compose
-    with). A search path the overrides give already (the user's, or a resumed sweep's) comes first,
-    with the plugins' sources it lacks after it; no plugin source: the overrides as they are.
+    with). Hydra reads one such override, so a search path the overrides give already (the user's,
+    or a resumed sweep's) is merged into it: the plugins' sources first, as Hydra puts its own
+    ``--config-dir`` before ``hydra.searchpath``, then the given ones. No plugin source: the
+    overrides as they are.
 
     A source that is not there (an entry point's package removed since) is left out, so composing
     never warns about it; ``posenc encodings`` lists what each source holds."""
@@ -147,7 +149,7 @@ def with_plugin_sources(overrides: list[str]) -> list[str]:
         return list(overrides)
     given = [o for o in parse_overrides([o for o in overrides if SEARCHPATH_KEY in o]) if o.key == SEARCHPATH_KEY]
     kept = [str(url) for o in given for url in (o.value or [])]
-    urls = [*kept, *(url for url in ours if url not in kept)]
+    urls = [*ours, *(url for url in kept if url not in ours)]
     rest = [o for o in overrides if o not in {g.override.input_line for g in given}]
     return [*rest, f"{SEARCHPATH_KEY}=[{','.join(hydra_value(url) for url in urls)}]"]
 
