@@ -225,9 +225,10 @@ def show(args: argparse.Namespace, overrides: list[str]) -> None:
 
 
 class HeldError:
-    """A single run's task, holding its exception until Hydra's run returns: Hydra 1.3 prints
-    "Error executing job with overrides: [...]" to stderr before re-raising a failed job's
-    exception (JobReturn.return_value), a second line beside posenc's one `error:` line."""
+    """A single run's task, holding its exception until the run's callbacks are done, then raised as
+    it is: ``run_job`` would keep an Exception in the JobReturn, whose ``return_value`` prints
+    "Error executing job with overrides: [...]" to stderr before re-raising it (a second line beside
+    posenc's one `error:` line), and a Ctrl-C would skip on_run_end."""
 
     def __init__(self, task: Callable[[DictConfig], object]) -> None:
         self.task, self.error = task, None
