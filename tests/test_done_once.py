@@ -24,9 +24,19 @@ def _counting(monkeypatch: pytest.MonkeyPatch, counts: Counter, name: str, owner
     monkeypatch.setattr(owner, attr, counted)
 
 
-def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
-    from hydra._internal.hydra import Hydra
+def _config_loader_class() -> type:
+    """The class of Hydra's ConfigLoader, whose load_configuration is one compose (reached through
+    Hydra's public compose API, as posenc reaches it)."""
+    from hydra import initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
 
+    from posenc.config.load import version_base
+
+    with initialize_config_module("posenc.conf", **version_base()):
+        return type(GlobalHydra.instance().config_loader())
+
+
+def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     import posenc.build
     import posenc.config
     import posenc.run.statefile
@@ -35,7 +45,7 @@ def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     for key, value in cli_env().items():
         monkeypatch.setenv(key, value)
     counts: Counter = Counter()
-    _counting(monkeypatch, counts, "compose", Hydra, "compose_config")
+    _counting(monkeypatch, counts, "compose", _config_loader_class(), "load_configuration")
     _counting(monkeypatch, counts, "validate", posenc.config, "validate")
     _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
     _counting(monkeypatch, counts, "tensor reads", posenc.run.statefile, "read_tensors")

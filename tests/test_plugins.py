@@ -308,6 +308,20 @@ def test_shadowing_is_never_silent_and_follows_the_one_search_order(plugin, tmp_
         "warning: encoding=logdist", "warning: encoding=rope"]
 
 
+def test_a_hydra_searchpath_of_your_own_still_adds_sources_after_the_plugins(plugin, tmp_path, monkeypatch):
+    """posenc hands Hydra the plug-ins' sources as hydra.searchpath, which Hydra reads once: a
+    hydra.searchpath on the command line is merged in, after them (as after Hydra's --config-dir)."""
+    from posenc.config import compose
+
+    (tmp_path / "encoding").mkdir()
+    (tmp_path / "encoding" / "logdist.yaml").write_text(LOGDIST_YAML.replace("init_slope: 1.0", "init_slope: 3.0"))
+    (tmp_path / "encoding" / "only_mine.yaml").write_text(LOGDIST_YAML.replace("name: logdist", "name: only_mine"))
+    monkeypatch.setenv(ENV_VAR, str(plugin[1]))
+    searchpath = f"hydra.searchpath=[file://{tmp_path}]"
+    assert compose([searchpath, "encoding=only_mine"]).encoding.name == "only_mine"
+    assert compose([searchpath, "encoding=logdist"]).encoding.init_slope == 1.0  # the plug-in's, first
+
+
 def test_an_argument_the_yaml_does_not_set_is_explained_not_mistaken_for_a_typo(plugin, tmp_path, monkeypatch):
     """Hydra's key=value changes only keys the YAML has: for a constructor argument the YAML leaves
     out, the one line says so and how to set it (+key=), not "did you mean encoding.name?"."""

@@ -36,17 +36,18 @@ def arm_argv(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_
 def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_dir: str | None,
             sweep_dir: Path) -> dict:
     """Train the arm's seeds; {"values": {metric: per-seed}, "wall_time_s": per-seed, "load_1m", "errors"}."""
-    from hydra.core.utils import JobStatus
-
     from posenc.cli.explain import explain
+    from posenc.cli.hydra_argv import parse_args
     from posenc.cli.hydra_commands import check_run
-    from posenc.cli.hydra_entry import parse_args, run_hydra
+    from posenc.cli.hydra_entry import run_hydra
+    from posenc.cli.job_returns import outcome
 
     returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
     summaries, errors = [], []
     for r in returns:
-        failed = r.status == JobStatus.FAILED  # an exception the task did not turn into a result
-        summary = {"status": "failed", "error": explain(r._return_value)} if failed else r.return_value
+        summary = outcome(r)
+        if isinstance(summary, BaseException):  # an exception the task did not turn into a result
+            summary = {"status": "failed", "error": explain(summary)}
         if not isinstance(summary, dict) or summary.get("status") == "failed":
             errors.append(f"{arm.name} seed {r.cfg.seed}: {(summary or {}).get('error', 'no summary')}")
             summary = {}

@@ -1,22 +1,29 @@
-"""How `posenc train` enters Hydra: the task function (one job) and the call that runs it.
+"""How `posenc train` enters Hydra: the task function (one job) and the runner that runs it, on
+Hydra's public API alone.
 
 Results travel as return values. The task returns the run's summary (a sweep job that fails
 returns ``{"status": "failed", "error": ...}`` instead, so the other jobs still run); Hydra
 wraps each in a JobReturn, and ``run_hydra`` returns them all, including those of jobs that
 a launcher ran in other processes (submitit pickles each JobReturn back). A single run's
-exception is re-raised by Hydra itself (``JobReturn.return_value``) and reaches the CLI.
+exception reaches the CLI as it was raised, for its one `error:` line.
 
-Why Hydra's ``Hydra`` class rather than ``@hydra.main``: ``@hydra.main`` reads ``sys.argv``,
-discards the task's return value, and prints (then ``sys.exit(1)``s) any exception unless the
-``HYDRA_FULL_ERROR`` environment variable is set. Hydra has no public API that runs an app on
-a given argv and hands back its results, so run_hydra does what ``hydra._internal.utils.
-_run_hydra`` does (parse argv with Hydra's own parser, build the search path, dispatch
---help/--cfg/--info/-m) on ``hydra._internal.hydra.Hydra``, whose run/multirun return the
-JobReturns. It is private API, pinned by pyproject (hydra-core 1.3.x); tests/test_train_cli.py
-and tests/test_launcher.py exercise every path it takes.
+Why not ``@hydra.main`` for the runs: it reads ``sys.argv``, discards the task's return value,
+prints (then ``sys.exit(1)``s) any exception unless the ``HYDRA_FULL_ERROR`` environment variable
+is set, and composes every run twice (once only to read ``hydra.mode``). So posenc takes Hydra's
+steps itself, each through the API Hydra gives its plugins and tools:
 
-A sweep (-m) runs through posenc/cli/sweep.py (one Ctrl-C stops it whole; it resumes in place; a
-refused one writes nothing). It is named before Hydra starts it (sweep_naming: its directory from the experiment,
+- the config: Hydra's ConfigLoader (``GlobalHydra.instance().config_loader()`` under
+  ``initialize_config_module``, posenc/config/load.py), composed once, the plugins' config sources
+  as ``hydra.searchpath`` (posenc/config/searchpath.py);
+- a run: ``hydra.core.utils.run_job``, the call every launcher plugin runs a job with, between the
+  user's ``on_run_start``/``on_run_end`` callbacks (posenc/cli/callbacks.py);
+- a sweep: the configured sweeper (``Plugins.instantiate_sweeper``), which starts the configured
+  launcher, any installed one (posenc/cli/sweep.py: one Ctrl-C stops it whole; it resumes in place;
+  a refused one writes nothing);
+- `--help`, `--hydra-help`, `--version`, `--cfg`, `--info`, `--shell-completion`: Hydra's own app,
+  ``hydra.main``, handed the command line (posenc/cli/hydra_argv.py reads it first).
+
+A sweep is named before Hydra starts it (sweep_naming: its directory from the experiment,
 ``name=``, or the swept keys; each job's from its swept values, through Hydra's own
 override_dirname.exclude_keys; posenc/cli/sweep_names.py), and its end prints where it went and the
 `posenc compare` command for it (print_next_step, posenc/cli/job_returns.py).
@@ -27,6 +34,7 @@ from __future__ import annotations
 import argparse
 import functools
 import logging
+import sys
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -37,13 +45,15 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from posenc.cli.explain import explain
+from posenc.cli.hydra_argv import command_line, shows
 from posenc.cli.job_returns import job_returns, print_next_step
 from posenc.cli.sweep import SweepStopped, prepare_job, run_sweep
 from posenc.cli.sweep_names import sweep_naming, swept_keys
 from posenc.config import apply_choice_schemas
+from posenc.config.load import hydra_initialized, version_base
+from posenc.config.searchpath import CONFIG_PATH, add_config_dirs, warn_shadowed, with_plugin_sources
 from posenc.errors import UserError
 from posenc.run.directory import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
-from posenc.config.searchpath import add_config_dirs, config_search_path, warn_shadowed
 from posenc.train import distributed
 
 log = logging.getLogger("posenc")
@@ -98,34 +108,12 @@ def print_checkpoint(kept: dict) -> None:
     console.print(line, highlight=False, soft_wrap=True)
 
 
-def hydra_parser() -> argparse.ArgumentParser:
-    """Hydra's own command-line parser; a flag it does not know is a UserError, not argparse's
-    usage text and exit 2."""
-    from hydra._internal.utils import get_args_parser
-
-    parser = get_args_parser()
-    parser.prog = "posenc train"
-
-    def refuse(message: str) -> None:
-        raise UserError(f"{message} — see `posenc train --help`")
-
-    parser.error = refuse  # type: ignore[method-assign]
-    return parser
-
-
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    """argv as Hydra reads it: its flags apart, the overrides in .overrides (`-m` may come
-    after the overrides, as users type it)."""
-    return hydra_parser().parse_intermixed_args(argv)
-
-
 def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None],
               task: Callable[..., object] = run_job) -> list[JobReturn]:
     """Run Hydra as `python app.py ARGS` would, with conf/ as the primary config; return every
-    job's JobReturn (none for --help, --cfg, --info). check(cfg, single) sees the composed config of a
+    job's JobReturn (none for --help, --cfg, --info, ...). check(cfg, single) sees the composed config of a
     run (or of a sweep's common part) before Hydra creates any directory; a single run is
     composed once, and its task is told (checked=True) that check saw its config."""
-    from hydra._internal.hydra import Hydra
     from hydra.core.global_hydra import GlobalHydra
 
     if args.experimental_rerun is not None:
@@ -136,50 +124,40 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
     config_name = args.config_name or CONFIG_NAME
     if args.config_dir is not None:  # the plugin search path every command has (posenc/config/searchpath.py)
         add_config_dirs([args.config_dir])
-    search_path = config_search_path(args.config_path)
+    if args.config_path is not None and not args.config_path.startswith("pkg://"):  # from where the command runs
+        args.config_path = str(Path(args.config_path).expanduser().resolve())
     # our launcher presets extend the plugin's schema of the same name, which Hydra 1.3 still merges
     warnings.filterwarnings("ignore", message=r"(?s).*ConfigStore schema with the same name")
-    hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=search_path)
-    overrides = list(args.overrides)
-    try:
-        if args.help:
-            hydra.app_help(config_name=config_name, args_parser=hydra_parser(), args=args)
-            return []
-        if args.hydra_help:
-            hydra.hydra_help(config_name=config_name, args_parser=hydra_parser(), args=args)
-            return []
-        if args.cfg is not None:
-            hydra.show_cfg(config_name=config_name, overrides=overrides, cfg_type=args.cfg,
-                           package=args.package, resolve=args.resolve)
-            return []
-        if args.info is not None:
-            hydra.show_info(args.info, config_name=config_name, overrides=overrides)
-            return []
-        if args.shell_completion:
-            hydra.shell_completion(config_name=config_name, overrides=overrides)
-            return []
-        mode, cfg = compose_once(hydra, config_name, overrides, bool(args.multirun))
+    overrides = with_plugin_sources(list(args.overrides))
+    if shows(args):
+        if args.cfg is not None:  # a config that cannot be composed: posenc's one line, not Hydra's report
+            with hydra_initialized(args.config_path):
+                GlobalHydra.instance().config_loader().load_configuration(
+                    config_name=config_name, overrides=overrides, run_mode=RunMode.RUN)
+        show(args, list(args.overrides) if args.shell_completion else overrides)  # -sc's are its own words
+        return []
+    with hydra_initialized(args.config_path):  # Hydra's global state set, as in its app, while it runs
+        loader = GlobalHydra.instance().config_loader()
+        mode, cfg = compose_once(loader, config_name, overrides, bool(args.multirun))
         warn_shadowed(cfg.hydra.runtime.choices)  # a chosen file that another source also holds
         check(cfg, mode == RunMode.RUN)
         if mode == RunMode.RUN:
-            return [run_composed(hydra, cfg, config_name, functools.partial(task, checked=True))]
+            return [run_composed(loader, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)
         overrides += sweep_naming(args.overrides, swept, cfg)
-        returns = job_returns(run_sweep(hydra, config_name, overrides, task))  # Hydra.multirun, stopped whole by a signal
+        returns = job_returns(run_sweep(loader, config_name, overrides, task))  # the sweeper's, stopped whole by a signal
         print_next_step(returns, swept)
         return returns
-    finally:
-        GlobalHydra.instance().clear()
 
 
-def compose_once(hydra, config_name: str, overrides: list[str], multirun: bool) -> tuple[RunMode, DictConfig]:
+def compose_once(loader, config_name: str, overrides: list[str], multirun: bool) -> tuple[RunMode, DictConfig]:
     """The run mode and the composed config (overrides gains hydra.mode where -m or the default
     decides it). A config may set hydra.mode itself (an experiment that is always a sweep):
     without -m a run is composed once as a run and becomes a sweep only if its config says so
-    (Hydra's get_mode would compose it a second time just to read that)."""
-    def compose(mode: RunMode) -> DictConfig:
-        return hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=mode,
-                                    with_log_configuration=False)
+    (Hydra's own app composes every run a second time just to read that)."""
+    def compose(mode: RunMode, validate_sweep_overrides: bool = True) -> DictConfig:
+        return loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=mode,
+                                         validate_sweep_overrides=validate_sweep_overrides)
 
     if multirun:
         overrides.append(f"hydra.mode={RunMode.MULTIRUN.name}")
@@ -187,28 +165,35 @@ def compose_once(hydra, config_name: str, overrides: list[str], multirun: bool) 
     try:
         cfg = compose(RunMode.RUN)
     except Exception:  # a sweep override (a,b) without -m: an error unless the config is always a sweep
-        if hydra.get_mode(config_name=config_name, overrides=overrides) != RunMode.MULTIRUN:
+        try:  # the config's own hydra.mode, read as Hydra's app reads it (sweep overrides not checked)
+            configured = compose(RunMode.MULTIRUN, validate_sweep_overrides=False).hydra.mode
+        except Exception:  # noqa: BLE001 - the first error is the one to report
+            configured = None
+        if configured != RunMode.MULTIRUN:
             raise
         return RunMode.MULTIRUN, compose(RunMode.MULTIRUN)
     if cfg.hydra.mode == RunMode.MULTIRUN:
         return RunMode.MULTIRUN, compose(RunMode.MULTIRUN)
     overrides.append(f"hydra.mode={RunMode.RUN.name}")
-    cfg.hydra.mode = RunMode.RUN  # as the override would have set it, and as Hydra.run does
+    cfg.hydra.mode = RunMode.RUN  # as the override would have set it, and as Hydra's app does
     return RunMode.RUN, cfg
 
 
-def run_composed(hydra, cfg: DictConfig, config_name: str, task: Callable[[DictConfig], object]) -> JobReturn:
-    """Hydra.run on a config already composed (Hydra 1.3's run composes it again): the same
-    logging, callbacks and run_job, and a failed job's exception raised as it is (HeldError)."""
-    from hydra._internal.callbacks import Callbacks
-    from hydra.core.utils import configure_log, run_job as hydra_run_job
+def run_composed(loader, cfg: DictConfig, config_name: str, task: Callable[[DictConfig], object]) -> JobReturn:
+    """One run of a config already composed, as Hydra's app runs it: Hydra's logging, the user's
+    callbacks around ``run_job`` (the call launcher plugins make), and a failed job's exception
+    raised as it is (HeldError)."""
+    from hydra.core.utils import configure_log
+    from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
-    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)  # compose_config(with_log_configuration=True)'s
+    from posenc.cli.callbacks import Callbacks
+
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
     callbacks = Callbacks(cfg)
     callbacks.on_run_start(config=cfg, config_name=config_name)
     held = HeldError(task)
-    returned = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader, callbacks=callbacks),
+    returned = hydra_run_job(hydra_context=HydraContext(config_loader=loader, callbacks=callbacks),
                              task_function=held, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
                              configure_logging=True)
     callbacks.on_run_end(config=cfg, config_name=config_name, job_return=returned)
@@ -216,10 +201,34 @@ def run_composed(hydra, cfg: DictConfig, config_name: str, task: Callable[[DictC
     return returned
 
 
+def show(args: argparse.Namespace, overrides: list[str]) -> None:
+    """--help, --hydra-help, --version, --cfg, --info, --shell-completion: what Hydra's own app
+    prints, by Hydra's own app (``hydra.main``) handed this command line; nothing runs, nothing is
+    written. ``hydra.main`` reads its command line from ``sys.argv``, so it is set for the call."""
+    import hydra
+    from hydra.core.global_hydra import GlobalHydra
+
+    @hydra.main(config_path=CONFIG_PATH, config_name=CONFIG_NAME, **version_base())
+    def app(cfg: DictConfig) -> None:
+        raise AssertionError("Hydra ran a job for a flag that only shows")  # never: these flags run nothing
+
+    GlobalHydra.instance().clear()  # Hydra's app sets its own, and refuses to start over another's
+    argv = sys.argv
+    sys.argv = ["posenc train", *command_line(argparse.Namespace(**{**vars(args), "overrides": overrides}))]
+    try:
+        app()
+    except SystemExit as e:  # --help, --hydra-help and --version exit 0; Hydra printed any error itself
+        if e.code not in (0, None):
+            raise
+    finally:
+        sys.argv = argv
+
+
 class HeldError:
-    """A single run's task, holding its exception until Hydra's run returns: Hydra 1.3 prints
-    "Error executing job with overrides: [...]" to stderr before re-raising a failed job's
-    exception (JobReturn.return_value), a second line beside posenc's one `error:` line."""
+    """A single run's task, holding its exception until the run's callbacks are done, then raised as
+    it is: ``run_job`` would keep an Exception in the JobReturn, whose ``return_value`` prints
+    "Error executing job with overrides: [...]" to stderr before re-raising it (a second line beside
+    posenc's one `error:` line), and a Ctrl-C would skip on_run_end."""
 
     def __init__(self, task: Callable[[DictConfig], object]) -> None:
         self.task, self.error = task, None

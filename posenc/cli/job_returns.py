@@ -3,6 +3,8 @@ per failed job, and at a sweep's end where it went and the `posenc compare` comm
 
 from __future__ import annotations
 
+import contextlib
+import io
 from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
@@ -40,14 +42,28 @@ def job_returns(returned) -> list[JobReturn]:
     return []
 
 
+def outcome(r: JobReturn) -> object:
+    """What the job returned, or the exception it raised and did not turn into a result. Hydra's
+    JobReturn.return_value re-raises that exception, printing "Error executing job with overrides"
+    to stderr first: posenc says it in its own line, so that print is kept off the terminal."""
+    if r.status != JobStatus.FAILED:
+        return r.return_value
+    with contextlib.redirect_stderr(io.StringIO()):
+        try:
+            return r.return_value  # raises: a failed job's return_value is its exception, raised
+        except BaseException as e:  # noqa: BLE001 - the job's own exception, handed back as its outcome
+            return e
+
+
 def failures(returns: list[JobReturn]) -> list[str]:
     """One line per failed job: 'job N (overrides): what went wrong'."""
     out = []
     for r in returns:
-        if r.status == JobStatus.FAILED:  # an exception the task did not turn into a result
-            error = explain(r._return_value)
-        elif isinstance(r._return_value, dict) and r._return_value.get("status") == "failed":
-            error = r._return_value.get("error")
+        returned = outcome(r)
+        if isinstance(returned, BaseException):  # an exception the task did not turn into a result
+            error = explain(returned)
+        elif isinstance(returned, dict) and returned.get("status") == "failed":
+            error = returned.get("error")
         else:
             continue
         num = r.hydra_cfg.hydra.job.num if r.hydra_cfg is not None else "?"

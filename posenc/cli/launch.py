@@ -26,11 +26,11 @@ import typer
 import yaml
 from omegaconf import OmegaConf
 
-from posenc.cli.hydra_entry import parse_args
+from posenc.cli.hydra_argv import parse_args
 from posenc.cli.sweep import resume_overrides
-from posenc.output.commands import command, hydra_value, override
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
+from posenc.output.commands import command, hydra_value, override
 from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
 from posenc.train import distributed, init_from
 

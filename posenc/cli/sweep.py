@@ -13,8 +13,8 @@
   jobs, so a job that cannot be composed (an unknown choice, a key one choice lacks) would leave a
   sweep dir holding only that file: run_sweep removes it.
 
-run_sweep is what ``Hydra.multirun`` does (hydra-core 1.3, pinned), keeping the sweeper to read
-which jobs it planned.
+run_sweep is what Hydra's app does for -m, through Hydra's public plugin API (the ConfigLoader, the
+sweeper plugin, ``HydraContext``), keeping the sweeper to read which jobs it planned.
 """
 
 from __future__ import annotations
@@ -73,19 +73,24 @@ def stop_on_signals() -> Iterator[None]:
             signal.signal(s, handler)
 
 
-def run_sweep(hydra, config_name: str, overrides: list[str], task: Callable[[DictConfig], object]):
-    """Hydra.multirun(config_name, task, overrides); what its sweeper returns. A signal stops it
-    (SweepInterrupted, after the report); a refusal before any job started leaves no directory."""
-    from hydra._internal.callbacks import Callbacks
+def run_sweep(loader, config_name: str, overrides: list[str], task: Callable[[DictConfig], object]):
+    """What Hydra's app does for -m, on its public plugin API: compose the sweep's config with Hydra's
+    ConfigLoader, start the configured sweeper (``Plugins.instantiate_sweeper``; it starts the
+    configured launcher, any installed one), between the user's on_multirun_start/end callbacks; what
+    the sweeper returns. A signal stops it (SweepInterrupted, after the report); a refusal before any
+    job started leaves no directory."""
     from hydra.core.plugins import Plugins
+    from hydra.core.utils import configure_log
     from hydra.types import HydraContext, RunMode
 
-    cfg = hydra.compose_config(config_name=config_name, overrides=overrides, run_mode=RunMode.MULTIRUN,
-                               with_log_configuration=True)
+    from posenc.cli.callbacks import Callbacks
+
+    cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=RunMode.MULTIRUN)
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
     callbacks = Callbacks(cfg)
     callbacks.on_multirun_start(config=cfg, config_name=config_name)
     sweeper = Plugins.instance().instantiate_sweeper(
-        config=cfg, hydra_context=HydraContext(config_loader=ComposeOnce(hydra.config_loader), callbacks=callbacks),
+        config=cfg, hydra_context=HydraContext(config_loader=ComposeOnce(loader), callbacks=callbacks),
         task_function=task)
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     existed = sweep_dir.exists()
@@ -104,9 +109,10 @@ def run_sweep(hydra, config_name: str, overrides: list[str], task: Callable[[Dic
 
 
 class ComposeOnce:
-    """Hydra's config loader, composing each job of a sweep once. The basic sweeper composes every
-    job of a batch to refuse a bad one before any starts, then its launcher composes each again to
-    run it (hydra-core 1.3): the second is a copy of the first (~0.3 s a job saved)."""
+    """Hydra's config loader (the ConfigLoader interface sweepers and launchers use), composing each
+    job of a sweep once. The basic sweeper composes every job of a batch to refuse a bad one before
+    any starts, then its launcher composes each again to run it (hydra-core 1.3, 1.4): the second is
+    a copy of the first (~0.3 s a job saved)."""
 
     def __init__(self, loader) -> None:
         self._loader = loader

@@ -33,14 +33,15 @@ from posenc.config.searchpath import (
     CONFIG_MODULE,
     CONFIG_PATH,
     config_file,
-    config_search_path,
     group_options,
+    with_plugin_sources,
 )
 
 __all__ = [
     "CHOICE_GROUPS", "CONFIG_MODULE", "CONFIG_PATH", "MOVED_MODULES", "RULES", "SCHEMA_NAME", "BenchConfig",
     "BudgetConfig", "EvalConfig", "LayerKindConfig", "LayoutConfig", "LoggerConfig", "ModelConfig",
     "ParsedOverride", "PosencConfig", "Rule", "TrainerConfig", "apply_choice_schemas", "choice_schema",
-    "compose", "config_file", "config_search_path", "encoding_catalogue", "encoding_options", "encoding_yaml",
+    "compose", "config_file", "encoding_catalogue", "encoding_options", "encoding_yaml",
     "group_options", "head_split_fix", "load_run_config", "parse_overrides", "steps_times", "validate",
+    "with_plugin_sources",
 ]

@@ -4,18 +4,19 @@ composes through) and ``load_run_config`` (a run directory's saved config, with 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from importlib.resources import files
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from posenc.config import searchpath
 from posenc.config.choices import apply_choice_schemas
 from posenc.config.overrides import parse_overrides
 from posenc.config.schema import PosencConfig
-from posenc.config import searchpath
-from posenc.config.searchpath import CONFIG_MODULE, config_search_path
+from posenc.config.searchpath import CONFIG_MODULE, CONFIG_PATH, with_plugin_sources
 from posenc.errors import UserError
-
 
 #: composed configs by (overrides, bench, plugin stamp): composing reads ~16 YAML files through
 #: Hydra (~0.3 s); `posenc check`, `bench` and `benchmark` compose the same overrides again and again
@@ -29,8 +30,9 @@ def compose(overrides: list[str], bench: bool = True) -> DictConfig:
     command but `posenc train` composes through: its search path (posenc/config/searchpath.py) holds
     the plugins' config directories, so a plugin's encoding is an option like a built-in one.
 
-    Composed once per process for the same overrides and plugin files (a copy each call: callers
-    may change theirs); a plugin YAML written or edited since is read again."""
+    Composed by Hydra's public compose API (``hydra.compose`` under ``initialize_config_module``), once
+    per process for the same overrides and plugin files (a copy each call: callers may change
+    theirs); a plugin YAML written or edited since is read again."""
     key = (tuple(overrides), bench, _plugin_stamp())
     if key not in _COMPOSED:
         if len(_COMPOSED) >= _MAX_COMPOSED:
@@ -52,21 +54,43 @@ def _plugin_stamp() -> tuple:
 
 
 def _compose(overrides: list[str], bench: bool) -> DictConfig:
-    from hydra._internal.hydra import Hydra
-    from hydra.core.global_hydra import GlobalHydra
-    from hydra.types import RunMode
+    from hydra import compose as hydra_compose
 
-    GlobalHydra.instance().clear()
-    try:  # Hydra's compose API, with posenc's search path instead of one config module
-        hydra = Hydra.create_main_hydra2(task_name="posenc", config_search_path=config_search_path())
-        cfg = hydra.compose_config("config", overrides=[*(["+bench=default"] if bench else []), *overrides],
-                                   run_mode=RunMode.RUN, with_log_configuration=False)
-    finally:
-        GlobalHydra.instance().clear()
+    with hydra_initialized():
+        cfg = hydra_compose("config", overrides=with_plugin_sources([*(["+bench=default"] if bench else []), *overrides]),
+                            return_hydra_config=True)
     searchpath.warn_shadowed(cfg.hydra.runtime.choices)  # a chosen file that another source also holds
     with open_dict(cfg):
         del cfg["hydra"]  # as hydra.compose(return_hydra_config=False)
     return apply_choice_schemas(cfg)
+
+
+@contextmanager
+def hydra_initialized(primary: str | None = None) -> Iterator[None]:
+    """Hydra's compose API set up (job name posenc) on posenc's conf/, or on primary (`posenc train
+    --config-path`: a directory, absolute or from the working directory, or pkg://<module>), through
+    Hydra's public initialize_config_module / initialize_config_dir. Hydra's global state is left as
+    it was found, but cleared first if another caller left it set (as Hydra's own app does)."""
+    from hydra import initialize_config_dir, initialize_config_module
+    from hydra.core.global_hydra import GlobalHydra
+
+    GlobalHydra.instance().clear()
+    primary = primary or CONFIG_PATH
+    if primary.startswith("pkg://"):
+        initialized = initialize_config_module(primary.removeprefix("pkg://"), job_name="posenc", **version_base())
+    else:
+        initialized = initialize_config_dir(str(Path(primary).expanduser().resolve()), job_name="posenc", **version_base())
+    with initialized:
+        yield
+
+
+def version_base() -> dict[str, str]:
+    """Which Hydra's defaults to use: 1.3 asks (unasked, it takes 1.1's and warns), 1.4 deprecates
+    the question (asked, it warns) and takes its own."""
+    import hydra
+
+    major, minor = (int(part) for part in hydra.__version__.split(".")[:2])
+    return {"version_base": "1.3"} if (major, minor) < (1, 4) else {}
 
 
 def load_run_config(run_dir: Path, overrides: list[str]) -> DictConfig:

@@ -14,10 +14,11 @@ A file is taken from the first source that has it, so a plugin adds options but 
 posenc's own file of the same name, and a directory of yours comes before an installed plugin.
 That is never silent: composing a config that chose a file more than one source holds prints one
 ``warning:`` line naming the file used and the ones it shadows (``warn_shadowed``), and
-``posenc encodings`` says the same of every encoding. ``config_search_path`` is what Hydra
-composes with (``posenc train``'s runner and ``posenc.config.compose``, which every other command
-composes through); ``config_file`` and ``group_options`` read the same sources for listings
-(``posenc encodings``, ``posenc bench``).
+``posenc encodings`` says the same of every encoding. ``with_plugin_sources`` hands the plugins'
+sources to Hydra as ``hydra.searchpath`` (Hydra's own key: after the primary config, before the
+structured schema), an override every compose carries (``posenc train``'s runner and
+``posenc.config.compose``, which every other command composes through); ``config_file`` and
+``group_options`` read the same sources for listings (``posenc encodings``, ``posenc bench``).
 """
 
 from __future__ import annotations
@@ -125,17 +126,37 @@ def sources() -> list[str]:
     return [CONFIG_PATH, *plugin_sources()]
 
 
-def config_search_path(primary: str | None = None):
-    """Hydra's ConfigSearchPath for composing posenc's config: Hydra's own, conf/ (or primary,
-    `posenc train --config-path`), the plugins, then the structured schema, as Hydra's own
-    ``--config-dir`` would place them."""
-    from hydra._internal.utils import create_automatic_config_search_path
-    from hydra.core.config_search_path import SearchPathQuery
+#: Hydra's own key for config sources beyond the primary config (each placed, in order, after it and
+#: before the structured schema): how the plugins' sources reach every Hydra compose, public API only
+SEARCHPATH_KEY = "hydra.searchpath"
 
-    search_path = create_automatic_config_search_path(None, None, primary or CONFIG_PATH)
-    for url in plugin_sources():  # each inserted just before the schema: they keep their order
-        search_path.prepend(provider="posenc-plugin", path=url, anchor=SearchPathQuery(provider="schema"))
-    return search_path
+
+def with_plugin_sources(overrides: list[str]) -> list[str]:
+    """overrides with the plugins' config sources on Hydra's search path, as the override
+    ``hydra.searchpath=[...]`` (what `posenc train`'s runner, ``compose`` and Hydra's own app compose
+    with). Hydra reads one such override, so a search path the overrides give already (the user's,
+    or a resumed sweep's) is merged into it: the plugins' sources first, as Hydra puts its own
+    ``--config-dir`` before ``hydra.searchpath``, then the given ones. No plugin source: the
+    overrides as they are.
+
+    A source that is not there (an entry point's package removed since) is left out, so composing
+    never warns about it; ``posenc encodings`` lists what each source holds."""
+    from posenc.config.overrides import parse_overrides
+    from posenc.output.commands import hydra_value
+
+    ours = [url for url in plugin_sources() if _available(url)]
+    if not ours:
+        return list(overrides)
+    given = [o for o in parse_overrides([o for o in overrides if SEARCHPATH_KEY in o]) if o.key == SEARCHPATH_KEY]
+    kept = [str(url) for o in given for url in (o.value or [])]
+    urls = [*ours, *(url for url in kept if url not in ours)]
+    rest = [o for o in overrides if o not in {g.override.input_line for g in given}]
+    return [*rest, f"{SEARCHPATH_KEY}=[{','.join(hydra_value(url) for url in urls)}]"]
+
+
+def _available(url: str) -> bool:
+    root = _root(url)
+    return root is not None and root.is_dir()
 
 
 def _root(url: str) -> Traversable | None:
