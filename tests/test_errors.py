@@ -243,3 +243,31 @@ def test_posenc_eval_of_a_sweep_dir_lists_its_runs_and_the_command_for_one(workd
                           "0_encoding=rope, 1_encoding=nope", workdir, set(run_dirs(workdir)))
     command = re.search(r"eval one with `([^`]*)`", result.stderr)[1]
     assert shlex.split(command) == ["posenc", "eval", str(sweep / "0_encoding=rope")]
+
+
+def test_a_missing_text_file_is_refused_before_a_run_directory_is_named(workdir: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The refusal comes before Hydra makes (and names) a run directory: no 'run dir: …' line for
+    a directory that is then removed."""
+    code, stderr, stdout = run_in_process([*TINY, "dataset=text", "dataset.files=[no/such/file.txt]"], monkeypatch)
+    assert_one_line_error(code, stderr, stdout, "'no/such/file.txt' does not exist", workdir, set())
+    assert "run dir" not in stdout + stderr
+
+
+@pytest.mark.parametrize("command", ["eval", "probe"])
+def test_eval_of_a_folder_that_is_not_a_run_says_so_and_names_a_run_under_it(workdir: Path, command: str) -> None:
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    parent = workdir / "outputs" / "2026-11-22"
+    (parent / "16-58-28-111496_rope" / ".hydra").mkdir(parents=True)
+    result = CliRunner().invoke(app, [command, str(parent)])
+    before = set(run_dirs(workdir))
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is not a run directory", workdir, before)
+    assert f"`posenc {command} {parent / '16-58-28-111496_rope'}`" in result.stderr
+    assert "checkpoint" not in result.stderr
+    empty = workdir / "empty"
+    empty.mkdir()
+    result = CliRunner().invoke(app, [command, str(empty)])
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, "no run under it", workdir, before)

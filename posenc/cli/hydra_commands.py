@@ -13,12 +13,17 @@ def check_run(cfg, single: bool = False) -> None:
     """What the schema's types cannot say, checked before Hydra creates a run directory. A single
     run's encoding is built once, by training, first (a refusal there removes the run directory);
     a sweep's is built here too, so a sweep whose encoding cannot be built writes nothing."""
+    from omegaconf import OmegaConf
+
     from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
+    from posenc.data.corpora import text_files
     from posenc.hardware import resolve_device
     from posenc.train import init_from
 
     validate(apply_choice_schemas(cfg))
+    if OmegaConf.select(cfg, "dataset.files") is not None:  # dataset=text: a missing file, before any run dir
+        text_files(list(cfg.dataset.files))
     resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
     if not single:
         check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)

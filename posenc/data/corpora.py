@@ -112,6 +112,20 @@ class PyStdlib(Corpus):
         return f"pystdlib:{sys.version}:{self.root}:{self.val_fraction}"
 
 
+def text_files(files: list[str]) -> list[Path]:
+    """dataset.files as paths, each checked to be a readable file: `posenc train` asks before it
+    makes a run directory (cli/hydra_commands.check_run), the corpus again when it is built."""
+    if not files:
+        raise UserError("dataset=text needs files: dataset.files=[path/a.txt,path/b.txt]")
+    paths = [Path(os.path.expanduser(str(f))) for f in files]
+    for p in paths:
+        if not p.is_file():
+            raise UserError(f"dataset.files: '{p}' does not exist or is not a file — check the path")
+        if not os.access(p, os.R_OK):
+            raise UserError(f"dataset.files: '{p}' is not readable — check its permissions")
+    return paths
+
+
 class TextFiles(Corpus):
     """The user's own text files. Each file is cut into blocks of ``lines_per_doc`` lines so
     that even a single file splits into train and validation by block."""
@@ -121,14 +135,7 @@ class TextFiles(Corpus):
         packing: str = "concat",
     ) -> None:
         super().__init__(name, val_fraction, packing)
-        if not files:
-            raise UserError("dataset=text needs files: dataset.files=[path/a.txt,path/b.txt]")
-        self.paths = [Path(os.path.expanduser(str(f))) for f in files]
-        for p in self.paths:
-            if not p.is_file():
-                raise UserError(f"dataset.files: '{p}' does not exist or is not a file — check the path")
-            if not os.access(p, os.R_OK):
-                raise UserError(f"dataset.files: '{p}' is not readable — check its permissions")
+        self.paths = text_files(files)
         self.lines_per_doc = int(lines_per_doc)
 
     def documents(self):

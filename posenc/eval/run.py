@@ -47,12 +47,13 @@ def load_trained(run_dir: Path, overrides: list[str], command: str = "eval"):
     what `posenc eval` and `posenc probe` (command) start from."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import setup_device
-    from posenc.run.directory import kept_checkpoint, load_checkpoint, refuse_sweep_dir
+    from posenc.run.directory import kept_checkpoint, load_checkpoint, refuse_non_run_dir, refuse_sweep_dir
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
     refuse_sweep_dir(run_dir, command)  # a sweep's dir: its runs listed, not "no checkpoint"
+    refuse_non_run_dir(run_dir, command)  # any other folder: said to be no run, not "no checkpoint"
     state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
     warn_code_changes(run_dir)
     cfg = load_run_config(run_dir, overrides)

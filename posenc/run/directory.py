@@ -145,6 +145,24 @@ def refuse_sweep_dir(path: Path, command: str) -> None:
                     f"`posenc compare {shell_word(str(path))}`")
 
 
+def refuse_non_run_dir(path: Path, command: str) -> None:
+    """A folder that is not a run directory (no ``.hydra/``: a parent of runs, a copy of a checkpoint
+    folder, any other folder) given where one run is wanted is refused as such, with a run under it
+    where there is one, instead of a missing checkpoint's message."""
+    from posenc.output.commands import shell_word
+
+    path = Path(path)
+    if (path / ".hydra").is_dir():
+        return
+    runs = sorted((p.parent for p in path.rglob(".hydra") if p.is_dir()), key=lambda p: (str(p.parent), len(p.name), p.name))
+    if runs:
+        more = f" (and {len(runs) - 1} more under it)" if len(runs) > 1 else ""
+        raise UserError(f"'{path}' is not a run directory (no .hydra/ in it); it holds {shell_word(str(runs[0]))}{more} — "
+                        f"{command} one run with `posenc {command} {shell_word(str(runs[0]))}`")
+    raise UserError(f"'{path}' is not a run directory (no .hydra/ in it, and no run under it) — pass a directory "
+                    f"`posenc train` made, e.g. outputs/<date>/<time>_<encoding>")
+
+
 def remove_run_dir(run_dir: Path) -> None:
     """Delete a run dir and any parents it leaves empty, outputs/ included: a refused run
     leaves nothing behind."""
