@@ -135,7 +135,7 @@ def test_convergence_y_range_holds_every_target_and_its_label(tmp_path: Path, fi
     for seed, final in enumerate([2.30, 2.35]):
         make_run(root, f"rope_{seed}", {"name": "rope"}, seed, ["encoding=rope", f"seed={seed}"],
                  [3.5, 2.42, final], config=SHAPE)
-    compare([root], metric="val/loss", targets=["2.5"])
+    compare([root], metric="val/loss", targets=["2.5"], out=tmp_path / "report")  # one group: only with --out
     [fig] = [f for f in figures if f.axes[0].get_title().startswith("Validation loss")]
     ax = fig.axes[0]
     renderer = renderer_of(fig)

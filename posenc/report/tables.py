@@ -168,7 +168,8 @@ def baseline_text_table(c: Comparison) -> TextTable:
 
 
 def rich_table(t: TextTable) -> Table:
-    table = Table(title=t.title, title_justify="left")
+    # as wide as its title (up to the terminal's width): a narrow table would wrap it mid-phrase
+    table = Table(title=t.title, title_justify="left", min_width=len(t.title))
     for j, head in enumerate(t.header):
         label = j == t.label_column
         table.add_column(head.removeprefix("ppl@"), justify="left" if label else "right",
