@@ -203,7 +203,11 @@ def test_plot_extrapolation_leaves_compares_figure_alone_and_says_what_its_band_
     before = (bases / "extrapolation.png").read_bytes()
     result = posenc("plot", "extrapolation", str(bases), cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
-    assert (bases / "extrapolation.png").read_bytes() == before and (bases / "ppl_by_length.png").exists()
+    # the same figure twice in one folder is one too many (issue 47): compare's is named, not copied
+    assert (bases / "extrapolation.png").read_bytes() == before and not (bases / "ppl_by_length.png").exists()
+    assert f"not written: {bases / 'extrapolation.png'} is this figure" in " ".join(result.stdout.split())
+    result = posenc("plot", "extrapolation", str(bases), "--out", str(tmp_path / "copy.png"), cwd=tmp_path)
+    assert result.exit_code == 0 and (tmp_path / "copy.png").exists()
     helptext = posenc("plot", "extrapolation", "--help", cwd=tmp_path).stdout
     assert "95% interval" in helptext and "std" not in helptext
 
