@@ -62,8 +62,10 @@ def benchmark(
                                     "the shipped data and docs/leaderboard.md"),
     write_docs: bool = typer.Option(False, "--write-docs", help="only render docs/leaderboard.md from the shipped data"),
     jobs: int = typer.Option(1, "--jobs", min=1, help="with --regenerate: sweeps run side by side (one core each)"),
+    carry_from: str = typer.Option(None, "--carry-from", help="with --regenerate: take this earlier protocol's "
+                                   "shipped rows instead of measuring them, where it ran the same arms and seeds"),
     protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/benchmark/<name>.yaml); "
-                                 "default posenc-pe-v1"),
+                                 "default posenc-pe-v2 (posenc-pe-v1: its earlier version, kept readable)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Run the benchmark protocol for one encoding and place it among the shipped baselines.
@@ -73,7 +75,7 @@ def benchmark(
     from posenc.cli.benchmark_command import main
 
     run_guarded(lambda: main(without_debug(ctx.args), config_dir, reproduce, regenerate, write_docs, jobs,
-                             protocol, console), debug or user_wants_traceback(ctx.args))
+                             protocol, console, carry_from), debug or user_wants_traceback(ctx.args))
 
 
 def register(app: typer.Typer) -> None:
