@@ -72,25 +72,8 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     batch = FixedBatch(bench_batch(vocab, B, T, b.get("document_length")))  # on the host: train_step moves it
     peak = peak_flops(device, b.peak_flops)
-    result = {
-        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-        "precision": precision, "compile": use_compile(cfg.trainer.compile, device), "torch": torch.__version__,
-        "recipe": recipe_of(cfg.model).name,  # every model's block, the plain reference's included
-        "shape": {**{k: cfg.model[k] for k in ("n_layer", "n_head", "d_model")}, "batch_size": B, "seq_len": T},
-        "grad_accum": int(cfg.trainer.grad_accum),
-        "steps": b.steps, "warmup": b.warmup, "rounds": b.rounds, "peak_flops": peak,
-        "memory_method": ("torch.cuda.max_memory_allocated over one step + params, grads, optimizer state"
-                          if device.type == "cuda" else
-                          "params + grads + optimizer state + tensors saved for backward (CPU estimate)"),
-        "process_max_rss_mb": None,
-        "config": OmegaConf.to_container(b, resolve=True), "preset": chosen,
-        # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
-        "masks": mask_summary(cfg, batch.batch, device),
-        "load": [machine_load()],  # at the start, then after each row: {machine/load_1min, machine/cpus}
-        "results": [],
-    }
     order = order_of(names, bool(b.reference))
-    result["planned"] = order  # an interrupted bench says how many of them it measured
+    result = header(cfg, device, precision, batch, peak, chosen, order)
     listener.started(result)
     picked = names if explicit else None
     presets = {**presets_of(overrides, picked), chosen: preset(cfg, names)}
@@ -118,6 +101,31 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
         baselines.clear()
         free(device)
     return result
+
+
+def header(cfg: DictConfig, device: torch.device, precision: str, batch: FixedBatch, peak: float | None,
+           chosen: str, order: list[str]) -> dict:
+    """The result before any row: device, shape, timing, masks, the models planned, the load."""
+    b = cfg.bench
+    B, T = int(b.batch_size), int(b.seq_len)
+    return {
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        "precision": precision, "compile": use_compile(cfg.trainer.compile, device), "torch": torch.__version__,
+        "recipe": recipe_of(cfg.model).name,  # every model's block, the plain reference's included
+        "shape": {**{k: cfg.model[k] for k in ("n_layer", "n_head", "d_model")}, "batch_size": B, "seq_len": T},
+        "grad_accum": int(cfg.trainer.grad_accum),
+        "steps": b.steps, "warmup": b.warmup, "rounds": b.rounds, "peak_flops": peak,
+        "memory_method": ("torch.cuda.max_memory_allocated over one step + params, grads, optimizer state"
+                          if device.type == "cuda" else
+                          "params + grads + optimizer state + tensors saved for backward (CPU estimate)"),
+        "process_max_rss_mb": None,
+        "config": OmegaConf.to_container(b, resolve=True), "preset": chosen,
+        # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
+        "masks": mask_summary(cfg, batch.batch, device),
+        "load": [machine_load()],  # at the start, then after each row: {machine/load_1min, machine/cpus}
+        "planned": order,  # an interrupted bench says how many of them it measured
+        "results": [],
+    }
 
 
 def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool, preset_list: bool) -> str:
