@@ -94,7 +94,10 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
     low, high = distance_range or (None, None)
     im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis", vmin=low, vmax=high)
     ax.set(xlabel="head", ylabel="layer", title=f"mean attention distance (T={T})")
-    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens" + (" (one scale at every T)" if distance_range else ""))
+    n_layer, n_head = torch.tensor(probes["distance"]).shape
+    ax.set_xticks(range(n_head))  # whole heads and layers, not -0.5, 0.0, 0.5
+    ax.set_yticks(range(n_layer))
+    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens" + ("\n(one scale for every T)" if distance_range else ""))
     save(fig, f"distance_T{T}.png")
 
     if probes["rotary"]:
