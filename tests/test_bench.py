@@ -83,10 +83,11 @@ def test_rows_appear_and_are_saved_as_measured_and_a_failing_encoding_leaves_its
         assert rows[name]["warmup_s"] > 0  # reported apart from the timed steps
     assert "max_len" not in rows["rope"]["options"]  # an encoding option reaches only the encodings that have it
     assert rows["rope"]["eval"]["length"] == 64 and rows["rope"]["eval"]["status"] == "ok"
-    # every row was printed as soon as it was measured, and was in the JSON file by then
+    # every row was printed as soon as it was measured (the two baselines together, once both were:
+    # they come from the same rounds), and was in the JSON file by then
     assert [name for name, _ in printed] == [r["name"] for r in final]
     for i, (name, saved) in enumerate(printed):
-        assert saved == [r["name"] for r in final[: i + 1]], name
+        assert saved == [r["name"] for r in final[: max(2, i + 1)]], name
 
 
 @pytest.mark.parametrize("recipe", ["model.flavor=llama", "model.flavor=gpt2 model.norm=rmsnorm model.tie_embeddings=false"])
@@ -212,7 +213,7 @@ def test_a_ratio_shows_the_baselines_rate_in_the_same_rounds_so_the_row_is_self_
     assert f"vs nope 0.500× of {rope['vs_nope_of']:,.0f}" in line and "load " in line
 
 
-def test_the_bench_says_how_long_it_will_take_after_its_first_model(monkeypatch):
+def test_the_bench_says_how_long_it_will_take_after_its_first_rows(monkeypatch):
     from posenc.bench import timing
     from posenc.bench.run import Listener
 
@@ -229,16 +230,47 @@ def test_the_bench_says_how_long_it_will_take_after_its_first_model(monkeypatch)
     monkeypatch.setattr(timing, "timed_round", fake_round)
     result = bench([*TINY, "bench=quick", "bench.encodings=[nope,rope]"], Notes())
     # quick: warm-up 1, 2 rounds of 3 steps, a memory step; reference 1+6+1, nope 1+6·2+1, rope 1+6·3+1 steps
-    assert notes[0] == ("bench=quick: 3 models, 42 training steps; an estimate follows the first model "
+    assert notes[0] == ("bench=quick: 3 models, 42 training steps; an estimate follows the first rows "
                         "(bench=default for the full bench)")
-    assert notes[1].startswith("estimate: about 6 min left (bench=quick, 2 more models at ~10.00 s/step")
-    # the full bench: warm-up 3, 3 rounds of 10 steps: 34 + 64 + 94 steps
-    assert notes[1].endswith("the full bench (bench=default): about 32 min") and result["estimate"] == notes[1]
+    # after the two baselines (their rows come together): rope's 20 steps
+    assert notes[1].startswith("estimate: about 3 min left (bench=quick, 1 more model at ~10.00 s/step")
+    # the full bench of the same encodings: warm-up 3, 3 rounds of 10 steps: 34 + 64 + 94 steps
+    assert notes[1].endswith("the full bench (bench=default, 3 models): about 32 min") and result["estimate"] == notes[1]
 
     # a full bench whose timing the user set: bench=quick would run those same steps, so it is not offered
     notes.clear()
     bench([*TINY, "bench.steps=2", "bench.rounds=1", "bench.warmup=1", "bench.encodings=[nope,rope]"], Notes())
-    assert notes[1].startswith("estimate: about 2 min left (bench=default,") and "bench=quick" not in notes[1], notes
+    assert notes[1].startswith("estimate: about 1 min left (bench=default,") and "bench=quick" not in notes[1], notes
+
+
+def test_the_bare_cpu_bench_is_a_representative_few_with_every_encoding_one_option_away(monkeypatch):
+    """Issue 47: the bare `posenc bench` timed all 22 models on a CPU (over 30 minutes on 2 cores);
+    it is a first look now, and says how to time every encoding."""
+    from posenc.bench import timing
+    from posenc.bench.plan import select_encodings
+    from posenc.bench.run import Listener
+    from posenc.config import group_options
+
+    notes: list[str] = []
+
+    class Notes(Listener):
+        def note(self, text: str) -> None:
+            notes.append(text)
+
+    def fake_round(subject, steps):  # 0.6 s a step, whatever the model
+        timing.run_steps(subject, steps)
+        return 0.6 * steps
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    every = group_options("encoding")
+    result = bench([*TINY], Notes())
+    names = [r["name"] for r in result["results"]]
+    assert names == ["reference", "nope", "sinusoidal", "rope", "alibi", "t5_bias", "fox"]
+    assert notes[0].startswith(f"bench=quick (the CPU default): 7 models (6 of {len(every)} encodings, the preset's "
+                               "list: encoding=all for every one), 122 training steps")
+    full = round((34 + 64 + 94 * (len(every) - 1)) * 0.6 / 60)  # bench=default's steps: see the test above
+    assert notes[1].endswith(f"the full bench (bench=default, {len(every) + 1} models): about {full} min")
+    assert select_encodings(["encoding=all"])[0] == every == select_encodings(["bench=default"])[0]
 
 
 def test_a_bench_without_nope_says_why_vs_nope_is_empty():
@@ -287,3 +319,53 @@ def test_no_timed_round_contains_a_compilation(monkeypatch):
     assert calls == ["nope"] * 2 + ["rope", "nope", "nope", "rope", "nope"]  # the compiling round taken again
     assert rows["rope"]["retimed"] == 1 and rows["nope"]["retimed"] == 0
     assert rows["rope"]["vs_nope_range"] == pytest.approx([0.5, 0.5])  # never 5.0, the compiling round's
+
+
+def test_the_reference_and_nope_rows_agree_with_their_paired_ratio(monkeypatch):
+    """Issue 47: the reference read 1,245 tokens/s and nope 3,527, yet nope was 1.581× the
+    reference: the reference's own rounds, the bench's first, ran slower than every later one.
+    Its row now takes its rounds alternating with nope's, the rounds the ratio is taken from."""
+    from posenc.bench import timing
+
+    cost, calls = {"reference": 1.0, "nope": 0.8, "rope": 2.0}, []
+
+    def fake_round(subject, steps):  # the process's first rounds (the reference alone) 3× slower
+        calls.append(subject.name)
+        timing.run_steps(subject, steps)
+        return cost[subject.name] * (3.0 if "nope" not in calls else 1.0)
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    result = bench([*TINY, "bench.steps=1", "bench.rounds=3", "bench.warmup=1", "bench.encodings=[nope,rope]"])
+    rows = {r["name"]: r for r in result["results"]}
+    reference, nope = rows["reference"], rows["nope"]
+    assert nope["vs_reference"] == pytest.approx(1.25) and reference["vs_nope"] == pytest.approx(0.8)
+    assert nope["tokens_per_s"] / reference["tokens_per_s"] == pytest.approx(nope["vs_reference"])
+    assert reference["tokens_per_s"] == pytest.approx(nope["vs_reference_of"])  # one rate, whichever row says it
+    assert reference["ms_per_step"] == pytest.approx(1000.0) and reference["timed_with"] == "nope"
+    assert reference["timed_alone"]["ms_per_step"] == pytest.approx(3000.0)  # kept in the JSON, not the row
+
+
+def test_ctrl_c_prints_the_rows_measured_so_far_saves_them_and_exits_as_an_interrupt(monkeypatch, tmp_path: Path):
+    from typer.testing import CliRunner
+
+    from posenc.bench import timing
+    from posenc.cli.app import app
+
+    def fake_round(subject, steps):  # the user presses Ctrl-C while rope is being timed
+        if subject.name == "rope":
+            raise KeyboardInterrupt
+        timing.run_steps(subject, steps)
+        return 1.0
+
+    monkeypatch.setattr(timing, "timed_round", fake_round)
+    out = tmp_path / "bench.json"
+    result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench", *BENCH, "bench.encodings=[nope,rope,alibi]",
+                                                            "--json", str(out)])
+    assert result.exit_code == 130
+    assert result.stderr.strip().splitlines()[-1] == "error: interrupted"
+    lines = result.stdout.splitlines()
+    assert any(line.startswith("reference ") and "tokens/s" in line for line in lines)
+    assert any(line.startswith("nope ") and "tokens/s" in line for line in lines)
+    assert "interrupted after 2 of 4 models: the rows above are what was measured" in result.stdout
+    saved = json.loads(out.read_text())
+    assert saved["interrupted"] is True and [r["name"] for r in saved["results"]] == ["reference", "nope"]

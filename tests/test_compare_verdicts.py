@@ -5,6 +5,7 @@ what was held fixed, and rankings within another key."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -148,9 +149,9 @@ def test_the_report_states_what_was_held_fixed_and_what_varied(sweep: Path, tmp_
     assert "model.n_layer=2" in fixed and "trainer.seq_len=32" in fixed and "model.flavor=llama" in fixed
     assert "encoding.name ∈ {alibi, learned, nope, rope}" in varied and "seed ∈ {0, 1, 2}" in varied
     assert "encoding.name" not in fixed
-    assert "held fixed (" in result.stdout and "model.n_layer=2" in result.stdout
+    assert "held fixed: " in result.stdout and "model.n_layer=2" in result.stdout
     # what varied and the result first, the keys every run shared last (issue 36)
-    assert result.stdout.index("varied: ") < result.stdout.index("verdict on") < result.stdout.index("held fixed (")
+    assert result.stdout.index("varied: ") < result.stdout.index("verdict on") < result.stdout.index("held fixed: ")
     assert report.index("**Varied:**") < report.index("**verdict on") < report.index("**Held fixed:**")
     assert "Held fixed:" in (sweep / "report.html").read_text()
 
@@ -172,9 +173,11 @@ def test_a_target_in_bits_per_byte_reads_val_bpb(sweep: Path):
         build_comparison(find_runs([sweep]), by=None, metric="val/loss", targets=["two"])
 
 
-def test_a_single_run_is_reported_next_to_its_data(sweep: Path, tmp_path: Path):
+def test_a_single_run_is_reported_next_to_its_data_only_when_out_asks(sweep: Path, tmp_path: Path):
     result = posenc("compare", str(sweep / "rope_0"), cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
+    assert not (sweep / "rope_0" / "report.md").exists() and not (tmp_path / "outputs").exists()
+    result = posenc("compare", str(sweep / "rope_0"), "--out", str(sweep / "rope_0"), cwd=tmp_path)
     assert (sweep / "rope_0" / "report.md").exists() and not (tmp_path / "outputs").exists()
 
 
@@ -275,3 +278,43 @@ def test_fine_tunes_from_one_parent_per_seed_group_by_method_not_by_parent(tmp_p
                      [f"encoding.scaling={method}", f"trainer.init_from=/runs/parent_{seed}", f"seed={seed}"], [3.0, 2.0])
     c = build_comparison(find_runs([root]), by=None, metric="val/loss")
     assert c.by == ["encoding.scaling"] and [g.label for g in c.groups] == ["linear", "yarn"]
+
+
+def test_compare_of_a_folder_holding_one_run_writes_nothing_there_and_says_how_to(tmp_path: Path):
+    """One run (or one group) compares nothing: the terminal still shows its numbers, but no report
+    or figure lands in the user's folder unless --out asks for one (issue 47)."""
+    parent = tmp_path / "outputs" / "2026-11-22"
+    make_run(parent, "16-58-28-111496_rope", {"name": "rope"}, 0, [], [3.0, 2.6, 2.2],
+             config={"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}})
+    result = posenc("compare", str(parent), "--metric", "val/loss", cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert written(tmp_path) == []
+    assert "2.2000" in result.stdout and "no report written: one run" in result.stdout and "--out DIR" in result.stdout
+    assert "nothing varies" not in result.stdout.split("grouped by ")[1].split("·")[0].replace("(one group: nothing varies)", "")
+    out = tmp_path / "report"
+    result = posenc("compare", str(parent), "--metric", "val/loss", "--out", str(out), cwd=tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert (out / "report.md").is_file() and written(parent) == []
+    report = (out / "report.md").read_text()
+    assert "comparison: 1 run" in report and "1 runs" not in report and "by nothing varies" not in report
+
+
+def test_the_terminal_names_the_headline_keys_held_fixed_and_counts_the_rest(sweep: Path, tmp_path: Path):
+    """A real run's config has 50-70 keys: the terminal names the ones a reader checks first and
+    counts the others, which report.md lists."""
+    for run in sweep.iterdir():
+        config = run / ".hydra" / "config.yaml"
+        config.write_text(config.read_text() + "".join(f"extra_{i}: {i}\n" for i in range(50)))
+    result = posenc("compare", str(sweep), "--metric", "val/loss", cwd=tmp_path)
+    line = next(line for line in result.stdout.splitlines() if line.startswith("held fixed: "))
+    assert "model.n_layer=2" in line and "trainer.seq_len=32" in line and "extra_" not in line
+    assert re.search(r"and 50 more keys \(report.md lists every one\)", line)
+    assert "extra_49=49" in (sweep / "report.md").read_text()
+
+
+def test_a_narrow_tables_title_stays_on_one_line(sweep: Path, tmp_path: Path):
+    """The convergence table has two narrow columns and a long title: the title sets the table's
+    width (up to the terminal's), so it is not wrapped mid-phrase."""
+    result = posenc("compare", str(sweep), "--metric", "val/loss", "--target", "3.2", cwd=tmp_path)
+    titles = [line for line in result.stdout.splitlines() if line.startswith("tokens to reach val/loss")]
+    assert titles and titles[0].rstrip().endswith("— mean [95% interval over seeds]"), result.stdout

@@ -88,7 +88,7 @@ def test_rope_decay_bound_decays_with_distance():
     assert rope_decay_bound(d, 128, 500.0)[100:].mean() < bound[100:].mean()  # smaller base, faster decay
 
 
-def test_posenc_eval_at_16x_and_plot(workdir):
+def test_posenc_eval_at_16x_and_plot(workdir, monkeypatch, capsys):
     """The 16× evaluation a run reports at its end is what `posenc eval` computes again; a scaling
     given to `posenc eval` changes it (and is recorded); learned has no perplexity past its table."""
     r = run_cli("train", "-m", *TINY, "eval.at_end=true", "encoding=rope,learned", "eval.lengths=[1,16]", cwd=workdir)
@@ -125,6 +125,17 @@ def test_posenc_eval_at_16x_and_plot(workdir):
     assert [g.label for g in groups] == ["learned", "rope"]
     png = plot_extrapolation(groups, workdir / "x.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
+
+    # eval.stride: two passes over overlapping windows, said before they run; the figure says so (issue 47)
+    import posenc.eval.per_position as per_position_module
+
+    titles = []
+    monkeypatch.setattr(per_position_module, "save_figure",
+                        lambda fig, path: titles.append(fig.axes[0].get_title()) or path)
+    eval_run(rope_dir, ["eval.lengths=[1]", "eval.stride=16"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "eval.stride=16: windows start every 16 tokens" in out and "in two passes" in out
+    assert titles == ["rope: per-position loss, windows every 16 tokens (eval.stride)"]
 
 
 def test_an_evaluation_that_scores_fewer_tokens_than_asked_says_so(tmp_path, caplog):

@@ -145,3 +145,36 @@ def test_each_length_prints_its_start_its_progress_and_its_result():
     assert any(line.startswith("per-position loss at length 64 (2×): 16/64 windows") and "ETA" in line
                for line in lines[1:-1])  # 8 windows a batch; a line at most every 30 s
     assert lines[-1].startswith("per-position loss at length 64 (2×): done  (")
+
+
+def test_a_learned_tables_figure_ends_at_its_last_defined_length_and_names_the_others(tmp_path, monkeypatch):
+    """Issue 47: a learned run's figure ran to 16× with its right half empty."""
+    import posenc.eval.per_position as module
+
+    kept = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: kept.append(fig) or path)
+    model = GPT(256, Learned(32, 4, max_len=64), n_layer=1, n_head=4, d_model=32)
+    tokens = np.random.default_rng(0).integers(0, 256, 2049)
+    record = per_position(model, {L: corpus_batches(tokens, L, 1024) for L in (64, 256, 1024)}, train_length=64)
+    write_per_position(record, tmp_path, "learned: per-position loss")
+    [ax] = kept[0].axes
+    assert ax.get_xlim()[1] < 128  # the axis ends at 64, the longest length with a curve
+    assert "no positions at 256 (4×), 1,024 (16×)" in ax.get_title()
+
+
+def test_a_tasks_answers_make_one_line_not_dots_between_gaps(tmp_path, monkeypatch):
+    """Issue 47: flip-flop's answers are every few positions; the buckets between them have no
+    target, and drawn as gaps they left each answer a lone dot."""
+    import posenc.eval.per_position as module
+
+    kept = []
+    monkeypatch.setattr(module, "save_figure", lambda fig, path: kept.append(fig) or path)
+    x = torch.zeros(2, 32, dtype=torch.int64)
+    y = torch.full((2, 32), IGNORE_INDEX)
+    y[:, 3::4] = 1  # an answer every 4th position
+    record = per_position(Constant(), {32: [Batch(x, y)]}, train_length=32)
+    assert record["lengths"][0]["loss"].count(None) == 24  # the record keeps the empty buckets
+    write_per_position(record, tmp_path)
+    [ax] = kept[0].axes
+    [curve] = [line for line in ax.get_lines() if line.get_label() == "32 (1×)"]
+    assert list(curve.get_xdata()) == list(range(3, 32, 4)) and not np.isnan(curve.get_ydata()).any()

@@ -135,7 +135,7 @@ def test_convergence_y_range_holds_every_target_and_its_label(tmp_path: Path, fi
     for seed, final in enumerate([2.30, 2.35]):
         make_run(root, f"rope_{seed}", {"name": "rope"}, seed, ["encoding=rope", f"seed={seed}"],
                  [3.5, 2.42, final], config=SHAPE)
-    compare([root], metric="val/loss", targets=["2.5"])
+    compare([root], metric="val/loss", targets=["2.5"], out=tmp_path / "report")  # one group: only with --out
     [fig] = [f for f in figures if f.axes[0].get_title().startswith("Validation loss")]
     ax = fig.axes[0]
     renderer = renderer_of(fig)
@@ -193,3 +193,20 @@ def test_the_rank_figure_draws_each_encodings_rank_against_the_key_best_on_top(f
     assert ranks == {"alibi": [1, 2], "rope": [2, 1]}  # alibi leads under gpt2, rope under llama
     colours = {bars.get_label(): mcolors.to_hex(bars.lines[0].get_color()) for bars in ax.containers}
     assert colours == {"alibi": ENCODING_STYLES["alibi"].color, "rope": ENCODING_STYLES["rope"].color}
+
+
+def test_every_evaluation_of_the_convergence_curve_is_on_the_chart(tmp_path: Path, figures: list):
+    """Issue 47: the y-axis was zoomed from the second evaluation down, so the first ones (5.5 nats
+    on bytes) were off the chart; every point is inside the axes now, on a log axis."""
+    root = tmp_path / "early"
+    for enc, final in (("rope", 1.9), ("alibi", 2.0)):
+        for seed in (0, 1):
+            make_run(root, f"{enc}_{seed}", {"name": enc}, seed, [f"encoding={enc}", f"seed={seed}"],
+                     [5.55, 4.1, 3.3, 2.6, 2.2, final + 0.01 * seed], config=SHAPE)
+    compare([root], metric="val/loss")
+    [fig] = [f for f in figures if f.axes[0].get_title().startswith("Validation loss")]
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    values = [y for line in ax.get_lines() for y in line.get_ydata() if line.get_label().endswith("(n=2)")]
+    assert values and low < min(values) and max(values) == pytest.approx(5.55) and 5.55 < high
+    assert ax.get_yscale() == "log"

@@ -249,3 +249,26 @@ def test_entropy_figures_stay_readable_with_many_heads_at_long_lengths(tmp_path,
         assert below >= 0.3 * ax.get_window_extent().width  # a linear axis would give it 1/16
     labels = [t.get_text() for legend in fig.legends for t in legend.get_texts()]
     assert "mean over heads" in labels and "range over the 8 heads" in labels
+
+
+def test_the_distance_heatmaps_share_one_colour_scale_across_lengths(tmp_path, monkeypatch):
+    """Issue 47: each length's heatmap scaled its colours to its own range, so one colour meant 3
+    tokens at T=8 and 12 at T=32; a shared scale lets the figures be read side by side."""
+    import matplotlib.figure
+
+    from posenc.eval.probes import probe_lengths, write_probes
+
+    limits = {}
+    save = matplotlib.figure.Figure.savefig
+
+    def spy(fig, path, *args, **kwargs):
+        name = Path(path).name.removesuffix(".tmp")
+        if name.startswith("distance_T"):
+            limits[name] = fig.axes[0].images[0].get_clim()
+        return save(fig, path, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
+    result = probe_lengths(model_with(RoPE(D, H)), {T: torch.randint(0, 256, (1, T)) for T in (8, 32)})
+    write_probes(result, tmp_path, train_length=8)
+    every = [v for probes in result.values() for row in probes["distance"] for v in row]
+    assert limits["distance_T8.png"] == limits["distance_T32.png"] == pytest.approx((min(every), max(every)))

@@ -66,16 +66,33 @@ def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_
     every target because all were below at the first evaluation (6,656 tokens)."""
     rows = [{"step": 13, "tokens": 6656, "val/loss": 0.9}, {"step": 26, "tokens": 13312, "val/loss": 0.4}]
     summary = {"val/loss": 0.4, "seq_len": 32, "encoding": {"name": "rope"},
-               **convergence_metrics(rows, [2.0, 0.5]),
+               **convergence_metrics(rows, [1.0, 0.5]),
                "tasks": {"task": "flip_flop", "lengths": [
                    {"length": 32, "multiple": 1.0, "accuracy": 0.975, "low": 0.96, "high": 0.985, "n": 512},
                    {"length": 64, "multiple": 2.0, "accuracy": 0.5, "low": 0.46, "high": 0.54, "n": 512}]}}
-    assert summary["convergence/before_first_eval_loss@2"] is True  # summary.json marks the bound
+    assert summary["convergence/before_first_eval_loss@1"] is True  # summary.json marks the bound
     assert summary["convergence/before_first_eval_loss@0.5"] is False  # crossed between evaluations
     print_summary(summary, Path("run"))
     lines = [line.strip("│┃ ") for line in capsys.readouterr().out.splitlines() if "│" in line or "┃" in line]
     assert lines[0].startswith("metric") and lines[1].startswith("flip_flop accuracy @ 32 (1×)") and "97.5% [96.0%, 98.5%], n=512" in lines[1]
     assert lines[2].startswith("flip_flop accuracy @ 64 (2×)")  # the headline first, then val/loss
-    assert any("tokens to val/loss 2 " in line and "before the first evaluation (≤ 6,656)" in line for line in lines)
+    assert any("tokens to val/loss 1 " in line and "before the first evaluation (≤ 6,656)" in line for line in lines)
     crossed = next(line for line in lines if "tokens to val/loss 0.5" in line)
     assert "before" not in crossed and "11,9" in crossed  # interpolated: 6,656 + 0.8·6,656 = 11,981
+
+
+def test_a_task_run_leaves_out_the_language_modelling_targets_it_was_not_given(capsys):
+    """The default targets (val/loss 2.5 … 1.75 nats) are losses of the byte corpus: on a task's
+    answer-only loss they cannot apply, and a task run's table leaves them out (issue 47)."""
+    from posenc.run.metrics import DEFAULT_TARGETS
+
+    rows = [{"step": 13, "tokens": 6656, "val/loss": 2.6}, {"step": 26, "tokens": 13312, "val/loss": 0.4}]
+    task = {"task": "flip_flop", "lengths": [{"length": 32, "multiple": 1.0, "accuracy": 1.0, "low": 0.99,
+                                              "high": 1.0, "n": 512}]}
+    base = {"val/loss": 0.4, "seq_len": 32, "encoding": {"name": "rope"}, **convergence_metrics(rows, [*DEFAULT_TARGETS, 0.5])}
+    print_summary({**base, "tasks": task}, Path("run"))
+    lines = capsys.readouterr().out
+    assert "tokens to val/loss 0.5" in lines and "tokens to val/loss 2" not in lines
+    print_summary(base, Path("run"))  # a language-modelling run keeps them
+    lines = capsys.readouterr().out
+    assert all(f"tokens to val/loss {t:g} " in lines for t in DEFAULT_TARGETS)

@@ -2,11 +2,13 @@
 
 Every model's cost is counted in training steps from the plan: its warm-up, its timed rounds and,
 for each of its rounds, one round of every baseline already built (run.py pairs them), plus one
-step for its memory. After the first model is measured its median step time turns the remaining
-steps into seconds, assuming every model's step costs about as much as the first one's (an
-encoding with a bias costs more, so this is a lower bound on a quiet machine, and a busy one
-stretches it). The full bench (bench=default) and the quick one (bench=quick) are both
-estimated, so a user sees what the other choice would cost.
+step for its memory. Once the first rows are measured (the two baselines, together) the last
+one's median step time turns the remaining steps into seconds, assuming every model's step costs
+about as much (an encoding with a bias costs more, so this is a lower bound on a quiet machine,
+and a busy one stretches it). The full bench (bench=default: every encoding, 3 rounds of 10 steps)
+and the quick one (bench=quick: a representative few encodings, 2 rounds of 3 steps; the CPU
+default, a first look in under 3 minutes on 2 cores) are both estimated, so a user sees what the
+other choice would cost.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ from collections.abc import Sequence
 
 from omegaconf import DictConfig
 
-from posenc.config import compose, parse_overrides
+from posenc.bench.plan import order_of
+from posenc.config import compose, group_options, parse_overrides
 from posenc.hardware import resolve_device
 
 QUICK, FULL = "quick", "default"  # conf/bench/quick.yaml, conf/bench/default.yaml
@@ -31,13 +34,17 @@ def model_steps(order: Sequence[str], baselines: Sequence[str], warmup: int, ste
     return out
 
 
-def preset(cfg: DictConfig) -> dict[str, int]:
-    return {k: int(cfg.bench[k]) for k in ("warmup", "steps", "rounds")}
+def preset(cfg: DictConfig, names: Sequence[str] | None = None) -> dict:
+    """A preset's timing and the models it measures (names: the encodings the user chose, else
+    the preset's own list, else every encoding)."""
+    b = cfg.bench
+    names = list(names) if names else list(b.encodings) if b.encodings else group_options("encoding")
+    return {**{k: int(b[k]) for k in ("warmup", "steps", "rounds")}, "order": order_of(names, bool(b.reference))}
 
 
-def duration(order: Sequence[str], baselines: Sequence[str], done: int, step_s: float, b: dict[str, int]) -> float:
-    """Seconds left for the models of ``order`` after the first ``done``, at step_s a step."""
-    return sum(model_steps(order, baselines, b["warmup"], b["steps"], b["rounds"])[done:]) * step_s
+def duration(baselines: Sequence[str], done: int, step_s: float, b: dict) -> float:
+    """Seconds left for the preset's models after the first ``done``, at step_s a step."""
+    return sum(model_steps(b["order"], baselines, b["warmup"], b["steps"], b["rounds"])[done:]) * step_s
 
 
 def clock(seconds: float) -> str:
@@ -48,19 +55,19 @@ def clock(seconds: float) -> str:
     return f"about {minutes // 60} h {minutes % 60:02d} min" if minutes >= 60 else f"about {minutes} min"
 
 
-def estimate_line(order: Sequence[str], baselines: Sequence[str], done: int, step_s: float, chosen: str,
-                  presets: dict[str, dict[str, int]]) -> str:
-    """'estimate: about 9 min left (bench=quick, 18 models at ~1.20 s/step, the first model's pace);
-    the full bench (bench=default): about 1 h 05 min'."""
-    left = duration(order, baselines, done, step_s, presets[chosen])
+def estimate_line(baselines: Sequence[str], done: int, step_s: float, chosen: str, presets: dict[str, dict]) -> str:
+    """'estimate: about 2 min left (bench=quick, 5 more models at ~0.60 s/step, nope's pace);
+    the full bench (bench=default, 22 models): about 1 h 05 min'."""
+    left = duration(baselines, done, step_s, presets[chosen])
     other = FULL if chosen == QUICK else QUICK
-    alternative = duration(order, baselines, 0, step_s, presets[other])
-    line = (f"estimate: {clock(left)} left (bench={chosen}, {len(order) - done} more models at ~{step_s:.2f} s/step, "
-            f"the first model's pace; encodings with a bias take longer)")
+    alternative = duration(baselines, 0, step_s, presets[other])
+    more = len(presets[chosen]["order"]) - done
+    line = (f"estimate: {clock(left)} left (bench={chosen}, {more} more model{'' if more == 1 else 's'} at "
+            f"~{step_s:.2f} s/step, the last row's pace; encodings with a bias take longer)")
     if other == QUICK and alternative >= left:  # starting over would not be quicker: the user's own
         return line                             # bench.steps/rounds/warmup are the quick preset's too
     what = "the full bench" if other == FULL else "a first look"
-    return f"{line}; {what} (bench={other}): {clock(alternative)}"
+    return f"{line}; {what} (bench={other}, {len(presets[other]['order'])} models): {clock(alternative)}"
 
 
 def choose_preset(overrides: list[str]) -> tuple[list[str], str]:
@@ -83,7 +90,7 @@ def _shared(overrides: list[str]) -> list[str]:
             if not key.startswith("encoding") and key != "bench"]
 
 
-def presets_of(overrides: list[str]) -> dict[str, dict[str, int]]:
-    """The warm-up, steps and rounds of both presets under these overrides (a bench.steps=…
-    override changes both)."""
-    return {name: preset(compose([f"bench={name}", *_shared(overrides)])) for name in (QUICK, FULL)}
+def presets_of(overrides: list[str], names: Sequence[str] | None = None) -> dict[str, dict]:
+    """The warm-up, steps, rounds and models of both presets under these overrides (a bench.steps=…
+    override changes both; names, the encodings the user chose, are both presets' models)."""
+    return {name: preset(compose([f"bench={name}", *_shared(overrides)]), names) for name in (QUICK, FULL)}

@@ -1,7 +1,8 @@
 """What `posenc bench` measures: which encodings, each one's config, the shape.
 
-``bench.encodings=[nope,rope]`` (or ``encoding=nope,rope``) picks the encodings; every other
-override applies to all of them, and an ``encoding.KEY=V`` override to those that have KEY.
+``bench.encodings=[nope,rope]`` (or ``encoding=nope,rope``) picks the encodings, ``encoding=all``
+every one (the preset's list otherwise: bench=quick's representative few, bench=default's all);
+every other override applies to all of them, and an ``encoding.KEY=V`` override to those that have KEY.
 """
 
 from __future__ import annotations
@@ -12,20 +13,40 @@ from posenc.config import compose, group_options, parse_overrides
 from posenc.errors import UserError
 
 
+from posenc.bench.reference import REFERENCE
+
+BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
+ALL = "all"  # encoding=all: every encoding, whatever the preset lists
+
+
 def select_encodings(overrides: list[str]) -> tuple[list[str], list[str], DictConfig]:
     """(encoding names, the other overrides, the config without encoding options) of argv.
-    ``encoding=a,b`` selects, as ``bench.encodings=[a,b]`` does."""
+    ``encoding=a,b`` selects, as ``bench.encodings=[a,b]`` does; ``encoding=all`` every encoding."""
     parsed = parse_overrides(overrides)
     chosen = [value if isinstance(value, list) else [value] for key, value, _ in parsed if key == "encoding"]
     overrides = [o.input_line for key, _, o in parsed if key != "encoding"]
     cfg = compose([o.input_line for key, _, o in parsed if key != "encoding" and not key.startswith("encoding.")])
     b = cfg.bench
-    names = chosen[-1] if chosen else list(b.encodings) if b.encodings else group_options("encoding")
     known = group_options("encoding")
+    if chosen and chosen[-1] == [ALL]:
+        chosen = [known]
+    names = chosen[-1] if chosen else list(b.encodings) if b.encodings else known
     for name in names:
         if name not in known:
             raise UserError(f"unknown encoding '{name}' in bench.encodings — choose from {', '.join(known)}")
     return names, overrides, cfg
+
+
+def chose_encodings(overrides: list[str]) -> bool:
+    """Whether argv picks the encodings (``encoding=…``, ``bench.encodings=…``) rather than the preset."""
+    return any(key in ("encoding", "bench.encodings") for key, _, _ in parse_overrides(overrides))
+
+
+def order_of(names: list[str], reference: bool) -> list[str]:
+    """The order models are measured in: the baselines first (they stay built, and every later
+    model's rounds alternate with theirs), then the encodings as listed."""
+    order = [n for n in BASELINES if n in names or (n == REFERENCE and reference)]
+    return order + [n for n in names if n not in order]
 
 
 def encoding_config(overrides: list[str], name: str) -> DictConfig:

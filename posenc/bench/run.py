@@ -28,15 +28,17 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.bench.estimate import QUICK, choose_preset, estimate_line, model_steps, preset, presets_of
 from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
-from posenc.bench.plan import check_encoding_overrides, encoding_config, select_encodings, validate
+from posenc.bench.plan import (ALL, BASELINES, check_encoding_overrides, chose_encodings, encoding_config, order_of,
+                               select_encodings, validate)
 from posenc.bench.reference import REFERENCE, recipe_of
 from posenc.bench.timing import FixedBatch, Subject, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
+from posenc.config import group_options
 from posenc.errors import UserError
 from posenc.hardware import machine_load, peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
 
-BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
+
 #: said when nope is not benched: the "vs nope" column pairs each row with nope alone
 NO_NOPE = ("vs nope stays — : nope is not among the encodings, and it is the only encoding rows are paired with "
            "(besides the reference) — add it (encoding=…,nope) to time every row against it")
@@ -64,6 +66,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     asked = len(overrides)
     overrides, chosen = choose_preset(overrides)  # on a CPU, bench=quick unless the user chose
     defaulted = len(overrides) != asked
+    explicit = chose_encodings(overrides)  # encoding=… or bench.encodings=…, not the preset's list
     names, overrides, cfg = select_encodings(overrides)
     b = cfg.bench
     validate(b)
@@ -74,7 +77,45 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     torch.manual_seed(cfg.seed)
     batch = FixedBatch(bench_batch(vocab, B, T, b.get("document_length")))  # on the host: train_step moves it
     peak = peak_flops(device, b.peak_flops)
-    result = {
+    order = order_of(names, bool(b.reference))
+    result = header(cfg, device, precision, batch, peak, chosen, order)
+    listener.started(result)
+    picked = names if explicit else None
+    presets = {**presets_of(overrides, picked), chosen: preset(cfg, names)}
+    listener.note(plan_line(order, b, chosen, defaulted, picked is None))
+    if "nope" not in order:
+        listener.note(NO_NOPE)
+    baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
+    try:
+        for done, name in enumerate(order, 1):
+            config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
+            row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines)
+            if subject is not None:
+                baselines.append(subject)
+            result["results"].append(row)
+            result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+            result["load"].append(machine_load())
+            row["load"] = result["load"][-1]  # the load its rounds ran under: absolute figures depend on it
+            if name in BASELINES and any(n in BASELINES for n in order[done:]):
+                continue  # the first baseline's row waits for the second's: both come from the same rounds
+            time_baselines_together(result["results"])
+            add_ratios(result["results"])
+            listener.row(result)
+            if "estimate" not in result and row["status"] == "ok" and done < len(order):
+                result["estimate"] = estimate_line(BASELINES, done, row["ms_per_step"] / 1e3, chosen, presets)
+                listener.note(result["estimate"])
+    finally:
+        baselines.clear()
+        free(device)
+    return result
+
+
+def header(cfg: DictConfig, device: torch.device, precision: str, batch: FixedBatch, peak: float | None,
+           chosen: str, order: list[str]) -> dict:
+    """The result before any row: device, shape, timing, masks, the models planned, the load."""
+    b = cfg.bench
+    B, T = int(b.batch_size), int(b.seq_len)
+    return {
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "precision": precision, "compile": use_compile(cfg.trainer.compile, device), "torch": torch.__version__,
         "recipe": recipe_of(cfg.model).name,  # every model's block, the plain reference's included
@@ -89,43 +130,22 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
         # what the masks hide (documents, the layout's windows), and on CUDA the blocks skipped
         "masks": mask_summary(cfg, batch.batch, device),
         "load": [machine_load()],  # at the start, then after each row: {machine/load_1min, machine/cpus}
+        "planned": order,  # an interrupted bench says how many of them it measured
         "results": [],
     }
-    listener.started(result)
-    order = [n for n in BASELINES if n in names or (n == REFERENCE and b.reference)]
-    order += [n for n in names if n not in order]
-    presets = {**presets_of(overrides), chosen: preset(cfg)}
-    listener.note(plan_line(order, b, chosen, defaulted))
-    if "nope" not in order:
-        listener.note(NO_NOPE)
-    baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
-    try:
-        for done, name in enumerate(order, 1):
-            config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
-            row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines)
-            if subject is not None:
-                baselines.append(subject)
-            result["results"].append(row)
-            add_ratios(result["results"])
-            result["process_max_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-            result["load"].append(machine_load())
-            row["load"] = result["load"][-1]  # the load its rounds ran under: absolute figures depend on it
-            listener.row(result)
-            if "estimate" not in result and row["status"] == "ok" and done < len(order):
-                result["estimate"] = estimate_line(order, BASELINES, done, row["ms_per_step"] / 1e3, chosen, presets)
-                listener.note(result["estimate"])
-    finally:
-        baselines.clear()
-        free(device)
-    return result
 
 
-def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool) -> str:
-    """'bench=quick (the CPU default): 19 models, 446 training steps; an estimate follows …'."""
+def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool, preset_list: bool) -> str:
+    """'bench=quick (the CPU default): 7 models (6 of 22 encodings, the preset's list: encoding=all
+    for every one), 122 training steps; an estimate follows the first rows …'."""
     planned = sum(model_steps(order, BASELINES, b.warmup, b.steps, b.rounds))
     other = "bench=default for the full bench" if chosen == QUICK else "bench=quick for a first look"
-    return (f"bench={chosen}{' (the CPU default)' if defaulted else ''}: {len(order)} models, "
-            f"{planned:,} training steps; an estimate follows the first model ({other})")
+    encodings = [n for n in order if n != REFERENCE]
+    every = len(group_options("encoding"))
+    which = (f" ({len(encodings)} of {every} encodings, the preset's list: encoding={ALL} for every one)"
+             if preset_list and len(encodings) < every else "")
+    return (f"bench={chosen}{' (the CPU default)' if defaulted else ''}: {len(order)} models{which}, "
+            f"{planned:,} training steps; an estimate follows the first rows ({other})")
 
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
@@ -174,6 +194,28 @@ def reason(e: Exception) -> str:
         return "out of memory — use a smaller bench.batch_size or model"
     first = (str(e).strip().splitlines() or [""])[0]
     return first if isinstance(e, (UserError, PositionOutOfRange)) else f"{type(e).__name__}: {first}"
+
+
+def time_baselines_together(rows: list[dict]) -> None:
+    """The reference's rate from its rounds alternating with nope's, not from its own first rounds.
+
+    The reference is timed first, alone, while the process and the machine are still warming up;
+    nope's rounds then alternate with a round of the reference each. Its row takes the rate of
+    those paired rounds (its rounds alone are kept under ``timed_alone``), so the two baselines'
+    rows come from the same seconds and read as their paired ratio says (issue 47: the reference at
+    1,245 tokens/s and nope at 3,527, yet nope 1.581× the reference)."""
+    by_name = {r["name"]: r for r in rows if r["status"] == "ok"}
+    reference, nope = by_name.get(REFERENCE), by_name.get("nope")
+    if reference is None or nope is None or "timed_alone" in reference or not nope.get("paired", {}).get(REFERENCE):
+        return
+    ratios = nope["paired"][REFERENCE]  # the reference's round time over nope's, round by round
+    rounds = [r * ms for r, ms in zip(ratios, nope["ms_per_step_rounds"])]
+    keys = ("tokens_per_s", "ms_per_step", "ms_per_step_rounds", "ms_per_step_best", "mfu")
+    reference["timed_alone"] = {k: reference[k] for k in keys}
+    scale = reference["ms_per_step"] / statistics.median(rounds)  # tokens/s and MFU scale as 1 / ms
+    reference.update({"ms_per_step": statistics.median(rounds), "ms_per_step_rounds": rounds,
+                      "ms_per_step_best": min(rounds), "tokens_per_s": reference["tokens_per_s"] * scale,
+                      "mfu": reference["mfu"] and reference["mfu"] * scale, "timed_with": "nope"})
 
 
 def add_ratios(rows: list[dict]) -> None:

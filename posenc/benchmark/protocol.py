@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from posenc.errors import UserError
 
-DEFAULT_PROTOCOL = "posenc-pe-v1"
+DEFAULT_PROTOCOL = "posenc-pe-v2"
 #: the keys of a composed arm that are not the protocol: what is benchmarked, which seed, where it logs
 NOT_PROTOCOL = ("encoding", "seed", "logger")
 
@@ -30,14 +30,30 @@ class Arm:
     overrides: tuple[str, ...] = ()  # Hydra overrides after the experiment (a smaller test protocol)
 
 
+SEED, MEAN = "seed", "mean"  # what a tolerance holds to: every seed's value, or the mean over the seeds
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How far a re-run's value of one metric may be from the shipped one and still reproduce it:
+    relatively (a log-scale metric, perplexity) or absolutely (accuracy), seed by seed or on the
+    mean over the seeds (a metric whose every seed is a fresh draw on another CPU: docs/leaderboard.md)."""
+    value: float
+    relative: bool
+    over: str = SEED
+
+    def __str__(self) -> str:
+        kind = "relative" if self.relative else "absolute"
+        return f"{kind} {self.value:g}" + (" on the mean over seeds" if self.over == MEAN else "")
+
+
 @dataclass(frozen=True)
 class Protocol:
     name: str
     description: str
     seeds: tuple[int, ...]
     arms: tuple[Arm, ...]
-    relative_tolerance: float        # log-scale metrics (perplexity)
-    absolute_tolerance: float        # the others (accuracy)
+    tolerance: dict                  # as the protocol file writes it (hashed): see tolerance_of
     rationale: str = ""              # why these settings (markdown, on the leaderboard page; not hashed)
     source: str = DEFAULT_PROTOCOL   # what --protocol named: a shipped protocol's name or a YAML file
     encodings: tuple[str, ...] = ()  # the rows --regenerate measures; () = every encoding posenc ships (not hashed)
@@ -49,6 +65,19 @@ class Protocol:
 
     def arm_of(self, metric: str) -> Arm:
         return next(arm for arm in self.arms if metric in arm.metrics)
+
+    def tolerance_of(self, metric: str) -> Tolerance:
+        """The metric's own entry (``tolerance: {metric: {relative|absolute: x, over: seed|mean}}``),
+        else posenc-pe-v1's two numbers: ``relative`` for a log-scale metric, ``absolute`` for the
+        others, seed by seed."""
+        from posenc.report.stats import scale_of
+
+        own = self.tolerance.get("metrics", {}).get(metric)
+        if own is not None:
+            relative = "relative" in own
+            return Tolerance(float(own["relative" if relative else "absolute"]), relative, own.get("over", SEED))
+        relative = scale_of(metric).log
+        return Tolerance(float(self.tolerance["relative" if relative else "absolute"]), relative)
 
 
 def protocol_file(name: str = DEFAULT_PROTOCOL) -> Path:
@@ -70,10 +99,8 @@ def load_protocol(name: str = DEFAULT_PROTOCOL) -> Protocol:
     raw = OmegaConf.to_container(OmegaConf.create(protocol_file(name).read_text()))
     arms = tuple(Arm(arm, spec["experiment"], dict(spec["metrics"]), tuple(spec.get("overrides") or ()))
                  for arm, spec in raw["arms"].items())
-    tol = raw["tolerance"]
     return Protocol(raw["name"], " ".join(raw["description"].split()), tuple(raw["seeds"]), arms,
-                    float(tol["relative"]), float(tol["absolute"]), raw.get("rationale", ""), name,
-                    tuple(raw.get("encodings") or ()))
+                    dict(raw["tolerance"]), raw.get("rationale", ""), name, tuple(raw.get("encodings") or ()))
 
 
 def arm_config(arm: Arm) -> dict:
@@ -88,8 +115,7 @@ def arm_config(arm: Arm) -> dict:
 def resolved(protocol: Protocol) -> dict:
     """What the hash covers: the protocol file's keys but its description and rationale, and each
     arm's composed config."""
-    return {"name": protocol.name, "seeds": list(protocol.seeds),
-            "tolerance": {"relative": protocol.relative_tolerance, "absolute": protocol.absolute_tolerance},
+    return {"name": protocol.name, "seeds": list(protocol.seeds), "tolerance": protocol.tolerance,
             "arms": {arm.name: {"experiment": arm.experiment, "metrics": arm.metrics, "config": arm_config(arm),
                                 **({"overrides": list(arm.overrides)} if arm.overrides else {})}
                      for arm in protocol.arms}}

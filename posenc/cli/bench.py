@@ -35,12 +35,16 @@ def split_json_flag(args: list[str]) -> tuple[list[str], str | None]:
 
 
 class LinePrinter(Listener):
-    """Without a terminal (a log, a pipe): the title, then one plain line per row as it comes."""
+    """Without a terminal (a log, a pipe): the title, then one plain line per row as it comes (the
+    two baselines' rows together, once both are measured: run.py)."""
 
     def __init__(self, console: Console, json_file: Path | None) -> None:
         self.console, self.json_file = console, json_file
+        self.result: dict | None = None
+        self.printed = 0  # rows printed so far
 
     def started(self, result: dict) -> None:
+        self.result = result
         self.console.print(render.title(result), highlight=False, soft_wrap=True)
         self.console.print(render.LEGEND, highlight=False, soft_wrap=True)
 
@@ -50,7 +54,9 @@ class LinePrinter(Listener):
     def row(self, result: dict) -> None:
         if self.json_file:  # first the file, then the line: a row seen is a row saved
             write_json_atomic(self.json_file, result)
-        self.console.print(render.line(result["results"][-1]), highlight=False, soft_wrap=True)
+        for r in result["results"][self.printed :]:
+            self.console.print(render.line(r), highlight=False, soft_wrap=True)
+        self.printed = len(result["results"])
 
     def __enter__(self) -> LinePrinter:
         return self
@@ -64,7 +70,6 @@ class LiveTable(LinePrinter):
 
     def __init__(self, console: Console, json_file: Path | None) -> None:
         super().__init__(console, json_file)
-        self.result: dict | None = None
         self.spinner = Spinner("dots", "starting")
         self.live = Live(self.spinner, console=console, refresh_per_second=8, transient=False)
 
@@ -99,8 +104,12 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
     out = err_console if json_to == "-" else console  # with JSON on stdout, people read stderr
     json_file = Path(json_to) if json_to and json_to != "-" else None
     printer = (LiveTable if out.is_terminal else LinePrinter)(out, json_file)
-    with printer:
-        result = bench(overrides, printer)
+    try:
+        with printer:
+            result = bench(overrides, printer)
+    except KeyboardInterrupt:
+        interrupted(printer, json_to, json_file)
+        raise
     if json_to == "-":
         print(json.dumps(result, indent=2))
     elif json_file:
@@ -113,6 +122,27 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
         raise UserError(f"{len(failed)} of {len(result['results'])} models failed: "
                         + "; ".join(f"{r['name']} ({r['error']})" for r in failed))
     return result
+
+
+def interrupted(printer: LinePrinter, json_to: str | None, json_file: Path | None) -> None:
+    """Ctrl-C: the rows measured so far (a live table keeps them as its last frame; a log gets
+    any row still held back, and the table), saved where --json asked, then the interrupt goes on
+    (`error: interrupted`, exit 130)."""
+    result = printer.result
+    if not result or not result["results"]:
+        return
+    out = printer.console
+    if not isinstance(printer, LiveTable):
+        printer.row(result)
+        out.print(render.table(result))
+    planned = len(result.get("planned") or result["results"])
+    out.print(f"interrupted after {len(result['results'])} of {planned} models: the rows above are what was "
+              f"measured", highlight=False, soft_wrap=True)
+    if json_to == "-":
+        print(json.dumps({**result, "interrupted": True}, indent=2))
+    elif json_file:
+        write_json_atomic(json_file, {**result, "interrupted": True})
+        out.print(f"wrote {json_file}", highlight=False)
 
 
 def load_warning(result: dict) -> str | None:

@@ -69,8 +69,10 @@ def benchmark(
     despite_check: bool = typer.Option(False, "--despite-check", help="place an encoding that fails `posenc check`, "
                                        "marked as failing (without it, such an encoding is refused before any run)"),
     jobs: int = typer.Option(1, "--jobs", min=1, help="with --regenerate: sweeps run side by side (one core each)"),
+    carry_from: str = typer.Option(None, "--carry-from", help="with --regenerate: take this earlier protocol's "
+                                   "shipped rows instead of measuring them, where it ran the same arms and seeds"),
     protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/benchmark/<name>.yaml); "
-                                 "default posenc-pe-v1"),
+                                 "default posenc-pe-v2 (posenc-pe-v1: its earlier version, kept readable)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Run the benchmark protocol for one encoding and place it among the shipped baselines
@@ -81,8 +83,8 @@ def benchmark(
     from posenc.cli.benchmark_command import main
 
     modes = {"--reproduce": reproduce, "--regenerate": regenerate, "--write-docs": write_docs, "--recheck": recheck}
-    run_guarded(lambda: main(without_debug(ctx.args), config_dir, modes, jobs, protocol, console, despite_check),
-                debug or user_wants_traceback(ctx.args))
+    run_guarded(lambda: main(without_debug(ctx.args), config_dir, modes, jobs, protocol, console, despite_check,
+                             carry_from), debug or user_wants_traceback(ctx.args))
 
 
 def register(app: typer.Typer) -> None:

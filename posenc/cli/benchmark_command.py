@@ -16,15 +16,16 @@ from posenc.run.directory import write_json_atomic
 OUTPUTS = Path("outputs") / "benchmark"
 
 
-def leaderboard_path() -> Path:
-    """docs/leaderboard.md of the source checkout posenc runs from (an editable install)."""
+def leaderboard_path(name: str = DEFAULT_PROTOCOL) -> Path:
+    """docs/leaderboard.md (the default protocol's page), or docs/leaderboard-<name>.md (an earlier
+    protocol's, kept readable), of the source checkout posenc runs from (an editable install)."""
     import posenc
 
     docs = Path(posenc.__file__).resolve().parent.parent / "docs"
     if not docs.is_dir():
         raise UserError(f"no docs/ beside the posenc package ({docs}) — write the leaderboard from a source checkout "
                         f"(pip install -e .)")
-    return docs / "leaderboard.md"
+    return docs / ("leaderboard.md" if name == DEFAULT_PROTOCOL else f"leaderboard-{name}.md")
 
 
 def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Path:
@@ -32,7 +33,7 @@ def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Pa
     from posenc.benchmark.leaderboard import render
 
     is_file = protocol.source.endswith((".yaml", ".yml"))
-    path = Path(protocol.source).with_suffix(".md") if is_file else leaderboard_path()
+    path = Path(protocol.source).with_suffix(".md") if is_file else leaderboard_path(protocol.name)
     path.write_text(render(baselines, protocol))
     console.print(f"wrote {path}", highlight=False, soft_wrap=True)
     return path
@@ -94,11 +95,24 @@ def recheck_all(protocol: Protocol, console: Console) -> None:
     write_page(load_baselines(protocol), protocol, console)
 
 
+def carry_all(protocol: Protocol, source: str, console: Console) -> None:
+    """The shipped data of a protocol that runs what an earlier one ran: its rows (benchmark/carry.py)."""
+    from posenc.benchmark.carry import carry_over
+
+    doc = carry_over(protocol, source, f"posenc benchmark --regenerate --carry-from {source}")
+    path = baselines_path(protocol)
+    write_json_atomic(path, doc)
+    console.print(f"wrote {path} ({len(doc['rows'])} encodings, carried over from {source})", highlight=False)
+    write_page(load_baselines(protocol), protocol, console)
+
+
 def main(args: list[str], config_dir: str | None, chosen: dict[str, object], jobs: int, protocol_name: str | None,
-         console: Console, despite_check: bool = False) -> None:
+         console: Console, despite_check: bool = False, carry_from: str | None = None) -> None:
     """chosen: each mode flag (--reproduce NAME, --regenerate, --write-docs, --recheck) and its value."""
     modes = [m for m, on in chosen.items() if on]
     reproduce = chosen.get("--reproduce")
+    if carry_from and not chosen.get("--regenerate"):
+        raise UserError("--carry-from goes with --regenerate: `posenc benchmark --regenerate --carry-from NAME`")
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be given together — pick one")
     if modes and args:
@@ -108,6 +122,8 @@ def main(args: list[str], config_dir: str | None, chosen: dict[str, object], job
     if despite_check and modes:
         raise UserError(f"--despite-check is for placing a new encoding; {modes[0]} places none")
     protocol = load_protocol(protocol_name or DEFAULT_PROTOCOL)
+    if chosen.get("--regenerate") and carry_from:
+        return carry_all(protocol, carry_from, console)
     if chosen.get("--regenerate"):
         return regenerate_all(protocol, jobs, console)
     if chosen.get("--write-docs"):

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from datetime import datetime
 from multiprocessing import get_context
@@ -42,7 +43,8 @@ def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_d
     from posenc.cli.hydra_entry import run_hydra
     from posenc.cli.job_returns import outcome
 
-    returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
+    with one_torch_thread():
+        returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
     summaries, errors = [], []
     for r in returns:
         summary = outcome(r)
@@ -55,6 +57,22 @@ def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_d
     return {"values": {m: [s.get(m) for s in summaries] for m in arm.metrics},
             "wall_time_s": [s.get("wall_time_s") for s in summaries],
             "load_1m": [s.get("machine/load_1m") for s in summaries], "errors": errors}
+
+
+@contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Every arm runs on one torch thread, as --regenerate's workers do (OMP_NUM_THREADS=1): a
+    thread count splits reductions differently, and the flip-flop arm turns a last-bit difference
+    into other accuracies, so on the machine that made the data a re-run is bit-identical only at
+    the same count (docs/leaderboard.md). The micro model gains little from a second thread."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def run_encoding(protocol: Protocol, label: str, encoding_args: list[str], config_dir: str | None,
@@ -143,7 +161,7 @@ def join_seeds(parts: list[dict]) -> dict:
 
 def regenerate(protocol: Protocol, hash_: str, encodings: list[str], jobs: int, work: Path, echo: Echo) -> list[Row]:
     """Every (encoding, arm, seed) not already done under work/parts/ with this protocol hash, `jobs`
-    at a time (one torch thread each: the runs are bit-identical at any thread count, and on a shared
+    at a time (one torch thread each, as every arm runs: one_torch_thread; and on a shared
     machine more one-thread processes get more of it); then the rows, in `encodings` order."""
     parts_dir = work / "parts"
     parts_dir.mkdir(parents=True, exist_ok=True)

@@ -57,13 +57,31 @@ def extrapolation(
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
     (geometric mean and 95% interval over seeds, as compare's tables), training length marked.
-    Never overwrites the extrapolation.png of compare's report."""
+    Never overwrites the extrapolation.png of compare's report, nor writes a copy of it beside it."""
     from posenc.report.plots_length import extrapolation_groups, plot_extrapolation
 
-    def plot() -> Path:
+    def plot() -> Path | None:
         groups = extrapolation_groups(paths)  # refuses missing paths before anything is written
+        report = compare_figure(paths)
+        if out is None and report is not None:
+            return None
         target = png_path(out, default_out(paths, FIGURE))
         target.parent.mkdir(parents=True, exist_ok=True)
         return plot_extrapolation(groups, target)
 
-    console.print(f"wrote [bold]{run_guarded(plot, debug=False)}[/]")
+    written = run_guarded(plot, debug=False)
+    if written is None:  # the same figure as the report's: one file, not two (issue 47)
+        console.print(f"not written: {compare_figure(paths)} is this figure, drawn by `posenc compare` for its report "
+                      f"(run compare again to redraw it with newer runs; --out FILE writes a copy elsewhere)",
+                      highlight=False, soft_wrap=True)
+        return
+    console.print(f"wrote [bold]{written}[/]")
+
+
+def compare_figure(paths: list[Path]) -> Path | None:
+    """compare's extrapolation.png in the one directory given, where its report shows it."""
+    if len(paths) != 1:
+        return None
+    figure, report = paths[0] / "extrapolation.png", paths[0] / "report.md"
+    shown = report.is_file() and "](extrapolation.png)" in report.read_text()
+    return figure if figure.is_file() and shown else None

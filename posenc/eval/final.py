@@ -38,5 +38,7 @@ def per_position_files(model: nn.Module, data, cfg, out_dir: Path, device: torch
     """The per-position record of a model, written as <stem>.json and <stem>.png in out_dir."""
     record = per_position.per_position(model, evaluation.evaluation_batches(data, cfg), int(cfg.trainer.seq_len),
                                        device=device, autocast=autocast, progress=progress)
-    _, figure = per_position.write_per_position(record, out_dir, f"{model.encoding.name}: per-position loss", stem)
+    stride = f", windows every {record['stride']} tokens (eval.stride)" if record.get("stride") else ""
+    _, figure = per_position.write_per_position(record, out_dir, f"{model.encoding.name}: per-position loss{stride}",
+                                                stem)
     return record, figure

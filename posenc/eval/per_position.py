@@ -22,7 +22,6 @@ length/S times more (overlapping) windows; without a stride the windows do not o
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Iterator
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -189,20 +188,26 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
     lengths = sorted(record["lengths"], key=lambda r: r["length"])
     colours = plt.get_cmap("viridis_r")(np.linspace(0.15, 1, max(1, len(lengths))))  # ordered: dark = longest
     fig, axes = plt.subplots(1, len(panels), figsize=(6.4 * len(panels), 3.6), squeeze=False)
+    # the axis ends at the longest length with a curve: a learned table has none past max_len,
+    # and its 16× would leave the right half of the figure empty (issue 47); the title names them
+    defined = [r for r in lengths if r["loss"] is not None]
+    undefined = [f"{r['length']:,} ({r['multiple']:g}×)" for r in lengths if r["loss"] is None]
     for ax, (xlabel, key) in zip(axes[0], panels):
         for i, (r, colour) in enumerate(zip(lengths, colours)):
             curve = r if key is None else r.get(key)
             if not curve or curve["loss"] is None:
                 continue
-            x = [(s + e - 1) / 2 for s, e in zip(curve["start"], curve["end"])]
-            y = [math.nan if v is None else v for v in curve["loss"]]
+            # a bucket without a target (a task's positions between answers) is left out, not a gap:
+            # the answers' curve stays one line instead of dots between gaps
+            points = [((s + e - 1) / 2, v) for s, e, v in zip(curve["start"], curve["end"], curve["loss"]) if v is not None]
+            x, y = zip(*points) if points else ((), ())
             ax.plot(x, y, marker=".", markersize=3, linewidth=1, color=colour, zorder=3 + len(lengths) - i,
                     label=f"{r['length']} ({r['multiple']:g}×)")  # the shortest on top
         ax.axvline(train_length, color="black", linestyle="--", linewidth=1, label=f"training length {train_length}")
-        log2_positions(ax, max(r["length"] for r in record["lengths"]), train_length)
+        log2_positions(ax, max(r["length"] for r in defined or lengths), train_length)
         ax.set_xlabel(f"{xlabel} (log scale)")
         ax.set_ylabel("loss (nats/token)")
-        ax.set_title(title or "per-position loss")
+        ax.set_title((title or "per-position loss") + (f"\nno positions at {', '.join(undefined)}" if undefined else ""))
     fig.tight_layout()
     legend_below(list(axes[0]), title="evaluation length (× training length)")
     return [json_path, save_figure(fig, png_path)]

@@ -85,10 +85,12 @@ def _bias_figure(plt, b: dict) -> tuple[object, str]:
 
 
 def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None,
-                        title: str | None = None) -> list[Path]:
+                        title: str | None = None, distance_range: tuple[float, float] | None = None) -> list[Path]:
     """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
     mean distance per layer and head, rotary pair norms, bias curves, each titled with ``title``
-    (the run and its encoding) and the length. Returns the paths written."""
+    (the run and its encoding) and the length. ``distance_range``: the distance heatmap's colour
+    scale, shared by every length probed so one colour is one distance in each of them. Returns
+    the paths written."""
     plt = pyplot()
     out, T = Path(out_dir), probes["length"]
     out.mkdir(parents=True, exist_ok=True)
@@ -105,9 +107,13 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
     save(fig, f"entropy_T{T}.png")
 
     fig, ax = plt.subplots(figsize=(4, 3))
-    im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis")
+    low, high = distance_range or (None, None)
+    im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis", vmin=low, vmax=high)
     ax.set(xlabel="head", ylabel="layer", title=f"mean attention distance (T={T})")
-    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens")
+    n_layer, n_head = torch.tensor(probes["distance"]).shape
+    ax.set_xticks(range(n_head))  # whole heads and layers, not -0.5, 0.0, 0.5
+    ax.set_yticks(range(n_layer))
+    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens" + ("\n(one scale for every T)" if distance_range else ""))
     save(fig, f"distance_T{T}.png")
 
     if probes["rotary"]:
@@ -143,8 +149,10 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
     tmp.replace(out / "probes.json")  # never a half-written file
     paths = [out / "probes.json"]
     several = len(probes_by_length) > 1
+    distances = torch.cat([torch.tensor(p["distance"], dtype=torch.float64).flatten() for p in probes_by_length.values()])
+    shared = (float(distances.min()), float(distances.max())) if several else None  # issue 47: one colour scale
     for T, probes in probes_by_length.items():
-        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title)
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title, shared)
     if several:
         lengths = [int(T) for T in probes_by_length]
         fig, ax = plt.subplots(figsize=(4.5, 3))

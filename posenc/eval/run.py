@@ -88,6 +88,11 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
+    if cfg.eval.get("stride"):  # two passes over the overlapping windows: say so before the time goes
+        console.print(f"eval.stride={cfg.eval.stride}: windows start every {cfg.eval.stride} tokens, so each length "
+                      f"scores length/{cfg.eval.stride} times as many windows, in two passes: the per-position loss "
+                      f"(every position of each window), then the sliding perplexity (each window's last "
+                      f"{cfg.eval.stride} targets)", style="dim", highlight=False, soft_wrap=True)
     final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}",
                              progress=progress)
     result = evaluation.evaluate(data, model, cfg, device, autocast, progress=progress)

@@ -24,12 +24,12 @@ from posenc.errors import UserError
 from posenc.run.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU,
                             VAL_LOSS, VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of,
                             val_curve)
-from posenc.report.comparison import Comparison, columns_for, length_order
+from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
 from posenc.report.rank_tables import rank_text_tables, verdict_lines
 from posenc.report.ranking import leader
 from posenc.report.format import format_value
 from posenc.report.runs import Run, check_choice, deduplicate, find_runs, group_keys, group_runs, varying_keys
-from posenc.report.setup import describe, describe_varied, setup_line, setup_split
+from posenc.report.setup import describe_varied, setup_line, setup_split, summarise_fixed
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
 from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
@@ -39,13 +39,16 @@ from posenc.output.terminal import make_console
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:
     """--target values (2.5: val/loss; 1.2bpb: val/bpb), else the targets the runs were
-    trained with, else the defaults; val/loss targets first, each kind highest first."""
+    trained with, else the defaults; val/loss targets first, each kind highest first. Task runs
+    (a loss over answer tokens alone) take no default: those are language-modelling losses."""
     try:
         wanted = [parse_target(t) for t in asked or []]
     except ValueError as e:
         raise UserError(f"--target: {e}") from None
-    found = {t for r in runs if r.ok for k in r.summary if (t := target_of(k)) is not None}
-    chosen = set(wanted or found or [Target(t) for t in DEFAULT_TARGETS])
+    defaults = {Target(t) for t in DEFAULT_TARGETS}
+    task = is_task_run({k for r in runs if r.ok for k in r.summary})
+    found = {t for r in runs if r.ok for k in r.summary if (t := target_of(k)) is not None} - (defaults if task else set())
+    chosen = set(wanted or found or ([] if task else defaults))
     return sorted(chosen, key=lambda t: (t.bpb, -t.value))
 
 
@@ -196,14 +199,15 @@ def relative(path: Path, root: Path) -> str:
         return str(path)
 
 
-def print_comparison(c: Comparison, console: Console, title: str, root: Path, seeds: bool) -> None:
+def print_comparison(c: Comparison, console: Console, title: str, root: Path, seeds: bool, writes: bool = True) -> None:
     """The terminal's view: what varied, the tables (per-seed values with seeds), ranking, warnings,
     verdict, and last what was held fixed."""
     say = lambda text, style="": console.print(f"[{style}]{escape(text)}[/]" if style else escape(text),  # noqa: E731
                                                highlight=False)
     for line in duplicate_lines(c, root):
         say(f"warning: {line}", "bold yellow")
-    say(f"{title}, grouped by {', '.join(c.keys) or 'nothing varies'} · {setup_line(c.runs)}", "bold")
+    say(f"{title}, grouped by {', '.join(c.keys) or 'nothing (one group: nothing varies)'} · {setup_line(c.runs)}",
+        "bold")
     say(f"varied: {describe_varied(c.varied) or 'nothing'}")
     for table in text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c):
         console.print(rich_table(table))
@@ -213,19 +217,29 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
         say(f"warning: {line}", "yellow")
     for line in verdict_lines(c):
         say(line, "bold")
-    # what varied and the result first: the (often ~50) keys every run shared close the report, on one line
-    say(f"held fixed ({len(c.fixed)} keys): {describe(c.fixed)}" if c.fixed else "held fixed: nothing", "dim")
+    # what varied and the result first: the (often 50-70) keys every run shared close it, the headline ones named
+    where = "report.md lists every one" if writes else "--out DIR writes a report.md that lists every one"
+    say(f"held fixed: {summarise_fixed(c.fixed, where)}" if c.fixed else "held fixed: nothing", "dim")
 
 
 def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str | None = None,
             out: Path | None = None, targets: Sequence[float | str] | None = None, console: Console | None = None,
-            baseline: str | None = None, within: str | None = None, seeds: bool = False) -> Path:
-    """Compare the runs under paths; print the tables; write plots and reports into out."""
+            baseline: str | None = None, within: str | None = None, seeds: bool = False) -> Path | None:
+    """Compare the runs under paths; print the tables; write plots and reports into out. Where
+    nothing varies (one group) and no --out is given, nothing is written: a report of one group
+    compares nothing, and the folder given is the user's runs, not a place for one."""
     console = console or make_console()
     c = build_comparison(find_runs(paths), by, metric, targets, baseline, within)  # refuses mistakes: nothing written yet
-    out = Path(out) if out else default_out(paths)
     title = report_title(c, paths)
-    print_comparison(c, console, title, out, seeds)
+    writes = out is not None or len(c.groups) > 1
+    print_comparison(c, console, title, Path(out) if out else default_out(paths), seeds, writes)
+    if not writes:
+        runs = "one run" if len(c.runs) == 1 else f"{len(c.runs)} runs of one group (nothing varies among them)"
+        console.print(f"no report written: {runs}, so there is nothing to compare — compare runs that differ "
+                      "(several run or sweep dirs, or --by a key that varies), or give --out DIR to write this "
+                      "group's report.html and figures there", highlight=False, soft_wrap=True)
+        return None
+    out = Path(out) if out else default_out(paths)
     files = write_report(c, out, paths, title, failed_lines(c, out), duplicate_lines(c, out), warning_lines(c))
     console.print(f"report: [bold]{out / 'report.html'}[/] (and report.md, {', '.join(p.name for p in files)})",
                   highlight=False, soft_wrap=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posenc.run.metrics import (BEFORE_FIRST_EVAL_LOSS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
+from posenc.run.metrics import (BEFORE_FIRST_EVAL_LOSS, DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
                             TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
 from posenc.output.terminal import make_console
 
@@ -29,8 +29,12 @@ def _task_rows(table: Table, summary: dict) -> None:
 
 
 def _target_rows(table: Table, summary: dict) -> None:
-    """Tokens to each val/loss target; one reached before the first evaluation is only bounded by it."""
-    targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))}
+    """Tokens to each val/loss target; one reached before the first evaluation is only bounded by it.
+    A task run (its loss over answer tokens alone) leaves out the default targets, which are
+    language-modelling losses of the byte corpus and say nothing about it."""
+    task = bool(summary.get("tasks"))
+    targets = {k: m["target"] for k in summary if (m := TOKENS_TO_LOSS.match(k))
+               and not (task and float(m["target"]) in DEFAULT_TARGETS)}
     for key, target in sorted(targets.items(), key=lambda kv: -float(kv[1])):
         value = summary[key]
         if value is not None and summary.get(BEFORE_FIRST_EVAL_LOSS.key(target=target)):

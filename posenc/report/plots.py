@@ -17,7 +17,7 @@ from posenc.output.figures import legend_below, pyplot, save_figure
 
 plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
-from matplotlib.ticker import EngFormatter  # noqa: E402
+from matplotlib.ticker import EngFormatter, FormatStrFormatter, LogLocator, NullLocator  # noqa: E402
 
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
@@ -97,13 +97,19 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     ax.set_ylabel("validation loss (nats/token)")
     titled(ax, title, setup)
     ax.grid(alpha=0.3)
-    # the first evaluation is far above the rest: zoom on where the groups differ (from the
-    # second evaluation down), widened to every target drawn, with room above for its label
-    top = max((float(c[1][min(1, len(c[1]) - 1)]) for c in curves.values()), default=None)
-    if top is not None and np.isfinite(lowest):
+    # the first evaluations are far above the rest (ln 256 = 5.5 nats at the start on bytes): every
+    # evaluation stays on the chart (issue 47: a zoom from the second one down hid the first), on a
+    # log axis so the late evaluations, where the groups differ, keep most of the height
+    top = max((float(c[1].max()) for c in curves.values()), default=None)
+    if top is not None and np.isfinite(lowest) and top > lowest > 0:
         top = max([top, *drawn])
-        if top > lowest:
-            ax.set_ylim(lowest - 0.05 * (top - lowest), top + 0.1 * (top - lowest))
+        ax.set_yscale("log")
+        ax.set_ylabel("validation loss (nats/token, log scale)")
+        span = np.log(top / lowest)
+        ax.set_ylim(lowest * np.exp(-0.04 * span), top * np.exp(0.08 * span))
+        ax.yaxis.set_major_locator(LogLocator(10, subs=(1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9)))  # 2, 2.5, 3, …
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_locator(NullLocator())
     legend_below([ax], interval_note("val/loss", any(len(g.completed) > 1 for g in groups if g.label in curves)))
     return save_figure(fig, path)
 

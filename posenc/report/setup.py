@@ -63,6 +63,21 @@ def describe(items: dict[str, Any]) -> str:
     return ", ".join(f"{k}={format_value(v)}" for k, v in items.items())
 
 
+#: the keys a reader checks first that a comparison held fixed (the rest are counted, report.md lists all)
+HEADLINE = ("dataset.name", "dataset.task", "tokenizer.name", "encoding.name", "layout.name", "model.flavor",
+            "model.n_layer", "model.n_head", "model.d_model", "trainer.seq_len", "trainer.batch_size",
+            "trainer.max_steps", "trainer.lr", "seed")
+
+
+def summarise_fixed(items: dict[str, Any], where: str) -> str:
+    """'dataset.name=pystdlib, model.n_layer=2, …, and 52 more keys (where)': the headline keys
+    held fixed, the others counted, for a terminal (report.md lists every one)."""
+    shown = {k: items[k] for k in HEADLINE if k in items}
+    rest = len(items) - len(shown)
+    more = f"{'and ' if shown else ''}{rest} more key{'' if rest == 1 else 's'} ({where})" if rest else ""
+    return ", ".join([describe(shown)] * bool(shown) + [more] * bool(more))
+
+
 def describe_varied(varied: dict[str, list[str]]) -> str:
     """'encoding.name ∈ {alibi, rope}; seed ∈ {0, 1}'. An option only some runs have (RoPE's base
     when RoPE is compared with ALiBi) is listed only where it took more than one value among them:

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from rich.console import Group as Lines
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from posenc.run.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
 from posenc.report.comparison import Column, Comparison
@@ -167,8 +169,10 @@ def baseline_text_table(c: Comparison) -> TextTable:
                       "verdict"], rows)
 
 
-def rich_table(t: TextTable) -> Table:
-    table = Table(title=t.title, title_justify="left")
+def rich_table(t: TextTable) -> Lines:
+    """The table under its title. The title is a line of its own, wrapped at the terminal's width:
+    as a table's title it would wrap at the table's, mid-phrase above two narrow columns."""
+    table = Table()
     for j, head in enumerate(t.header):
         label = j == t.label_column
         table.add_column(head.removeprefix("ppl@"), justify="left" if label else "right",
@@ -176,4 +180,4 @@ def rich_table(t: TextTable) -> Table:
     for i, row in enumerate(t.rows):
         table.add_row(*[f"[bold green]{escape(text)}[/]" if (i, j) in t.best else escape(text)
                         for j, text in enumerate(row)])
-    return table
+    return Lines(Text(t.title, style="table.title"), table)

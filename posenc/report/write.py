@@ -39,7 +39,7 @@ NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one
 
 def report_title(c: Comparison, paths: Sequence[Path]) -> str:
     sweep = read_sweep(Path(paths[0])) if len(paths) == 1 else None
-    return f"{sweep['name'] if sweep else 'comparison'}: {len(c.runs)} runs"
+    return f"{sweep['name'] if sweep else 'comparison'}: {len(c.runs)} run{'' if len(c.runs) == 1 else 's'}"
 
 
 def figures_in(report: Path) -> set[str]:
@@ -54,10 +54,10 @@ def safe_name(text: str) -> str:
 
 
 def make_plots(c: Comparison, out: Path, title: str, setup: str) -> list[Path]:
-    by_text = ", ".join(c.keys) or "nothing varies"
+    by_text = f" by {', '.join(c.keys)}" if c.keys else ""
     plots = [plot_convergence(c.groups, out / "convergence.png", f"Validation loss, {title}", c.targets, setup),
              plot_final(c.groups, c.keys, c.metric, out / f"final_{safe_name(c.metric)}.png",
-                        f"Final {c.metric} by {by_text}", setup)]
+                        f"Final {c.metric}{by_text}", setup)]
     if c.targets:
         plots.append(plot_tokens_to_target(c.groups, c.targets, out / "tokens_to_loss.png", "Tokens to reach a target",
                                            setup))
