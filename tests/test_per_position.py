@@ -128,7 +128,7 @@ def test_each_length_prints_its_start_its_progress_and_its_result():
     from rich.console import Console
     import io
 
-    from posenc.train.progress import StageLines
+    from posenc.eval.progress import StageLines
 
     out, now = io.StringIO(), [0.0]
 

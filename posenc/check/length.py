@@ -20,9 +20,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.check.model import EXACT
 from posenc.check.paths import layer_encodings
-from posenc.check.results import CheckResult, holds, max_abs
+from posenc.check.results import EXACT, CheckResult, holds, max_abs
 from posenc.check.subject import Subject
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.mask import AttentionMask

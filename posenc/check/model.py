@@ -8,13 +8,12 @@ import math
 
 import torch
 
-from posenc.check.results import CheckResult, Status, holds, max_abs, not_offered
+from posenc.check.length import length_readers, prefix_gaps
+from posenc.check.results import EXACT, CheckResult, Status, holds, max_abs, not_offered
 from posenc.check.subject import VOCAB, Subject
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionOutOfRange
 
-#: float64 logits that should be equal are equal to this (they differ by reassociation alone)
-EXACT = 1e-10
 #: a change that must reach a logit moves it by more than this
 REACHES = 1e-8
 #: |loss at init - ln V| allowed: logits of std s add about s²/2 nats, so s up to about 1
@@ -88,8 +87,6 @@ def documents_cause(s: Subject, model, x: torch.Tensor, doc: torch.Tensor, packe
     change to each row's first document reaching the others (a leak across documents), else the
     window's length reaching the logits (the prefix row: a packed document sits in a longer
     window than alone), else positions that do not restart at 0."""
-    from posenc.check.length import length_readers, prefix_gaps
-
     changed = x.clone()
     changed[doc == doc[:, :1]] = (changed[doc == doc[:, :1]] + 1) % VOCAB  # every row's first document
     with torch.no_grad():

@@ -6,6 +6,10 @@ import enum
 from dataclasses import dataclass
 
 
+#: float64 logits that should be equal are equal to this (they differ by reassociation alone)
+EXACT = 1e-10
+
+
 class Status(enum.Enum):
     PASS = "✓"
     FAIL = "✗"

@@ -48,7 +48,7 @@ def eval_packing(cfg) -> str:
 def evaluate(data, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
              on_result: Callable[[object], None] | None = None, progress=None) -> Evaluation:
     """Evaluate ``model`` on ``data`` as cfg says; ``on_result`` is called after each length, and
-    progress (posenc.train.progress.StageLines) hears of each length as it runs."""
+    progress (posenc.eval.progress.StageLines) hears of each length as it runs."""
     raise TypeError(f"no evaluation for {type(data).__name__}")
 
 

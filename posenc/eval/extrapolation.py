@@ -89,7 +89,7 @@ def evaluate_extrapolation(
     progress=None,
 ) -> list[LengthResult]:
     """Perplexity at each multiple of seq_len over the same validation span (see module doc),
-    each through the one evaluator, score_windows; progress (posenc.train.progress.StageLines)
+    each through the one evaluator, score_windows; progress (posenc.eval.progress.StageLines)
     hears of each length and its batches."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")

@@ -97,7 +97,7 @@ def per_position(model: nn.Module, batches_by_length: dict[int, Iterable[tuple[T
                  autocast=nullcontext, progress=None) -> dict:
     """The per-position record of a model: for each length its bucketed curve (and how many
     windows it averages, where known), or None with the reason when the encoding has no positions
-    there (learned beyond max_len); progress (posenc.train.progress.StageLines) hears of each."""
+    there (learned beyond max_len); progress (posenc.eval.progress.StageLines) hears of each."""
     lengths = []
     for length, batches in batches_by_length.items():
         record = {"length": length, "multiple": length / train_length}

@@ -78,7 +78,7 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
     from posenc.build import encoding_summary
     from posenc.eval import evaluation, final
-    from posenc.train.progress import StageLines
+    from posenc.eval.progress import StageLines
 
     run_dir = Path(run_dir)
     cfg, data, model, state, autocast = load_trained(run_dir, overrides)

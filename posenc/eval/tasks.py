@@ -83,7 +83,7 @@ def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: S
                     n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
                     progress=None, **options) -> list[dict]:
     """``task_accuracy`` at every multiple of the training length, each dict with its multiple;
-    progress (posenc.train.progress.StageLines) hears of each length.
+    progress (posenc.eval.progress.StageLines) hears of each length.
 
     Metric names for metrics.jsonl / W&B: ``tasks/<task>/accuracy@<length>`` (see ``as_metrics``).
     """
