@@ -15,6 +15,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from posenc.config import parse_overrides
 from posenc.errors import UserError
 
 DEFAULT_PROTOCOL = "posenc-pe-v2"
@@ -141,3 +142,34 @@ def protocol_hash(config: dict) -> str:
     """sha256 of the resolved protocol as canonical JSON (sorted keys), first 16 hex digits."""
     canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def encoding_overrides(args: list[str]) -> list[str]:
+    """The overrides, checked to touch only the encoding: one error line for anything else."""
+    if not args:
+        raise UserError("name the encoding to benchmark: `posenc benchmark encoding=NAME [encoding.KEY=…]` "
+                        "(or --reproduce NAME, --regenerate)")
+    flags = [a for a in args if a.startswith("-")]
+    if flags:
+        raise UserError(f"posenc benchmark does not take {flags[0]} — see `posenc benchmark --help`")
+    parsed = parse_overrides(args)
+    changing = [o.override.input_line for o in parsed
+                if not (o.key == "encoding" or o.key.startswith(("encoding.", "encoding@")))]
+    if changing:
+        raise UserError(f"{changing[0]} would change the benchmark protocol, so the shipped rows would not compare — "
+                        f"posenc benchmark takes only encoding=NAME and its encoding.KEY=… options "
+                        f"(to study other settings, use `posenc train -m` and `posenc compare`)")
+    if not any(o.key == "encoding" for o in parsed):
+        raise UserError("name the encoding: `posenc benchmark encoding=NAME` (its options as encoding.KEY=…)")
+    sweeps = [o.override.input_line for o in parsed if o.override.is_sweep_override()]
+    if sweeps:
+        raise UserError(f"{sweeps[0]}: posenc benchmark runs one encoding — run it once per value")
+    return args
+
+
+def label_of(args: list[str]) -> str:
+    """The row's name: the encoding, with its options when any are given (`rope base=500`)."""
+    parsed = parse_overrides(args)
+    name = next(str(v) for k, v, _ in parsed if k == "encoding")
+    options = [f"{k.split('.', 1)[1] if k.startswith('encoding.') else k}={v}" for k, v, _ in parsed if k != "encoding"]
+    return " ".join([name, *options])

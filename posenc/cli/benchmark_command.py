@@ -9,11 +9,13 @@ from rich.console import Console
 
 from posenc.benchmark.checked import check_cell, check_record
 from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
-from posenc.benchmark.protocol import DEFAULT_PROTOCOL, Protocol, as_recorded, load_protocol, protocol_hash, resolved
+from posenc.benchmark.protocol import (DEFAULT_PROTOCOL, Protocol, as_recorded, encoding_overrides, load_protocol,
+                                       protocol_hash, resolved)
+from posenc.cli.benchmark_place import place_new, reproduce_row
+from posenc.cli.benchmark_run import OUTPUTS
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
 
-OUTPUTS = Path("outputs") / "benchmark"
 
 
 def leaderboard_path(name: str = DEFAULT_PROTOCOL) -> Path:
@@ -131,11 +133,9 @@ def main(args: list[str], config_dir: str | None, chosen: dict[str, object], job
         return
     if chosen.get("--recheck"):
         return recheck_all(protocol, console)
-    from posenc.cli.benchmark_place import place_new, reproduce_row
 
     if reproduce:
         return reproduce_row(protocol, *checked_baselines(protocol), reproduce, console)
-    from posenc.cli.benchmark import encoding_overrides
 
     overrides = encoding_overrides(args)  # refused before the protocol is composed: one line, at once
     place_new(protocol, *checked_baselines(protocol), overrides, config_dir, console, despite_check)

@@ -18,8 +18,8 @@ from posenc.benchmark.data import Baselines, cpu_model, row_to_json, versions
 from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
 from posenc.benchmark.match import DIFFERENT, DRAW, EXACT, SeedMatch, match, overall
 from posenc.benchmark.place import Placement, place
-from posenc.benchmark.protocol import Protocol, Tolerance
-from posenc.cli.benchmark_run import run_encoding, stamp
+from posenc.benchmark.protocol import Protocol, Tolerance, label_of
+from posenc.cli.benchmark_run import OUTPUTS, run_encoding, stamp
 from posenc.errors import UserError
 from posenc.report.stats import BETTER, WORSE, Difference
 from posenc.report.tables import format_difference
@@ -119,8 +119,6 @@ def checked_first(args: list[str], label: str, despite: bool, console: Console) 
 
 def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[str], config_dir: str | None,
               console: Console, despite_check: bool = False) -> None:
-    from posenc.cli.benchmark import label_of
-    from posenc.cli.benchmark_command import OUTPUTS
 
     label = label_of(args)
     check = checked_first(args, label, despite_check, console)
@@ -141,7 +139,6 @@ def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[s
 def reproduce_row(protocol: Protocol, baselines: Baselines, hash_: str, name: str, console: Console) -> None:
     """Re-run a shipped encoding; a table of every value and one line: matched exactly, within
     tolerance, or not (exit 1)."""
-    from posenc.cli.benchmark_command import OUTPUTS
 
     shipped = next((r for r in baselines.rows if r.label == name), None)
     if shipped is None:

@@ -22,6 +22,9 @@ from posenc.benchmark.protocol import Arm, Protocol
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
 
+#: where the benchmark's runs land, under the working directory (as `posenc train`'s outputs/)
+OUTPUTS = Path("outputs") / "benchmark"
+
 Echo = Callable[[str], None]
 
 
