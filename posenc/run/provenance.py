@@ -160,14 +160,15 @@ def record(cfg: DictConfig) -> dict:
 def write(run: RunDir | Path, cfg: DictConfig) -> dict:
     """Record cfg's encoding code in the run's provenance.json (a resume told to go on keeps the
     earlier records)."""
+    run = RunDir.of(run)
     now = record(cfg)
-    before = RunDir.of(run).provenance()
+    before = run.provenance()
     if before is not None:
         if before.get("code") != now["code"] or before.get("posenc_version") != now["posenc_version"]:
             now["earlier"] = [*before.pop("earlier", []), before]
         else:
             now["earlier"] = before.get("earlier", [])
-    write_json_atomic(RunDir.of(run).provenance_file, now)
+    write_json_atomic(run.provenance_file, now)
     return now
 
 
