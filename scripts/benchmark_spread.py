@@ -24,10 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from posenc.benchmark.protocol import load_protocol
 from posenc.report.stats import scale_of
+from posenc.run.rundir import RunDir
 
 Z_999 = 3.29  # the normal quantile of a two-sided 99.9% band: a correct re-run fails 1 metric in 1,000
 
@@ -59,15 +58,15 @@ WRAPPER = ("import os, sys, torch\n"
 def run_setting(name: str, arm, encoding: str, seeds: tuple[int, ...], out: Path) -> dict[str, list]:
     """The arm's seeds under one setting: metric -> per-seed values."""
     sweep = out / name / encoding / arm.name
-    if not all((sweep / str(i) / "summary.json").is_file() for i in range(len(seeds))):
+    if not all(RunDir(sweep / str(i)).summary_file.is_file() for i in range(len(seeds))):
         env = {**os.environ, **environment(name), "WANDB_MODE": "disabled"}
         argv = ["train", "-m", f"experiment={arm.experiment}", *arm.overrides, f"encoding={encoding}",
                 f"seed={','.join(map(str, seeds))}", f"hydra.sweep.dir={sweep}", "hydra.sweep.subdir=${hydra.job.num}"]
         subprocess.run([sys.executable, "-c", WRAPPER, *argv], env=env, check=True, stdout=subprocess.DEVNULL)
     values: dict[str, list] = {m: [None] * len(seeds) for m in arm.metrics}
     for i in range(len(seeds)):
-        seed = OmegaConf.load(sweep / str(i) / ".hydra" / "config.yaml").seed
-        summary = json.loads((sweep / str(i) / "summary.json").read_text())
+        run = RunDir(sweep / str(i))
+        seed, summary = run.saved_config().seed, run.summary()
         for m in arm.metrics:
             values[m][seeds.index(seed)] = summary.get(m)
     return values

@@ -18,16 +18,17 @@ from pathlib import Path
 from posenc.run.metrics import EXTRAPOLATION_PPL
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import format_stat
+from posenc.run.rundir import RunDir
 
 
-def scored(run_dir: Path) -> list[tuple[str, str, str, dict]]:
+def scored(run: RunDir) -> list[tuple[str, str, str, dict]]:
     """(encoding, trained on, scored on, metrics) for the run's own evaluation and each re-evaluation."""
-    summary = json.loads((run_dir / "summary.json").read_text())
+    summary = run.summary() or {}
     if summary.get("status") != "completed":
         return []
     encoding, packing = summary["encoding"]["name"], summary["packing"]
     out = [(encoding, packing, packing, summary)]
-    for path in sorted(run_dir.glob("eval_packing-*.json")):
+    for path in sorted(run.path.glob("eval_packing-*.json")):  # `posenc eval RUN dataset.packing=<other>`
         out.append((encoding, packing, path.stem.removeprefix("eval_packing-"), json.loads(path.read_text())))
     return out
 
@@ -39,8 +40,8 @@ def main() -> None:
     args = parser.parse_args()
     cells: dict[tuple[str, str, str], list[dict]] = defaultdict(list)
     for sweep in args.sweeps:
-        for run_dir in sorted(p.parent for p in sweep.glob("*/summary.json")):
-            for encoding, trained, scored_on, metrics in scored(run_dir):
+        for run in RunDir.under(sweep):
+            for encoding, trained, scored_on, metrics in scored(run):
                 cells[(encoding, trained, scored_on)].append(metrics)
     keys = [EXTRAPOLATION_PPL.key(length=n) for n in args.lengths]
     print("| encoding | trained on | scored on | seeds | " + " | ".join(keys) + " |")

@@ -10,33 +10,33 @@ represent (null in every seed) prints as "n/a".
 from __future__ import annotations
 
 import argparse
-import json
 from collections import defaultdict
 from pathlib import Path
 
 from posenc.run.metrics import TASK_ACCURACY
 from posenc.report.stats import aggregate, scale_of
+from posenc.run.rundir import SUMMARY_FILE, RunDir
 
 
 def collect(sweep: Path, task: str | None) -> tuple[str, dict[str, dict[int, list]]]:
     """(task, {encoding: {length: [accuracy per seed, None where not applicable]}})."""
     table: dict[str, dict[int, list]] = defaultdict(lambda: defaultdict(list))
-    for path in sorted(sweep.rglob("summary.json"), key=_job_order):
-        summary = json.loads(path.read_text())
+    for run in sorted(RunDir.under(sweep), key=_job_order):
+        summary = run.summary() or {}
         for key, value in summary.items():
             match = TASK_ACCURACY.match(key)
             if match and (task is None or match["task"] == task):
                 task = match["task"]
                 table[summary["encoding"]["name"]][int(match["length"])].append(value)
     if task is None:
-        raise SystemExit(f"error: no run under {sweep} has tasks/<task>/accuracy@<length> in its summary.json")
+        raise SystemExit(f"error: no run under {sweep} has tasks/<task>/accuracy@<length> in its {SUMMARY_FILE}")
     return task, table
 
 
-def _job_order(path: Path) -> tuple:
+def _job_order(run: RunDir) -> tuple:
     """A sweep's runs in job order (0_nope, 1_nope, ..., 10_t5_bias), as Hydra numbered them."""
-    head = path.parent.name.split("_")[0]
-    return (int(head) if head.isdigit() else -1, str(path))
+    head = run.path.name.split("_")[0]
+    return (int(head) if head.isdigit() else -1, str(run.path))
 
 
 def cell(values: list) -> str:

@@ -19,7 +19,7 @@ from posenc.cli.bench import run_bench, split_json_flag
 from posenc.config import compose
 from posenc.data.windows import RandomWindows
 from posenc.errors import UserError
-from posenc.run.directory import load_checkpoint
+from posenc.run.rundir import load_checkpoint
 from posenc.train.loop import train
 
 BENCH = [*TINY, "model.flavor=gpt2", "bench.steps=1", "bench.rounds=1", "bench.warmup=1"]  # gpt2: the FLOPs formula below

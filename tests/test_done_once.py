@@ -1,9 +1,11 @@
 """The path of one `posenc train` does each thing once: the config is composed once and
 validated once, the encoding is built once, and a resume reads its checkpoint's tensors once
-(the CLI reads the header)."""
+(the CLI reads the header). `posenc eval RUN_DIR` reads each file of the run once."""
 
 from __future__ import annotations
 
+import builtins
+import io
 from collections import Counter
 from pathlib import Path
 
@@ -69,3 +71,32 @@ def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch:
     assert counts["tensor reads"] == 1
     assert counts["compose"] == 1 and counts["validate"] == 1 and counts["encoding builds"] == 1
     assert run_dirs(workdir) == [run_dir]
+
+
+def test_eval_reads_each_file_of_the_run_once(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One RunDir serves the whole command: .hydra/config.yaml is read once (the checkpoint to load
+    and the typed config both ask for it), and so is every other file of the run; the checkpoint's
+    header and tensors once each."""
+    import posenc.run.statefile
+
+    _train([*TINY, "trainer.max_steps=2"], monkeypatch)
+    [run_dir] = run_dirs(workdir)
+    reads: Counter = Counter()
+    original = io.open
+
+    def counted_open(file, mode="r", *args, **kwargs):
+        path = Path(file).resolve() if isinstance(file, (str, Path)) else None
+        if path is not None and path.is_relative_to(run_dir.resolve()) and not set(mode) & set("wax+"):
+            reads[str(path.relative_to(run_dir.resolve()))] += 1
+        return original(file, mode, *args, **kwargs)
+
+    monkeypatch.setattr(io, "open", counted_open)  # pathlib's open, OmegaConf.load
+    monkeypatch.setattr(builtins, "open", counted_open)  # open() itself
+    counts: Counter = Counter()
+    _counting(monkeypatch, counts, "checkpoint headers", posenc.run.statefile, "safe_open")
+    _counting(monkeypatch, counts, "checkpoint tensors", posenc.run.statefile, "read_tensors")
+    result = CliRunner().invoke(app, ["eval", str(run_dir), "eval.lengths=[1]"])
+    assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
+    assert reads[".hydra/config.yaml"] == 1
+    assert set(reads.values()) == {1}, reads  # provenance.json and anything else: once
+    assert counts == {"checkpoint headers": 1, "checkpoint tensors": 1}

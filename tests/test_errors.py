@@ -189,7 +189,7 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
 def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     import torch
 
-    from posenc.run.directory import load_checkpoint
+    from posenc.run.rundir import load_checkpoint
     from posenc.errors import UserError
 
     from safetensors.torch import save_file

@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from conftest import TINY, interrupt_training, run_cli, run_dirs
-from posenc.run.directory import load_checkpoint, read_jsonl
+from posenc.run.directory import read_jsonl
+from posenc.run.rundir import load_checkpoint
 
 RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5", "trainer.eval_interval=20"]
 

@@ -20,7 +20,7 @@ from posenc.config import compose
 from posenc.run.convert import convert
 from posenc.errors import UserError
 from posenc.eval.run import load_trained
-from posenc.run.directory import checkpoint_path, load_checkpoint
+from posenc.run.rundir import RunDir, load_checkpoint
 from posenc.train import init_from
 
 
@@ -50,7 +50,7 @@ def hostile(finished_run: Path, tmp_path: Path) -> tuple[Path, Path]:
     shutil.copytree(finished_run, run_dir)
     marker = tmp_path / "code_ran"
     state = load_checkpoint(run_dir)
-    checkpoint_path(run_dir).unlink()
+    RunDir(run_dir).checkpoint().unlink()
     torch.save({**state, "version": 1, "model": Payload(marker)}, run_dir / "checkpoints" / "last.pt")
     return run_dir, marker
 
@@ -76,13 +76,13 @@ def test_every_command_that_opens_a_run_dir_refuses_a_pickled_checkpoint_and_run
     # convert reads tensors and RNG state only: it refuses the file, naming what it would have called
     line = one_error_line(run_cli("convert", str(run_dir), cwd=tmp_path))
     assert "builtins.exec" in line and "nothing in it ran" in line
-    assert not marker.exists() and not checkpoint_path(run_dir).exists()  # nothing ran, nothing written
+    assert not marker.exists() and not RunDir(run_dir).checkpoint().exists()  # nothing ran, nothing written
 
 
 def test_a_pickle_named_like_a_checkpoint_is_not_unpickled(hostile, tmp_path):
     """The same pickle under the new name: the safetensors reader finds no header and stops."""
     run_dir, marker = hostile
-    (run_dir / "checkpoints" / "last.pt").rename(checkpoint_path(run_dir))
+    (run_dir / "checkpoints" / "last.pt").rename(RunDir(run_dir).checkpoint())
     cfg = compose([*TINY, f"trainer.init_from={run_dir}"])
     opens = {"eval and probe": lambda: load_trained(run_dir, []),
              "resume": lambda: prepare([f"trainer.resume={run_dir}", "trainer.max_steps=8"], cwd=tmp_path),
@@ -99,12 +99,12 @@ def test_convert_turns_an_old_run_dir_into_one_every_command_reads(finished_run,
     run_dir = tmp_path / "old_run"
     shutil.copytree(finished_run, run_dir)
     state = load_checkpoint(run_dir)
-    checkpoint_path(run_dir).unlink()
+    RunDir(run_dir).checkpoint().unlink()
     torch.save({**state, "version": 1}, run_dir / "checkpoints" / "last.pt")
     with pytest.raises(UserError, match="old pickle format"):
         load_checkpoint(run_dir)
 
-    assert convert(run_dir) == [checkpoint_path(run_dir)]
+    assert convert(run_dir) == [RunDir(run_dir).checkpoint()]
     converted = load_checkpoint(run_dir)
     for key in ("step", "tokens", "config", "val", "sampler"):
         assert str(converted[key]) == str(state[key]), key

@@ -62,7 +62,7 @@ def test_the_checkpoint_holds_the_trained_model(trained):
     """The saved weights are the ones the summary measured: evaluated again on the same
     validation windows they give the run's final val/ppl."""
     from posenc.eval.run import eval_run
-    from posenc.run.directory import load_checkpoint
+    from posenc.run.rundir import load_checkpoint
 
     _, run_dir, _ = trained
     ckpt = load_checkpoint(run_dir)

@@ -53,7 +53,9 @@ from posenc.config import apply_choice_schemas
 from posenc.config.load import hydra_initialized, version_base
 from posenc.config.searchpath import CONFIG_PATH, add_config_dirs, warn_shadowed, with_plugin_sources
 from posenc.errors import UserError
-from posenc.run.directory import SUMMARY_FILE, has_results, record_sweep, remove_run_dir, write_json_atomic
+from posenc.run.directory import remove_run_dir, write_json_atomic
+from posenc.run.rundir import RunDir
+from posenc.run.sweepdir import SweepDir
 from posenc.train import distributed
 
 log = logging.getLogger("posenc")
@@ -74,7 +76,7 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     multirun = hc.mode == RunMode.MULTIRUN
     warn_shadowed(hc.runtime.choices)  # a sweep job's own choices (said once per process)
     if multirun:
-        record_sweep(Path(hc.sweep.dir))
+        SweepDir(hc.sweep.dir).record()
         kept = prepare_job(cfg, run_dir)  # a resumed sweep: a completed job is kept, an interrupted one continues
         if kept is not None:
             return kept
@@ -84,12 +86,12 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
         if multirun and isinstance(e, RunInterrupted):  # its checkpoint is saved: the whole sweep stops
             raise SweepStopped(e.exit_code - 128) from e
         if not multirun or not isinstance(e, Exception):
-            if not has_results(run_dir) and not cfg.trainer.get("resume") and distributed.is_main():
+            if not RunDir(run_dir).has_results() and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
             raise
         failure = {"status": "failed", "error": explain(e), "overrides": list(hc.overrides.task)}
         log.error("job %s failed: %s", hc.job.num, failure["error"])
-        write_json_atomic(run_dir / SUMMARY_FILE, failure)
+        write_json_atomic(RunDir(run_dir).summary_file, failure)
         return failure
     if distributed.is_main():
         print_summary(summary, run_dir)

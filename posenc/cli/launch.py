@@ -23,7 +23,6 @@ from datetime import datetime
 from pathlib import Path
 
 import typer
-import yaml
 from omegaconf import OmegaConf
 
 from posenc.cli.hydra_argv import parse_args
@@ -31,7 +30,7 @@ from posenc.cli.sweep import resume_overrides
 from posenc.config import ParsedOverride, parse_overrides
 from posenc.errors import UserError
 from posenc.output.commands import command, hydra_value, override
-from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, run_checkpoint_kind
+from posenc.run.rundir import RunDir
 from posenc.train import distributed, init_from
 
 RESUME_KEY = "trainer.resume"
@@ -58,12 +57,9 @@ def _task_overrides(overrides: list[ParsedOverride]) -> list[tuple[str, object]]
 def find_resumable(outputs: Path, overrides: list[ParsedOverride]) -> Path:
     """The newest run dir under outputs/ with a checkpoint and the same overrides."""
     wanted = _task_overrides(overrides)
-    candidates = []
-    for saved in outputs.rglob(".hydra/overrides.yaml"):
-        run_dir = saved.parent.parent
-        ckpt = checkpoint_path(run_dir)
-        if ckpt.is_file() and _task_overrides(parse_overrides(yaml.safe_load(saved.read_text()) or [])) == wanted:
-            candidates.append((ckpt.stat().st_mtime, run_dir))
+    candidates = [(run.checkpoint().stat().st_mtime, run.path) for run in RunDir.under(outputs)
+                  if run.overrides_file.is_file() and run.checkpoint().is_file()
+                  and _task_overrides(parse_overrides(run.overrides())) == wanted]
     if not candidates:
         raise UserError(f"trainer.resume=auto: no run under {outputs}/ with these overrides has a checkpoint — "
                         f"pass trainer.resume=<run dir>, or start a new run without trainer.resume")
@@ -79,18 +75,8 @@ def resume_dir(overrides: list[ParsedOverride], multirun: bool, cwd: Path) -> Pa
         raise UserError("trainer.resume with -m resumes a sweep — pass its dir: -m trainer.resume=<sweep dir>")
     if value is True or str(value).lower() in ("auto", "true"):
         return find_resumable(cwd / "outputs", overrides)
-    run_dir = Path(str(value)).expanduser()
-    if not run_dir.is_dir():
-        raise UserError(f"trainer.resume: run dir '{run_dir}' does not exist — pass a directory under outputs/ "
-                        f"(or trainer.resume=auto for the latest matching run)")
-    if not checkpoint_path(run_dir).is_file():
-        refuse_legacy(run_dir)
-        kind = run_checkpoint_kind(run_dir)
-        why = {"none": "it ran with trainer.checkpoint=none and kept no checkpoint",
-               "best": "it ran with trainer.checkpoint=best and completed, keeping checkpoints/best.safetensors alone "
-                       "(trainer.checkpoint=last keeps what a resume needs)"}.get(kind, "it saved no checkpoint")
-        raise UserError(f"trainer.resume: '{run_dir}' has no {checkpoint_path(run_dir).relative_to(run_dir)} — {why}; start a new run")
-    return run_dir.resolve()
+    return RunDir(Path(str(value)).expanduser()).require_checkpoint(
+        "trainer.resume", "pass a directory under outputs/ (or trainer.resume=auto for the latest matching run)")
 
 
 def _may_change(key: str) -> bool:
@@ -109,20 +95,19 @@ def _run_value(key: str, config: dict, choices: dict):
     return OmegaConf.select(OmegaConf.create(config), key, default=None)
 
 
-def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]:
+def restore_run_overrides(run: RunDir | Path, argv_overrides: list[str]) -> list[str]:
     """The run's own task overrides, then the resume command's, which may only change
     MAY_CHANGE_ON_RESUME keys. A change to anything else is refused, and a run already at
-    trainer.max_steps exits 0 here: either way, before Hydra writes into run_dir."""
-    saved_file = run_dir / ".hydra" / "overrides.yaml"
-    saved = (yaml.safe_load(saved_file.read_text()) or []) if saved_file.is_file() else []
-    saved_parsed = [o for o in parse_overrides(saved) if not _is_own(o.key)]
+    trainer.max_steps exits 0 here: either way, before Hydra writes into the run dir."""
+    run = RunDir.of(run)
+    run_dir = run.path
+    saved_parsed = [o for o in parse_overrides(run.overrides()) if not _is_own(o.key)]
     new_parsed = parse_overrides(argv_overrides)
     # the last checkpoint (a resume never continues from the best)'s step and config: its header only,
     # the training loop reads its tensors once
-    ckpt = load_checkpoint(checkpoint_path(run_dir), tensors=False)
-    hydra_file = run_dir / ".hydra" / "hydra.yaml"
+    ckpt = run.load_checkpoint("last", tensors=False)
     # the run's values: its saved overrides, else its group choices, else its last checkpoint's config
-    choices = yaml.safe_load(hydra_file.read_text())["hydra"]["runtime"]["choices"] if hydra_file.is_file() else {}
+    choices = run.choices()
     saved_values = {k: v for k, v, _ in saved_parsed}
 
     def run_value(key: str):
@@ -154,16 +139,16 @@ def restore_run_overrides(run_dir: Path, argv_overrides: list[str]) -> list[str]
     return [*merged.values(), *argv_overrides]
 
 
-def check_code(run_dir: Path, overrides: list[ParsedOverride]) -> None:
+def check_code(run: RunDir, overrides: list[ParsedOverride]) -> None:
     """A resume composes the run with the plugin config dirs it was made with, and continues only
     with the encoding code it started with, unless trainer.allow_code_change=true says go on."""
     from posenc.run import provenance
 
-    provenance.restore_config_dirs(run_dir)
-    changed = provenance.changes(run_dir)
+    provenance.restore_config_dirs(run)
+    changed = provenance.changes(run)
     allowed = _value(overrides, provenance.ALLOW_KEY)
     if changed and not (allowed is True or str(allowed).lower() == "true"):
-        raise UserError(f"trainer.resume: the encoding code changed since {run_dir} started: {'; '.join(changed)} — "
+        raise UserError(f"trainer.resume: the encoding code changed since {run.path} started: {'; '.join(changed)} — "
                         f"restore that code, or pass {provenance.ALLOW_KEY}=true to continue with today's")
 
 
@@ -180,8 +165,9 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
     fixed = _value(overrides, "hydra.run.dir") is not None
     run_dir = resume_dir(overrides, bool(args.multirun), cwd) if not fixed else None
     if run_dir is not None:
-        check_code(run_dir, overrides)
-        args.overrides = restore_run_overrides(run_dir, args.overrides)
+        run = RunDir(run_dir)  # its provenance, overrides and choices read once
+        check_code(run, overrides)
+        args.overrides = restore_run_overrides(run, args.overrides)
         args.overrides.append(f"hydra.run.dir={hydra_value(run_dir)}")
         fixed = True
     args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len

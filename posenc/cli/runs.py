@@ -7,9 +7,12 @@ from pathlib import Path
 import typer
 
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
+from posenc.run.rundir import LAST_CHECKPOINT, LEGACY_CHECKPOINTS, RunDir
+
+RUN_DIR_HELP = f"a run directory (holds {LAST_CHECKPOINT})"
 
 
-def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
+def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Perplexity of a trained run at eval.lengths × its training length; Hydra overrides follow.
 
     Examples: `posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64`,
@@ -20,13 +23,13 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run di
     run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
 
 
-def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help="a run directory (holds checkpoints/last.safetensors)")) -> None:
+def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Attention probes of a trained run at 1×, 2×, 4× its training length: entropy, distance,
     RoPE frequency usage, position biases -> RUN_DIR/probes/ (probes.json and PNGs)."""
     from posenc.eval.probe_run import probe_run
 
     paths = run_guarded(lambda: probe_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
-    out = Path(run_dir) / "probes"
+    out = RunDir(run_dir).probes_dir
     console.print(f"wrote [bold]{len(paths)}[/] files under [bold]{out}[/]:", soft_wrap=True)
     for path in paths:
         console.print(f"  {path.relative_to(out)}", highlight=False, soft_wrap=True)
@@ -57,7 +60,7 @@ def compare(
 
 
 def convert(
-    run_dir: Path = typer.Argument(..., help="a run directory made before checkpoint format 2 (holds checkpoints/*.pt)"),
+    run_dir: Path = typer.Argument(..., help=f"a run directory made before checkpoint format 2 (holds {LEGACY_CHECKPOINTS})"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
@@ -67,7 +70,7 @@ def convert(
     written = run_guarded(lambda: convert_run(run_dir), debug)
     for path in written:
         console.print(f"wrote [bold]{path}[/]")
-    console.print("the pickled checkpoints/*.pt are kept as they were; delete them once you no longer need them")
+    console.print(f"the pickled {LEGACY_CHECKPOINTS} are kept as they were; delete them once you no longer need them")
 
 
 def register(app: typer.Typer) -> None:

@@ -20,9 +20,7 @@ sweeper plugin, ``HydraContext``), keeping the sweeper to read which jobs it pla
 from __future__ import annotations
 
 import copy
-import json
 import logging
-import shutil
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -33,10 +31,11 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from posenc.errors import UserError
 from posenc.output.commands import command, hydra_value, override
-from posenc.run.directory import METRICS_FILE, SUMMARY_FILE, checkpoint_path, load_checkpoint, remove_run_dir
+from posenc.run.directory import remove_run_dir
+from posenc.run.rundir import MULTIRUN_FILE, RunDir
+from posenc.run.sweepdir import SweepDir
 
 log = logging.getLogger("posenc")
-MULTIRUN_FILE = "multirun.yaml"
 
 
 class SweepStopped(KeyboardInterrupt):
@@ -138,22 +137,16 @@ def planned_jobs(sweeper) -> list[list[str]] | None:
 
 
 # --- the end of a stopped sweep ------------------------------------------------------------
-def job_dir(sweep_dir: Path, num: int) -> Path | None:
-    """Job num's directory (``<num>_<its values>``), or None: it never started."""
-    return next((p for p in sweep_dir.glob(f"{num}_*") if p.is_dir()), None)
-
-
-def job_state(run_dir: Path | None) -> tuple[str, str]:
+def job_state(run: RunDir | None) -> tuple[str, str]:
     """(state, detail): finished, failed, interrupted (at which step: a checkpoint to continue
     from), or never started."""
-    if run_dir is None:
+    if run is None:
         return "never started", ""
-    summary = run_dir / SUMMARY_FILE
-    status = json.loads(summary.read_text()).get("status") if summary.is_file() else None
+    status = (run.summary() or {}).get("status")
     if status == "completed":
         return "finished", ""
-    if checkpoint_path(run_dir).is_file():
-        step = load_checkpoint(checkpoint_path(run_dir), tensors=False)["step"]
+    if run.checkpoint().is_file():
+        step = run.load_checkpoint("last", tensors=False)["step"]
         return ("failed" if status == "failed" else "interrupted"), f"checkpoint at step {step}"
     return ("failed" if status == "failed" else "interrupted"), "no checkpoint: it starts over"
 
@@ -167,11 +160,12 @@ def stopped(sweep_dir: Path, jobs: list[list[str]] | None, cfg: DictConfig, sign
     resume = command("posenc train -m", override("trainer.resume", shown))
     exclude = list(cfg.hydra.job.config.override_dirname.exclude_keys or [])
     by_state: dict[str, list[str]] = {}
-    nums = range(len(jobs)) if jobs is not None else sorted(int(p.name.split("_")[0]) for p in sweep_dir.glob("[0-9]*_*"))
+    sweep = SweepDir(sweep_dir)
+    nums = range(len(jobs)) if jobs is not None else sweep.job_numbers()
     for num in nums:
-        run_dir = job_dir(sweep_dir, num)
-        name = run_dir.name.split("_", 1)[1] if run_dir else job_dir_name(jobs[num], exclude, "?") if jobs else "?"
-        state, detail = job_state(run_dir)
+        run = sweep.job(num)
+        name = run.path.name.split("_", 1)[1] if run else job_dir_name(jobs[num], exclude, "?") if jobs else "?"
+        state, detail = job_state(run)
         by_state.setdefault(state, []).append(f"job {num} ({name})" + (f", {detail}" if detail else ""))
     name = signal.Signals(signum).name
     console.print(f"sweep stopped by {name}: {shown}", highlight=False, soft_wrap=True)
@@ -197,17 +191,16 @@ def display_path(path: Path) -> Path:
 def prepare_job(cfg: DictConfig, run_dir: Path) -> dict | None:
     """A sweep job whose directory exists already (a resumed sweep): its summary if it completed
     (not re-run); else cfg set to resume from its checkpoint, or its leftovers cleared to start over."""
-    summary = run_dir / SUMMARY_FILE
-    if summary.is_file() and json.loads(summary.read_text()).get("status") == "completed":
+    run = RunDir(run_dir)
+    summary = run.summary()
+    if summary is not None and summary.get("status") == "completed":
         log.info("%s completed already: kept, not re-run", run_dir)
-        return json.loads(summary.read_text())
-    if checkpoint_path(run_dir).is_file():
+        return summary
+    if run.checkpoint().is_file():
         with open_dict(cfg):
-            cfg.trainer.resume = True  # training continues from checkpoints/last.safetensors
+            cfg.trainer.resume = True  # training continues from its last checkpoint
     else:  # a job that stopped before its first checkpoint, or failed before one: it starts over
-        for leftover in (run_dir / METRICS_FILE, summary):
-            leftover.unlink(missing_ok=True)
-        shutil.rmtree(run_dir / "checkpoints", ignore_errors=True)
+        run.discard_results()
     return None
 
 
@@ -216,11 +209,10 @@ def resume_overrides(sweep_dir: Path, argv_overrides: list[str], may_change: Cal
     (which may change only what may_change allows, or Hydra's keys: where it runs), and its directory."""
     from posenc.config import parse_overrides
 
-    saved_file = sweep_dir / MULTIRUN_FILE
-    if not saved_file.is_file():
+    saved = SweepDir(sweep_dir).saved_overrides()
+    if saved is None:
         raise UserError(f"trainer.resume with -m takes a sweep dir (one holding {MULTIRUN_FILE}); '{sweep_dir}' is not "
                         f"one — pass outputs/sweeps/<date>/<time>_<name>, or drop -m to resume one run")
-    saved = OmegaConf.load(saved_file).hydra.overrides
     ours = ("hydra.mode", "hydra.sweep.dir", "hydra.job.config.override_dirname.exclude_keys")
     kept = [o for o in parse_overrides(list(saved.hydra)) if o.key not in ours] + parse_overrides(list(saved.task))
     new = [o for o in parse_overrides(argv_overrides) if o.key != "trainer.resume"]

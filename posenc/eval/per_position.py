@@ -38,9 +38,10 @@ from posenc.data.windows import Packing, Windows
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
 from posenc.run.directory import write_json_atomic
+from posenc.run.rundir import PER_POSITION_STEM
 
 BUCKETS = 64  # at most this many points per length
-STEM = "per_position"  # per_position.json and per_position.png in the run dir
+STEM = PER_POSITION_STEM  # per_position.json and per_position.png in the run dir
 
 
 @torch.no_grad()

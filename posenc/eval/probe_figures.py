@@ -11,6 +11,7 @@ import torch
 from torch import Tensor
 
 from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
+from posenc.run.rundir import PROBES_FILE
 
 
 def log_buckets(T: int, buckets: int = 64) -> Tensor:
@@ -144,10 +145,10 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
     plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    tmp = out / "probes.json.tmp"
+    tmp = out / f"{PROBES_FILE}.tmp"
     tmp.write_text(json.dumps(probes_by_length))
-    tmp.replace(out / "probes.json")  # never a half-written file
-    paths = [out / "probes.json"]
+    tmp.replace(out / PROBES_FILE)  # never a half-written file
+    paths = [out / PROBES_FILE]
     several = len(probes_by_length) > 1
     distances = torch.cat([torch.tensor(p["distance"], dtype=torch.float64).flatten() for p in probes_by_length.values()])
     shared = (float(distances.min()), float(distances.max())) if several else None  # issue 47: one colour scale

@@ -18,6 +18,7 @@ from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
 from posenc.run.directory import plain_numbers
+from posenc.run.rundir import RunDir
 from posenc.run.tracking import Tracker
 
 #: evaluation-length multiples probed by default
@@ -28,8 +29,8 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
     """Probe run_dir's model at multiples × its training length; returns the files written.
     A run on a synthetic task is probed on its task's evaluation instances; a run logged to
     W&B gets the figures as images in its W&B run (resumed by id)."""
-    run_dir = Path(run_dir)
-    cfg, data, model, state, _ = load_trained(run_dir, overrides, command="probe")
+    run = RunDir(run_dir)
+    cfg, data, model, state, _ = load_trained(run, overrides, command="probe")
     device = next(model.parameters()).device
     T = int(cfg.trainer.seq_len)
     idx = {}
@@ -40,9 +41,9 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
         idx[length] = probe_windows(data, length, windows).to(device)
     with torch.no_grad():
         probes = probe_lengths(model, idx)
-    title = f"{run_dir.name} · {encoding_title(model.encoding)}"
-    paths = write_probes(probes, run_dir / "probes", T, title)
-    _log_to_wandb(run_dir, cfg, state, [p for p in paths if p.suffix == ".png"])
+    title = f"{run.path.name} · {encoding_title(model.encoding)}"
+    paths = write_probes(probes, run.probes_dir, T, title)
+    _log_to_wandb(run, cfg, state, [p for p in paths if p.suffix == ".png"])
     return paths
 
 
@@ -53,16 +54,17 @@ def encoding_title(encoding, width: int = 70) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-def _log_to_wandb(run_dir: Path, cfg, state: dict, figures: list[Path]) -> None:
+def _log_to_wandb(run: RunDir, cfg, state: dict, figures: list[Path]) -> None:
     """The probe figures as images in the run's W&B run (resumed by its id), when it has one."""
     if cfg.logger.name != "wandb" or cfg.logger.mode == "disabled" or not state.get("wandb_id"):
         return
     lc = cfg.logger
-    tracker = Tracker(run_dir)
+    tracker = Tracker(run.path)
     try:
         tracker.start_wandb(config={}, project=lc.project, mode=lc.mode, group=lc.group,
-                            job_type="probe", name=run_dir.name, run_id=state["wandb_id"], entity=lc.entity)
-        names = {"probes/" + str(p.relative_to(run_dir / "probes").with_suffix("")): p for p in figures}
+                            job_type="probe", name=run.path.name, run_id=state["wandb_id"], entity=lc.entity)
+        # W&B keys as the files lie under the run dir: probes/<figure>
+        names = {str(p.relative_to(run.path).with_suffix("")): p for p in figures}
         tracker.log_images(names, step=None, tokens=int(state.get("tokens") or 0))
     finally:
         tracker.finish()

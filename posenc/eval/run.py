@@ -18,6 +18,7 @@ from posenc.config import load_run_config
 from posenc.errors import UserError
 from posenc.output.terminal import make_console
 from posenc.run.directory import write_json_atomic
+from posenc.run.rundir import RunDir, eval_file_name
 
 console = make_console()  # the `posenc eval` command's output, for people
 err_console = make_console(stderr=True)  # warnings
@@ -32,45 +33,43 @@ def output_name(overrides: list[str]) -> str:
     from posenc.run.directory import plain_number, short_keys
 
     if not overrides:
-        return "eval.json"
+        return eval_file_name()
     parsed = parse_overrides(overrides)
     short = short_keys([o.key for o in parsed])
     parts = []
     for o in parsed:
         value = plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str()
         parts.append(re.sub(r"[^A-Za-z0-9._]+", "-", f"{short[o.key]}-{value}").strip("-"))
-    return f"eval_{'_'.join(parts)[:120].rstrip('_-.')}.json"
+    return eval_file_name('_'.join(parts)[:120].rstrip('_-.'))
 
 
-def load_trained(run_dir: Path, overrides: list[str], command: str = "eval"):
+def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"):
     """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
-    what `posenc eval` and `posenc probe` (command) start from."""
+    what `posenc eval` and `posenc probe` (command) start from. Every file is read through one
+    RunDir: its config once, its checkpoint resolved once."""
     from posenc.build import build_data, build_model, restore_weights
     from posenc.hardware import setup_device
-    from posenc.run.directory import kept_checkpoint, load_checkpoint, refuse_non_run_dir, refuse_sweep_dir
 
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise UserError(f"run dir '{run_dir}' does not exist — pass a directory under outputs/ made by `posenc train`")
-    refuse_sweep_dir(run_dir, command)  # a sweep's dir: its runs listed, not "no checkpoint"
-    refuse_non_run_dir(run_dir, command)  # any other folder: said to be no run, not "no checkpoint"
-    state = load_checkpoint(run_dir)  # missing, corrupt or foreign: one line saying so
-    warn_code_changes(run_dir)
-    cfg = load_run_config(run_dir, overrides)
+    run = RunDir.of(run)
+    run.require_run(command)  # missing, a sweep's dir or any other folder: said so, not "no checkpoint"
+    state = run.load_checkpoint()  # missing, corrupt or foreign: one line saying so
+    warn_code_changes(run)
+    cfg = load_run_config(run, overrides)
     device, _, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as training: TF32, autocast
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size)
-    restore_weights(model, state, kept_checkpoint(run_dir))
+    restore_weights(model, state, run.checkpoint_to_load())
     return cfg, data, model.to(device), state, autocast
 
 
-def warn_code_changes(run_dir: Path) -> None:
+def warn_code_changes(run: RunDir | Path) -> None:
     """One line when the run's encoding code differs from what it was trained with (provenance.json)."""
     from posenc.run import provenance
 
-    changed = provenance.changes(run_dir)
+    run = RunDir.of(run)
+    changed = provenance.changes(run)
     if changed:
-        err_console.print(f"warning: the encoding code changed since {run_dir} was trained: {'; '.join(changed)} — "
+        err_console.print(f"warning: the encoding code changed since {run.path} was trained: {'; '.join(changed)} — "
                           f"these results come from today's code, not the run's", highlight=False, soft_wrap=True)
 
 
@@ -80,11 +79,11 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     from posenc.eval import evaluation, final
     from posenc.eval.progress import StageLines
 
-    run_dir = Path(run_dir)
-    cfg, data, model, state, autocast = load_trained(run_dir, overrides)
+    run = RunDir(run_dir)
+    cfg, data, model, state, autocast = load_trained(run, overrides)
     device = next(model.parameters()).device
-    out = run_dir / output_name(overrides)
-    header = {"run_dir": str(run_dir), "overrides": overrides, "step": state.get("step"),
+    out = run.path / output_name(overrides)
+    header = {"run_dir": str(run.path), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
@@ -93,7 +92,7 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
                       f"scores length/{cfg.eval.stride} times as many windows, in two passes: the per-position loss "
                       f"(every position of each window), then the sliding perplexity (each window's last "
                       f"{cfg.eval.stride} targets)", style="dim", highlight=False, soft_wrap=True)
-    final.per_position_files(model, data, cfg, run_dir, device, autocast, stem=f"per_position_{out.stem}",
+    final.per_position_files(model, data, cfg, run.path, device, autocast, stem=run.per_position_stem(out),
                              progress=progress)
     result = evaluation.evaluate(data, model, cfg, device, autocast, progress=progress)
     record = {**header, **result.summary}

@@ -34,6 +34,7 @@ from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
 from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
 from posenc.report.write import report_title, write_report
+from posenc.run.rundir import SUMMARY_FILE
 from posenc.output.terminal import make_console
 
 
@@ -164,7 +165,7 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
 def failed_lines(c: Comparison, root: Path) -> list[str]:
     out = []
     for run in c.failed:
-        error = run.metric("error") or ("no summary.json: still running or killed" if run.status == "unfinished" else "")
+        error = run.metric("error") or (f"no {SUMMARY_FILE}: still running or killed" if run.status == "unfinished" else "")
         out.append(f"{relative(run.path, root)}: {run.status}" + (f" — {error}" if error else ""))
     return out
 

@@ -1,7 +1,7 @@
 """Finished runs on disk, grouped by what differs between them, seeds aggregated.
 
-A run directory holds ``.hydra/config.yaml`` (the composed config), ``.hydra/overrides.yaml``
-(what the user changed), ``metrics.jsonl`` and ``summary.json``. What a sweep varied is read
+Each run is read through its RunDir (posenc/run/rundir.py), each file once: the composed config,
+the overrides (what the user changed), the metrics and the summary. What a sweep varied is read
 from the overrides (``encoding=rope``, ``encoding.base=100``): exactly the keys the user
 swept, in the user's own words. ``seed`` is never a group key: seeds are what gets averaged.
 """
@@ -15,14 +15,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
 from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
-from posenc.run.directory import read_jsonl
+from posenc.run.rundir import HYDRA_DIR, METRICS_FILE, RunDir
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",
@@ -110,16 +110,16 @@ class Group:
 
 def find_runs(paths: Sequence[Path]) -> list[Run]:
     """Every run directory at or under each path (a run, a sweep, or a folder of sweeps)."""
-    dirs: list[Path] = []
+    dirs: dict[Path, RunDir] = {}  # a run given twice (itself and its sweep) is read once
     for path in paths:
         path = Path(path)
         if not path.exists():
             raise UserError(f"{path} does not exist — give a run directory or a sweep directory under outputs/")
-        found = [path] if (path / ".hydra").is_dir() else sorted(p.parent for p in path.rglob(".hydra") if p.is_dir())
+        found = [RunDir(path)] if RunDir(path).is_run() else RunDir.under(path)
         if not found:
-            raise UserError(f"no runs under {path} — a run directory holds .hydra/ and metrics.jsonl")
-        dirs.extend(d for d in found if d not in dirs)
-    return [load_run(d) for d in dirs]
+            raise UserError(f"no runs under {path} — a run directory holds {HYDRA_DIR}/ and {METRICS_FILE}")
+        dirs.update((d.path, d) for d in found if d.path not in dirs)
+    return [load_run(d) for d in dirs.values()]
 
 
 def is_run_specific(key: str) -> bool:
@@ -133,10 +133,7 @@ def _status_rank(run: Run) -> int:
 
 def _age(run: Run) -> float:
     """When the run last wrote anything (summary, else metrics, else its config)."""
-    for name in ("summary.json", "metrics.jsonl", ".hydra/config.yaml"):
-        if (run.path / name).exists():
-            return (run.path / name).stat().st_mtime
-    return 0.0
+    return RunDir(run.path).last_written()
 
 
 def deduplicate(runs: Sequence[Run]) -> tuple[list[Run], list[tuple[Run, list[Run]]]]:
@@ -177,11 +174,10 @@ def check_choice(what: str, given: str, valid: Sequence[str], prefer: Sequence[s
     raise UserError(f"{what} {given!r} is not in these runs — use one of: {', '.join(ordered[:shown])}{more}")
 
 
-def load_config(path: Path) -> dict[str, Any]:
+def load_config(conf: DictConfig) -> dict[str, Any]:
     """A run's composed config flattened to dotted keys, its interpolations resolved
     (`encoding.max_len=${trainer.seq_len}` reads 32) where they can be outside Hydra (a
     `${hydra:...}` resolver cannot: kept as written)."""
-    conf = OmegaConf.load(path)
     flat = flatten(OmegaConf.to_container(conf, resolve=False))
     for key, value in flat.items():
         if isinstance(value, str) and "${" in value:
@@ -192,17 +188,13 @@ def load_config(path: Path) -> dict[str, Any]:
     return flat
 
 
-def load_run(path: Path) -> Run:
-    overrides_file = path / ".hydra" / "overrides.yaml"
+def load_run(run: RunDir | Path) -> Run:
+    """A run as its RunDir reads it: config, overrides, summary and metrics, each file once."""
+    run = RunDir.of(run)
     overrides = {}
-    saved = OmegaConf.to_container(OmegaConf.load(overrides_file)) if overrides_file.exists() else []
-    for key, value, o in parse_overrides([str(item) for item in saved]):
+    for key, value, o in parse_overrides(run.overrides()):
         overrides[key] = value if isinstance(value, str) else o.get_value_element_as_str()
-    summary_file = path / "summary.json"
-    summary = json.loads(summary_file.read_text()) if summary_file.exists() else None
-    metrics = path / "metrics.jsonl"
-    rows = read_jsonl(metrics) if metrics.exists() else []
-    return Run(path, load_config(path / ".hydra" / "config.yaml"), overrides, summary, rows)
+    return Run(run.path, load_config(run.saved_config()), overrides, run.summary(), run.metrics())
 
 
 def flatten(node: dict, prefix: str = "") -> dict[str, Any]:

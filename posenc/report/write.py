@@ -20,7 +20,7 @@ from posenc.report.plots_rank import plot_ranks
 from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_lines
 from posenc.report.setup import describe, describe_varied, setup_line
 from posenc.report.tables import text_tables
-from posenc.run.directory import read_sweep
+from posenc.run.sweepdir import SweepDir
 
 NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one seed: the value alone, no "
          "interval). Perplexity, token counts and rates are positive and multiplicative: their cell is the geometric "
@@ -38,7 +38,7 @@ NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one
 
 
 def report_title(c: Comparison, paths: Sequence[Path]) -> str:
-    sweep = read_sweep(Path(paths[0])) if len(paths) == 1 else None
+    sweep = SweepDir(paths[0]).info() if len(paths) == 1 else None
     return f"{sweep['name'] if sweep else 'comparison'}: {len(c.runs)} run{'' if len(c.runs) == 1 else 's'}"
 
 
@@ -79,7 +79,7 @@ def write_report(c: Comparison, out: Path, paths: Sequence[Path], title: str, fa
     previous = figures_in(out / "report.md")
     setup = setup_line(c.runs)
     plots = make_plots(c, out, title, setup)
-    sweep = read_sweep(Path(paths[0])) if len(paths) == 1 else None
+    sweep = SweepDir(paths[0]).info() if len(paths) == 1 else None
     notes = [NOTES] + ([rank_note(c)] if c.ranking or c.rankings else []) + warnings
     doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed),
                    text_tables(c, seeds=True) + rank_text_tables(c), notes, failed, duplicates, plots,

@@ -17,13 +17,8 @@ import numpy as np
 import torch
 
 from posenc.errors import UserError
-from posenc.run.directory import (
-    CHECKPOINT_VERSION,
-    LEGACY_SUFFIX,
-    REQUIRED_KEYS,
-    checkpoint_path,
-)
-from posenc.run.statefile import save_state
+from posenc.run.rundir import LEGACY_CHECKPOINTS, LEGACY_SUFFIX, RunDir
+from posenc.run.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_state
 
 #: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as; numpy 1.x
 #: wrote the reconstructor under numpy.core
@@ -59,10 +54,10 @@ def convert(run_dir: Path) -> list[Path]:
     """Write checkpoints/<kind>.safetensors beside each checkpoints/<kind>.pt of run_dir (the
     pickles are left as they are); returns the files written. Refused with a UserError, writing
     nothing, when the run dir has no pickled checkpoint or one is not a posenc checkpoint."""
-    run_dir = Path(run_dir)
-    pickled = sorted((run_dir / "checkpoints").glob(f"*{LEGACY_SUFFIX}")) if run_dir.is_dir() else []
+    run = RunDir(run_dir)
+    pickled = sorted(run.checkpoints_dir.glob(f"*{LEGACY_SUFFIX}")) if run.path.is_dir() else []
     if not pickled:
-        raise UserError(f"'{run_dir}' has no pickled checkpoint (checkpoints/*{LEGACY_SUFFIX}) to convert — "
+        raise UserError(f"'{run.path}' has no pickled checkpoint ({LEGACY_CHECKPOINTS}) to convert — "
                         f"pass the directory of a run made by posenc before checkpoint format {CHECKPOINT_VERSION}")
     states = {}
     for path in pickled:  # read every file before writing any: a refusal leaves the run dir as it was
@@ -72,6 +67,6 @@ def convert(run_dir: Path) -> list[Path]:
         states[path.stem] = {**state, "version": CHECKPOINT_VERSION}
     written = []
     for kind, state in states.items():
-        save_state(state, checkpoint_path(run_dir, kind))
-        written.append(checkpoint_path(run_dir, kind))
+        save_state(state, run.checkpoint(kind))
+        written.append(run.checkpoint(kind))
     return written

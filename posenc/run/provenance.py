@@ -30,8 +30,8 @@ from posenc.config.searchpath import plugin_sources
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
 from posenc.run.imports import package_sources
+from posenc.run.rundir import RunDir
 
-PROVENANCE_FILE = "provenance.json"
 ALLOW_KEY = "trainer.allow_code_change"
 
 
@@ -157,34 +157,26 @@ def record(cfg: DictConfig) -> dict:
             "code": {target: code_record(target) for target in encoding_targets(cfg)}}
 
 
-def write(run_dir: Path, cfg: DictConfig) -> dict:
-    """Record cfg's encoding code in run_dir (a resume told to go on keeps the earlier records)."""
-    import json
-
+def write(run: RunDir | Path, cfg: DictConfig) -> dict:
+    """Record cfg's encoding code in the run's provenance.json (a resume told to go on keeps the
+    earlier records)."""
+    run = RunDir.of(run)
     now = record(cfg)
-    path = run_dir / PROVENANCE_FILE
-    if path.is_file():
-        before = json.loads(path.read_text())
+    before = run.provenance()
+    if before is not None:
         if before.get("code") != now["code"] or before.get("posenc_version") != now["posenc_version"]:
             now["earlier"] = [*before.pop("earlier", []), before]
         else:
             now["earlier"] = before.get("earlier", [])
-    write_json_atomic(path, now)
+    write_json_atomic(run.provenance_file, now)
     return now
 
 
-def read(run_dir: Path) -> dict | None:
-    import json
-
-    path = run_dir / PROVENANCE_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
-
-
-def changes(run_dir: Path) -> list[str]:
+def changes(run: RunDir | Path) -> list[str]:
     """What differs between the code the run was trained with and the code importable now, one
     phrase per class (empty: the same, or a run made before provenance was recorded). A module
     that cannot be imported now is refused with the directory the run imported it from."""
-    saved = read(run_dir)
+    saved = RunDir.of(run).provenance()
     if saved is None:
         return []
     out = []
@@ -207,11 +199,11 @@ def changes(run_dir: Path) -> list[str]:
     return out
 
 
-def restore_config_dirs(run_dir: Path) -> None:
+def restore_config_dirs(run: RunDir | Path) -> None:
     """Add the plugin config directories the run was composed with to this process's search path
     (a resume composes the run again), those that still exist."""
     from posenc.config.searchpath import add_config_dirs
 
-    saved = read(run_dir) or {}
+    saved = RunDir.of(run).provenance() or {}
     dirs = [url.removeprefix("file://") for url in saved.get("config_dirs", []) if url.startswith("file://")]
     add_config_dirs([d for d in dirs if Path(d).is_dir()])

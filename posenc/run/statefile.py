@@ -12,6 +12,9 @@ JSON has no tensors, tuples, non-string dict keys or arrays; they are written as
 state must come back a tuple), ``{"$items": [[key, value], ...]}`` (the optimiser's integer
 parameter ids) and ``{"$ndarray": {...}}`` (numpy's RNG state). Tensors that are the same view of
 one storage (tied weights) are stored once.
+
+A posenc checkpoint is such a state at ``CHECKPOINT_VERSION`` holding ``REQUIRED_KEYS``
+(posenc/train/checkpoint.py writes it); ``read_checkpoint`` refuses anything else in one line.
 """
 
 from __future__ import annotations
@@ -24,12 +27,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 from safetensors import safe_open
 
+from posenc.errors import UserError
+
 if TYPE_CHECKING:
     import torch
 
 FORMAT = "posenc-state"
 TENSOR, TUPLE, ITEMS, NDARRAY = "$tensor", "$tuple", "$items", "$ndarray"
 MARKERS = (TENSOR, TUPLE, ITEMS, NDARRAY)
+CHECKPOINT_VERSION = 2  # 1: a torch.save pickle (checkpoints/*.pt), read only by `posenc convert`
+REQUIRED_KEYS = ("version", "model", "optimizer", "scheduler", "sampler", "rng", "step", "tokens", "config")
 
 
 class Encoder:
@@ -131,3 +138,25 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     from safetensors.torch import load_file
 
     return load_file(str(path))
+
+
+def read_checkpoint(path: Path, tensors: bool = True) -> dict:
+    """A posenc checkpoint file; a missing, corrupt or foreign file (a pickle included) is a
+    UserError saying so. Nothing in the file can run code. tensors=False reads its header alone
+    (step, config, ...; every tensor None)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"no checkpoint at '{path}' — the run saved none yet (see trainer.checkpoint_interval); "
+                        f"start a new run instead")
+    try:
+        state = load_state(path, tensors=tensors)
+    except Exception as e:  # noqa: BLE001 - a pickle, truncated bytes, another safetensors file...
+        raise UserError(f"checkpoint '{path}' is not a posenc checkpoint, or is corrupt ({type(e).__name__}); "
+                        f"posenc reads only its own safetensors checkpoints — point at a run dir made by "
+                        f"`posenc train`, or resume from an earlier copy") from None
+    if not isinstance(state, dict) or any(k not in state for k in REQUIRED_KEYS):
+        raise UserError(f"'{path}' is not a posenc checkpoint — point at a run dir made by `posenc train`")
+    if state["version"] != CHECKPOINT_VERSION:
+        raise UserError(f"checkpoint '{path}' has format v{state['version']}, this posenc reads "
+                        f"v{CHECKPOINT_VERSION} — use the posenc version that wrote it, or start a new run")
+    return state

@@ -19,8 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posenc.run.directory import METRICS_FILE, SUMMARY_FILE, write_json_atomic
+from posenc.run.directory import write_json_atomic
 from posenc.run.metrics import METRICS, STEP, TOKENS, lookup
+from posenc.run.rundir import RunDir
 
 log = logging.getLogger("posenc")
 
@@ -36,10 +37,10 @@ class Tracker:
     """Writes metrics.jsonl / summary.json in ``run_dir`` and mirrors them to W&B if enabled."""
 
     def __init__(self, run_dir: Path, enabled: bool = True) -> None:
-        self.run_dir = Path(run_dir)
+        self.run = RunDir(run_dir)
         self.enabled = enabled
         self.wandb_run = None
-        self._metrics = open(self.run_dir / METRICS_FILE, "a") if enabled else None
+        self._metrics = open(self.run.metrics_file, "a") if enabled else None
 
     def start_wandb(
         self,
@@ -62,7 +63,7 @@ class Tracker:
             log.warning("W&B: no API key found (run `wandb login`); logging offline instead")
             mode = "offline"
         kwargs = dict(project=project, entity=entity, group=group, job_type=job_type, tags=tags or [],
-                      name=name, config=config, dir=str(self.run_dir), id=run_id, resume="allow")
+                      name=name, config=config, dir=str(self.run.path), id=run_id, resume="allow")
         settings = wandb.Settings(silent=True, console="off", x_disable_stats=True, init_timeout=30)
         try:
             self.wandb_run = wandb.init(mode=mode, settings=settings, **kwargs)
@@ -116,7 +117,7 @@ class Tracker:
     def summary(self, summary: dict[str, Any]) -> None:
         if not self.enabled:
             return
-        write_json_atomic(self.run_dir / SUMMARY_FILE, summary)
+        write_json_atomic(self.run.summary_file, summary)
         if self.wandb_run is not None:
             for k, v in summary.items():
                 if _summarised_by_wandb(k, v):

@@ -36,8 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.build import restore_weights
 from posenc.output.commands import command, override
 from posenc.errors import UserError
-from posenc.run.directory import CHECKPOINT_VERSION, METRICS_FILE, checkpoint_path, load_checkpoint
-from posenc.run.statefile import save_state
+from posenc.run.rundir import RunDir
+from posenc.run.statefile import CHECKPOINT_VERSION, save_state
 from posenc.train.progress import to_log_files
 from posenc.train.state import TrainState
 
@@ -76,9 +76,10 @@ def set_rng_state(state: dict) -> None:
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
                     val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf) -> Path:
     """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives."""
-    path = checkpoint_path(run_dir, kind)
+    run = RunDir(run_dir)
+    path = run.checkpoint(kind)
     path.parent.mkdir(exist_ok=True)
-    metrics = Path(run_dir) / METRICS_FILE
+    metrics = run.metrics_file
     saved = {
         "version": CHECKPOINT_VERSION,
         "model": state.model.state_dict(),
@@ -118,7 +119,7 @@ def check_compatible(state: dict, cfg: DictConfig, path: Path) -> None:
 
 def truncate_metrics(run_dir: Path, size: int) -> None:
     """Drop metrics.jsonl rows written after the checkpoint: they will be logged again."""
-    metrics = Path(run_dir) / METRICS_FILE
+    metrics = RunDir(run_dir).metrics_file
     if metrics.exists() and metrics.stat().st_size > size:
         with open(metrics, "r+b") as f:
             f.truncate(size)
@@ -136,8 +137,9 @@ class Resumed:
 def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
     """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
     for an exact resume."""
-    path = checkpoint_path(run_dir)
-    saved = load_checkpoint(path)
+    run = RunDir(run_dir)
+    path = run.checkpoint()
+    saved = run.load_checkpoint("last")
     check_compatible(saved, cfg, path)
     restore_weights(state.model, saved, path)
     state.optimizer.load_state_dict(saved["optimizer"])
@@ -171,9 +173,10 @@ class Checkpoints:
     def finish(self) -> dict:
         """At the end of a completed run: drop the last checkpoint if only the best is kept; return what is
         kept, for summary.json: kind, paths (relative to the run dir), bytes, MB."""
+        run = RunDir(self.run_dir)
         if self.kind == "best":
-            checkpoint_path(self.run_dir).unlink(missing_ok=True)
-        kept = [p for p in (checkpoint_path(self.run_dir, "best"), checkpoint_path(self.run_dir)) if p.is_file()]
+            run.checkpoint().unlink(missing_ok=True)
+        kept = [p for p in (run.checkpoint("best"), run.checkpoint()) if p.is_file()]
         size = sum(p.stat().st_size for p in kept)
         return {"kind": self.kind, "paths": [str(p.relative_to(self.run_dir)) for p in kept],
                 "bytes": size, "mb": round(size / 2**20, 2)}
@@ -183,7 +186,7 @@ def check_finite(loss: torch.Tensor | float, step: int, run_dir: Path) -> float:
     """The step's loss as a float; NaN or inf stops the run, naming the step."""
     value = float(loss)
     if not math.isfinite(value):
-        kept = checkpoint_path(run_dir)
+        kept = RunDir(run_dir).checkpoint()
         where = f"the last good checkpoint is kept in {kept}" if kept.exists() else "no checkpoint was saved yet"
         raise TrainingDiverged(f"loss is {value} at step {step}; {where} — lower trainer.lr or raise "
                                f"trainer.warmup_steps, then start again")
@@ -224,7 +227,7 @@ class GracefulStop:
                                  f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)",
                                  self.received or signal.SIGINT)
         resume = command("posenc train", override("trainer.resume", run_dir))  # the run's overrides are restored
-        message = (f"stopped by {self.name} at step {step}; checkpoint saved in {checkpoint_path(run_dir)} — "
+        message = (f"stopped by {self.name} at step {step}; checkpoint saved in {RunDir(run_dir).checkpoint()} — "
                    f"continue with `{resume}`")
         to_log_files(f"interrupted: {message}")  # train.log says why it ends here (the console gets the error line)
         raise RunInterrupted(message, self.received or signal.SIGINT)

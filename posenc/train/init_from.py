@@ -34,12 +34,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.config import load_run_config, parse_overrides
 from posenc.errors import UserError
-from posenc.run.directory import checkpoint_path, load_checkpoint, refuse_legacy, write_json_atomic
+from posenc.run.directory import write_json_atomic
+from posenc.run.rundir import LAST_CHECKPOINT, RunDir
 
 log = logging.getLogger("posenc")
 
 KEY = "trainer.init_from"
-PARENT_FILE = "parent.json"
 UNSET = (None, False, "", "none", "null", "false")
 #: model keys that do not change what the weights are
 FREE_MODEL_KEYS = ("dropout",)
@@ -58,14 +58,9 @@ def requested(value: Any) -> bool:
 
 def parent_dir(value: Any) -> Path:
     """The parent run dir trainer.init_from names, absolute, checked to hold a checkpoint."""
-    run_dir = Path(str(value)).expanduser()
-    if not run_dir.is_dir():
-        raise UserError(f"{KEY}: run dir '{run_dir}' does not exist — pass the directory of a finished "
-                        f"`posenc train` run (it holds checkpoints/last.safetensors)")
-    if not checkpoint_path(run_dir).is_file():
-        refuse_legacy(run_dir)
-        raise UserError(f"{KEY}: '{run_dir}' has no checkpoints/last.safetensors — start from a run that saved one")
-    return run_dir.resolve()
+    return RunDir(Path(str(value)).expanduser()).require_checkpoint(
+        KEY, f"pass the directory of a finished `posenc train` run (it holds {LAST_CHECKPOINT})",
+        "start from a run that saved one")
 
 
 def parent_config(run_dir: Path) -> DictConfig:
@@ -84,7 +79,7 @@ def parent_shapes(run_dir: Path) -> Shapes:
 def _parent_key(run_dir: Path) -> tuple[str, tuple[int, int]]:
     run_dir = Path(run_dir).resolve()
     try:
-        stat = (run_dir / ".hydra" / "config.yaml").stat()
+        stat = RunDir(run_dir).config_file.stat()
     except OSError:  # no config: load_run_config says what to do, and nothing is cached
         return str(run_dir), (0, 0)
     return str(run_dir), (stat.st_mtime_ns, stat.st_size)
@@ -194,12 +189,8 @@ def check(cfg: DictConfig, encoding: torch.nn.Module | None = None) -> Path | No
 def parent_encoding(run_dir: Path) -> str | None:
     """The encoding a parent was trained with, as its command line chose it: the group choice
     Hydra recorded (.hydra/hydra.yaml), else its config's encoding.name."""
-    hydra_file = run_dir / ".hydra" / "hydra.yaml"
-    if hydra_file.is_file():
-        choice = OmegaConf.select(OmegaConf.load(hydra_file), "hydra.runtime.choices.encoding", default=None)
-        if choice:
-            return str(choice)
-    return OmegaConf.select(parent_config(run_dir), "encoding.name", default=None)
+    choice = RunDir(run_dir).choices().get("encoding")
+    return str(choice) if choice else OmegaConf.select(parent_config(run_dir), "encoding.name", default=None)
 
 
 def parent_overrides(overrides: list[str]) -> list[str]:
@@ -233,12 +224,13 @@ def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, wr
     parent = check(cfg, getattr(model, "encoding", None))
     if parent is None:
         return {}
-    state = load_checkpoint(parent)
-    restore_weights(model, state, checkpoint_path(parent))  # weights only: no optimiser, step or RNG
+    parent_run = RunDir(parent)
+    state = parent_run.load_checkpoint()
+    restore_weights(model, state, parent_run.checkpoint_to_load())  # weights only: no optimiser, step or RNG
     config = state["config"]
     record = {"path": str(parent), "step": state["step"], "tokens": state["tokens"],
               "seq_len": config["trainer"]["seq_len"], "encoding": config["encoding"].get("name")}
     if write:
-        write_json_atomic(Path(run_dir) / PARENT_FILE, {**record, "val": state.get("val"), "config": config})
+        write_json_atomic(RunDir(run_dir).parent_file, {**record, "val": state.get("val"), "config": config})
     log.info("initialised from %s (step %d, trained at seq_len %d)", parent, state["step"], record["seq_len"])
     return {"parent": record}

@@ -22,7 +22,8 @@ from posenc.config import validate as validate_config
 from posenc.eval import final
 from posenc.eval.loss import validator
 from posenc.hardware import machine_load, peak_flops, setup_device
-from posenc.run.directory import METRICS_FILE, plain_numbers, read_jsonl, wandb_group
+from posenc.run.directory import plain_numbers, wandb_group
+from posenc.run.rundir import RunDir
 from posenc.run.tracking import Tracker
 from posenc.train import distributed, init_from
 from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
@@ -90,7 +91,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             **evaluated,
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
-            summary.update(M.convergence_metrics(read_jsonl(run_dir / METRICS_FILE), t.get("convergence_targets")))
+            summary.update(M.convergence_metrics(RunDir(run_dir).metrics(), t.get("convergence_targets")))
         tracker.summary(summary)
         exit_code = 0
         return summary
@@ -145,7 +146,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     Returns the last validation metrics and the seconds of training (a resumed run included)."""
     t = cfg.trainer
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
-    loop_start = rate.start - (M.elapsed_before(read_jsonl(run_dir / METRICS_FILE), state.step)
+    loop_start = rate.start - (M.elapsed_before(RunDir(run_dir).metrics(), state.step)
                                if state.step and tracker.enabled else 0.0)
     if t.max_steps == 0 and distributed.is_main():  # nothing to train: evaluate and save the model as it starts
         val = evaluate()

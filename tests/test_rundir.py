@@ -1,0 +1,56 @@
+"""One RunDir owns a run directory's layout (posenc/run/rundir.py): no other module of posenc spells
+a run directory's file names, so a file moved or renamed is changed in one place, and a command
+reads each file of a run once."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import posenc
+from posenc.run import rundir
+
+PACKAGE = Path(posenc.__file__).parent
+OWNER = Path(rundir.__file__)
+#: names that appear only inside run directories: spelled anywhere in a string, they name a run's file
+FILE_NAMES = (rundir.HYDRA_DIR, rundir.CONFIG_FILE, rundir.OVERRIDES_FILE, rundir.HYDRA_FILE, rundir.METRICS_FILE,
+              rundir.SUMMARY_FILE, rundir.PROVENANCE_FILE, rundir.PARENT_FILE, rundir.PROBES_FILE,
+              rundir.MULTIRUN_FILE, rundir.SWEEP_FILE, rundir.eval_file_name(), f"{rundir.CHECKPOINTS_DIR}/",
+              f"last{rundir.CHECKPOINT_SUFFIX}", f"best{rundir.CHECKPOINT_SUFFIX}",
+              f"last{rundir.LEGACY_SUFFIX}", f"best{rundir.LEGACY_SUFFIX}")
+#: plain words that name a run's folder or file stem only when a string is the word itself, or a file
+#: named after it ("probes" alone, "per_position_eval"), not a sentence or a W&B key ("per_position/loss")
+STEMS = (rundir.CHECKPOINTS_DIR, rundir.PROBES_DIR, rundir.PER_POSITION_STEM)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    """The string expressions that document (a module's, class's or function's docstring, a
+    constant's string below it): prose may name files, code may not."""
+    return {id(node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+
+
+def _spells_a_run_file(text: str) -> bool:
+    return any(name in text for name in FILE_NAMES) or \
+        any(text == stem or text.startswith((f"{stem}_", f"{stem}.")) for stem in STEMS)
+
+
+def run_file_names_in(path: Path) -> list[tuple[int, str]]:
+    """(line, string) of each string in path's code (f-strings' literal parts included) that spells
+    one of a run directory's file names."""
+    tree = ast.parse(path.read_text())
+    prose = _docstrings(tree)
+    return [(node.lineno, node.value) for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose
+            and _spells_a_run_file(node.value)]
+
+
+def test_only_rundir_spells_a_run_directorys_file_names():
+    found = {str(path.relative_to(PACKAGE)): hits for path in sorted(PACKAGE.rglob("*.py"))
+             if path != OWNER and (hits := run_file_names_in(path))}
+    assert found == {}, f"take these paths from RunDir (posenc/run/rundir.py): {found}"
+    # the scan sees what it looks for: it finds each of the owner's own names where it is defined
+    defined = {rundir.HYDRA_DIR, rundir.CONFIG_FILE, rundir.OVERRIDES_FILE, rundir.HYDRA_FILE, rundir.METRICS_FILE,
+               rundir.SUMMARY_FILE, rundir.PROVENANCE_FILE, rundir.PARENT_FILE, rundir.PROBES_FILE,
+               rundir.MULTIRUN_FILE, rundir.SWEEP_FILE, *STEMS}
+    assert defined <= {text for _, text in run_file_names_in(OWNER)}
