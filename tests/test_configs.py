@@ -5,6 +5,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_MODULE, apply_choice_schemas, group_options
+from posenc.run.rundir import load_run_config
 
 GROUPS = ["encoding", "model", "recipe", "dataset", "tokenizer", "trainer", "logger"]
 
@@ -69,5 +70,5 @@ def test_a_run_dir_from_before_an_eval_key_existed_reads_todays_default(tmp_path
     del saved.eval["batch_tokens"], saved.eval["packing"]
     (tmp_path / ".hydra").mkdir()
     OmegaConf.save(saved, tmp_path / ".hydra" / "config.yaml")
-    cfg = posenc_config.load_run_config(tmp_path, [])
+    cfg = load_run_config(tmp_path, [])
     assert cfg.eval.tokens == 4096 and cfg.eval.batch_tokens == 16384 and cfg.eval.packing is None

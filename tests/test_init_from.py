@@ -17,7 +17,7 @@ import yaml
 
 from conftest import TINY, run_cli, run_dirs
 from posenc.build import build_data, build_model
-from posenc.config import load_run_config
+from posenc.run.rundir import load_run_config
 from posenc.data.windows import RandomWindows
 from posenc.run.directory import read_jsonl
 from posenc.run.rundir import load_checkpoint

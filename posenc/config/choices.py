@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 import inspect
 import typing
 from dataclasses import field
@@ -13,6 +14,8 @@ from typing import Any
 
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
+
+from posenc.errors import UserError
 
 #: groups whose keys are the constructor arguments of the class ``_target_`` names
 CHOICE_GROUPS = ("encoding", "dataset", "tokenizer")
@@ -33,8 +36,6 @@ def choice_schema(target: str) -> type | None:
     """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
     (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
     ``**kwargs`` gets no schema (None): any key is valid for it."""
-    from posenc.run.provenance import import_module_of
-
     import_module_of(target)  # a plugin module that cannot be imported: one line saying how to fix it
     cls = get_class(target)
     signature = inspect.signature(cls.__init__)
@@ -86,3 +87,28 @@ def _plain_keys(node: DictConfig) -> list:
     """The keys holding a value of their own: not an interpolation (kept as written, resolved
     where it is used) and not MISSING."""
     return [k for k in node if not OmegaConf.is_interpolation(node, k) and not OmegaConf.is_missing(node, k)]
+
+
+def import_module_of(target: str):
+    """The module of ``a.b.Class``, imported; an ImportError as one line naming the module and how
+    to make it importable."""
+    module_name = target.rpartition(".")[0]
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as e:
+        raise unimportable(target, e) from e
+
+
+def unimportable(target: str, error: BaseException, import_root: str | None = None) -> UserError:
+    """The one line for a ``_target_`` whose module cannot be imported. import_root: the directory
+    the run imported it from (provenance.json), when known."""
+    module = target.rpartition(".")[0]
+    cause = error.__cause__ if isinstance(error.__cause__, ImportError) else error
+    missing = getattr(cause, "name", None)
+    if missing and not module.startswith(missing) and missing != module:  # the module imports something absent
+        return UserError(f"cannot import {module} (for {target}): it imports '{missing}', which is not installed — "
+                         f"pip install it in this environment")
+    where = f"PYTHONPATH={import_root} (where the run imported it from)" if import_root else \
+        "PYTHONPATH=<the directory holding it>"
+    return UserError(f"cannot import module '{module}' (encoding._target_ {target}) — make it importable: "
+                     f"{where}, or pip install -e <its project>")

@@ -1,6 +1,6 @@
 """Reading a config outside a Hydra run: ``compose`` (what every command but `posenc train`
-composes through) and ``load_run_config`` (a run directory's saved config, read by its RunDir,
-typed, with overrides)."""
+composes through) and ``typed_run_config`` (a run directory's saved config, as its RunDir read
+it, typed, with overrides)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,6 @@ from posenc.config.overrides import parse_overrides
 from posenc.config.schema import PosencConfig
 from posenc.config.searchpath import CONFIG_MODULE, CONFIG_PATH, with_plugin_sources
 from posenc.errors import UserError
-from posenc.run.rundir import RunDir
 
 #: composed configs by (overrides, bench, plugin stamp): composing reads ~16 YAML files through
 #: Hydra (~0.3 s); `posenc check`, `bench` and `benchmark` compose the same overrides again and again
@@ -95,10 +94,10 @@ def version_base() -> dict[str, str]:
     return {"version_base": "1.3"} if (major, minor) < (1, 4) else {}
 
 
-def load_run_config(run: RunDir | Path, overrides: list[str]) -> DictConfig:
-    """The run's config (read by its RunDir, once), typed by the schema, with Hydra-syntax overrides
-    of existing keys (``+key=value`` adds one)."""
-    saved = copy.deepcopy(RunDir.of(run).saved_config())  # the RunDir's copy is shared: read-only
+def typed_run_config(saved: DictConfig, overrides: list[str]) -> DictConfig:
+    """A run's saved config (.hydra/config.yaml, read by its RunDir: posenc.run.rundir.load_run_config)
+    typed by the schema, with Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
+    saved = copy.deepcopy(saved)  # the RunDir's copy is shared: read-only
     OmegaConf.set_readonly(saved, False)
     if "layout" not in saved:  # runs made before layouts: every layer global
         saved["layout"] = OmegaConf.load(files(CONFIG_MODULE).joinpath("layout", "uniform.yaml").open())

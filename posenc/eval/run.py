@@ -14,10 +14,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from posenc.config import load_run_config
-from posenc.errors import UserError
 from posenc.output.terminal import make_console
 from posenc.run.directory import write_json_atomic
+from posenc.run.rundir import load_run_config
 from posenc.run.rundir import RunDir, eval_file_name
 
 console = make_console()  # the `posenc eval` command's output, for people

@@ -18,7 +18,6 @@ is gone) when the code differs now; a resume refuses (one ``error:`` line) unles
 from __future__ import annotations
 
 import hashlib
-import importlib
 import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from posenc.config.choices import import_module_of, unimportable
 from posenc.config.searchpath import plugin_sources
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
@@ -60,31 +60,6 @@ def encoding_targets(cfg: DictConfig) -> list[str]:
     walk(cfg.get("encoding"))
     walk(OmegaConf.select(cfg, "layout.kinds", default=None))
     return list(dict.fromkeys(found))
-
-
-def import_module_of(target: str):
-    """The module of ``a.b.Class``, imported; an ImportError as one line naming the module and how
-    to make it importable."""
-    module_name = target.rpartition(".")[0]
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as e:
-        raise unimportable(target, e) from e
-
-
-def unimportable(target: str, error: BaseException, import_root: str | None = None) -> UserError:
-    """The one line for a ``_target_`` whose module cannot be imported. import_root: the directory
-    the run imported it from (provenance.json), when known."""
-    module = target.rpartition(".")[0]
-    cause = error.__cause__ if isinstance(error.__cause__, ImportError) else error
-    missing = getattr(cause, "name", None)
-    if missing and not module.startswith(missing) and missing != module:  # the module imports something absent
-        return UserError(f"cannot import {module} (for {target}): it imports '{missing}', which is not installed — "
-                         f"pip install it in this environment")
-    where = f"PYTHONPATH={import_root} (where the run imported it from)" if import_root else \
-        "PYTHONPATH=<the directory holding it>"
-    return UserError(f"cannot import module '{module}' (encoding._target_ {target}) — make it importable: "
-                     f"{where}, or pip install -e <its project>")
 
 
 def _source_files(module) -> tuple[Path | None, list[Path]]:

@@ -34,6 +34,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.config.load import typed_run_config
 from posenc.errors import UserError
 from posenc.output.commands import shell_word
 from posenc.run.directory import read_jsonl
@@ -120,7 +121,7 @@ class RunDir:
         return self._read[key]
 
     def saved_config(self) -> DictConfig:
-        """.hydra/config.yaml as the run saved it (untyped: posenc.config.load_run_config types it),
+        """.hydra/config.yaml as the run saved it (untyped: load_run_config below types it),
         read once and shared, so read-only."""
         saved = self._once(self.config_file, OmegaConf.create)
         if saved is None:
@@ -285,3 +286,8 @@ def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:
         RunDir(path.parent.parent).refuse_legacy()
     return read_checkpoint(path, tensors)
 
+
+def load_run_config(run: RunDir | Path, overrides: list[str]) -> DictConfig:
+    """A run's config: .hydra/config.yaml read once by its RunDir, typed by the schema, with
+    Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
+    return typed_run_config(RunDir.of(run).saved_config(), overrides)

@@ -32,10 +32,10 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.config import load_run_config, parse_overrides
+from posenc.config import parse_overrides
 from posenc.errors import UserError
 from posenc.run.directory import write_json_atomic
-from posenc.run.rundir import LAST_CHECKPOINT, RunDir
+from posenc.run.rundir import LAST_CHECKPOINT, RunDir, load_run_config
 
 log = logging.getLogger("posenc")
 
