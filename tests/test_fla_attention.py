@@ -26,7 +26,8 @@ from fla_reference import fla_naive
 from posenc import errors
 from posenc.build import build_encoding
 from posenc.config import compose
-from posenc.nn import attention, fla_attention
+from posenc.nn import attention
+from posenc.nn.encodings import fla_attention
 from posenc.nn.encodings.base import Context
 from posenc.nn.mask import AttentionMask, Window
 

@@ -22,7 +22,8 @@ from torch import Tensor, nn
 from posenc.data.batches import Batch
 from posenc.errors import warn_once
 from posenc.hardware import use_compile
-from posenc.nn import fla_attention, flex_kernels
+from posenc.nn import flex_kernels
+from posenc.nn.encodings import fla_attention
 from posenc.train import distributed
 
 #: attempts of one step: each failed compilation moves one kernel down a finite ladder (or the model
@@ -173,7 +174,7 @@ def recover(state: TrainState, error: Exception) -> bool:
 
     - dynamo's recompile limit reached: raised (flex_kernels.raise_recompile_limit);
     - flash-linear-attention refused inside an attention kernel's backward: its kernels are not used
-      again, the layers compute from their encodings' hooks (posenc/nn/fla_attention.py);
+      again, the layers compute from their encodings' hooks (posenc/nn/encodings/fla_attention.py);
     - a FlexAttention kernel failed to compile: each layer kind this step planned with one steps
       down its ladder of kernel configurations, to the dense path at the end (posenc/nn/flex_kernels.py);
     - any other compilation of a compiled model failed (inductor lowering, Triton): the model runs

@@ -21,7 +21,7 @@ s_ij cannot be written as a map of q and k alone, so PaTH is the contract's ``qk
 attention writes the logits out, computed by the paper's chunked UT algorithm
 (posenc/nn/encodings/householder.py) a block of queries at a time, O(T·(C + d)) beside the
 scores; on CUDA, with flash-linear-attention installed, its fused PaTH kernel computes the whole
-layer instead (``fused_attention``, posenc/nn/fla_attention.py). Under documents packing a visible
+layer instead (``fused_attention``, posenc/nn/encodings/fla_attention.py). Under documents packing a visible
 pair never spans a boundary, so its product holds only its own document's transforms; the short
 convolution does not reach across one either (fla resets it at each ``cu_seqlens`` boundary). It
 wraps an encoding (``encoding.inner``, NoPE by default as in the paper) whose ``transform_qk`` runs
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn import fla_attention
+from posenc.nn.encodings import fla_attention
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding, ScoreRows
 from posenc.nn.encodings.householder import PathScores
 from posenc.nn.encodings.mechanism import Mechanism

@@ -20,7 +20,7 @@ takes nothing and leaves the stick whole, so every mask is respected by construc
 
 This is the contract's ``normalise`` hook: attention writes the logits out (dense on CPU, in
 query chunks for long sequences). On CUDA flash-linear-attention's stick-breaking kernel computes
-the whole layer (``fused_attention``, posenc/nn/fla_attention.py: its output plus its remainder on
+the whole layer (``fused_attention``, posenc/nn/encodings/fla_attention.py: its output plus its remainder on
 the query's value); without fla, or under a sliding window it does not take, attention falls back to
 the explicit path with one warning (FlexAttention computes a softmax). No parameters of its own.
 """
@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import fla_attention
+from posenc.nn.encodings import fla_attention
 from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
