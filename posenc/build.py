@@ -23,7 +23,7 @@ from posenc.data.packing import TokenData, load_tokens
 from posenc.data.synthetic import SyntheticTask
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionalEncoding, PositionOutOfRange
-from posenc.nn.layout import LayerLayout, LayeredEncoding, layer_kinds
+from posenc.nn.layout import LayeredEncoding, LayerLayout, layer_kinds
 from posenc.nn.mask import Window
 from posenc.nn.model import GPT
 

@@ -16,7 +16,7 @@ from typing import NamedTuple
 import torch
 
 from posenc.errors import UserError
-from posenc.run.metrics import MACHINE_CPUS, MACHINE_LOAD
+from posenc.record.metrics import MACHINE_CPUS, MACHINE_LOAD
 
 #: dense bf16 peak FLOP/s by device name fragment (vendor datasheets, SXM parts)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "4090": 165e12}

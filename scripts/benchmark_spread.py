@@ -24,9 +24,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from posenc.benchmark.protocol import load_protocol
+from posenc.leaderboard.protocol import load_protocol
 from posenc.report.stats import scale_of
-from posenc.run.rundir import RunDir
+from posenc.record.rundir import RunDir
 
 Z_999 = 3.29  # the normal quantile of a two-sided 99.9% band: a correct re-run fails 1 metric in 1,000
 
@@ -74,7 +74,7 @@ def run_setting(name: str, arm, encoding: str, seeds: tuple[int, ...], out: Path
 
 def shipped_row(protocol, encoding: str) -> dict[str, list] | None:
     """The shipped baselines' values of the encoding (metric -> per seed), where there are any."""
-    from posenc.benchmark.data import baselines_path, load_baselines
+    from posenc.leaderboard.data import baselines_path, load_baselines
 
     if not baselines_path(protocol).is_file():
         return None

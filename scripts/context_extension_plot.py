@@ -17,10 +17,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from posenc.output.figures import pyplot, save_figure
+from posenc.display.figures import pyplot, save_figure
 
 plt = pyplot()
-from posenc.run.metrics import TASK_ACCURACY  # noqa: E402
+from posenc.record.metrics import TASK_ACCURACY  # noqa: E402
 from posenc.report.plots_length import length_stats  # noqa: E402
 from posenc.report.runs import Group, find_runs, group_runs  # noqa: E402
 from posenc.report.stats import Stat, aggregate  # noqa: E402

@@ -15,10 +15,10 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from posenc.run.metrics import EXTRAPOLATION_PPL
+from posenc.record.metrics import EXTRAPOLATION_PPL
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import format_stat
-from posenc.run.rundir import RunDir
+from posenc.record.rundir import RunDir
 
 
 def scored(run: RunDir) -> list[tuple[str, str, str, dict]]:

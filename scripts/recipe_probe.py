@@ -51,7 +51,7 @@ def pair_amplitude(rotary: dict) -> np.ndarray:
 
 
 def main(sweeps: list[Path], recipes: list[str], out: Path, windows: int, encoding: str) -> None:
-    from posenc.output.figures import pyplot, save_figure
+    from posenc.display.figures import pyplot, save_figure
 
     plt = pyplot()
 

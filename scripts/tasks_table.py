@@ -13,9 +13,9 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from posenc.run.metrics import TASK_ACCURACY
+from posenc.record.metrics import TASK_ACCURACY
 from posenc.report.stats import aggregate, scale_of
-from posenc.run.rundir import SUMMARY_FILE, RunDir
+from posenc.record.rundir import SUMMARY_FILE, RunDir
 
 
 def collect(sweep: Path, task: str | None) -> tuple[str, dict[str, dict[int, list]]]:

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import TINY, run_cli
 from rich.console import Console
 
-from conftest import TINY, run_cli
 from posenc.bench.run import bench
 from posenc.bench.timing import build_subject, run_steps
 from posenc.build import build_data
@@ -19,7 +19,7 @@ from posenc.cli.bench import run_bench, split_json_flag
 from posenc.config import compose
 from posenc.data.windows import RandomWindows
 from posenc.errors import UserError
-from posenc.run.rundir import load_checkpoint
+from posenc.record.rundir import load_checkpoint
 from posenc.train.loop import train
 
 BENCH = [*TINY, "model.flavor=gpt2", "bench.steps=1", "bench.rounds=1", "bench.warmup=1"]  # gpt2: the FLOPs formula below
@@ -181,7 +181,7 @@ def test_rounds_alternate_with_the_baselines_so_a_machine_busier_later_does_not_
 
 def test_a_loaded_machine_is_named_in_one_warning(monkeypatch):
     from posenc.bench import run as bench_run
-    from posenc.run.metrics import MACHINE_CPUS, MACHINE_LOAD
+    from posenc.record.metrics import MACHINE_CPUS, MACHINE_LOAD
 
     monkeypatch.setattr(bench_run, "machine_load", lambda: {MACHINE_LOAD.name: 9.5, MACHINE_CPUS.name: 2})
     err = io.StringIO()

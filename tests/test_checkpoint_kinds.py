@@ -9,14 +9,14 @@ import signal
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, interrupt_training, run_cli, run_dirs
+
 from posenc.cli.launch import prepare
 from posenc.config import compose, validate
 from posenc.errors import UserError
 from posenc.eval.run import load_trained
-from posenc.run.directory import read_jsonl
-from posenc.run.rundir import load_checkpoint
+from posenc.record.directory import read_jsonl
+from posenc.record.rundir import load_checkpoint
 
 
 def test_last_keeps_the_last_checkpoint_and_the_summary_records_its_size(workdir: Path) -> None:

@@ -9,12 +9,13 @@ import os
 from pathlib import Path
 
 from conftest import TEST_CACHE, TINY, cli_env, run_cli, run_dirs
+
 from posenc.cli.catalogue import yaml_value
 from posenc.config import encoding_catalogue
 from posenc.data.corpora import TextFiles
 from posenc.data.packing import cache_root
 from posenc.eval.run import output_name
-from posenc.run.directory import plain_number
+from posenc.record.directory import plain_number
 
 
 def test_a_piped_encodings_list_shows_every_option_whole(tmp_path: Path):

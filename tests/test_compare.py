@@ -10,17 +10,22 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
-
-from posenc.run.metrics import convergence_metrics, elapsed_before, loss_auc, val_curve
-from posenc.errors import UserError
-from posenc.report.plots_length import extrapolation_groups, length_stats
-from posenc.report.compare import build_comparison
-from posenc.report.runs import find_runs
 from conftest import run_cli
+
+from posenc.errors import UserError
+from posenc.record.metrics import (
+    convergence_metrics,
+    elapsed_before,
+    loss_auc,
+    val_curve,
+)
+from posenc.report.compare import build_comparison
+from posenc.report.plots_length import extrapolation_groups, length_stats
+from posenc.report.runs import find_runs
 
 
 def convergence(rows: list[dict], target: float) -> dict:
-    """The convergence entries of a summary, computed with numpy rather than posenc.run.metrics (the
+    """The convergence entries of a summary, computed with numpy rather than posenc.record.metrics (the
     code under test): the token-weighted mean val/loss (np.trapezoid over tokens / the span), and
     where a decreasing curve reaches target (np.interp between the evaluations around it)."""
     tokens = np.array([r["tokens"] for r in rows], dtype=float)

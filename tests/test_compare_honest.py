@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 from matplotlib.collections import PolyCollection
-
-from posenc.report.compare import compare
-from posenc.run.metrics import TOKENS_PER_S
-from posenc.report.stats import aggregate, scale_of
-from posenc.report.tables import format_stat
 from test_compare import make_run, ppl_at
 from test_compare_verdicts import posenc
 from test_plots import SHAPE, figures  # noqa: F401  (a fixture)
+
+from posenc.record.metrics import TOKENS_PER_S
+from posenc.report.compare import compare
+from posenc.report.stats import aggregate, scale_of
+from posenc.report.tables import format_stat
 
 SKEWED = {"100": [9.79, 12.09], "10000": [8.5, 8.9]}  # RoPE bases, perplexity of seeds 0 and 1 (issue 26)
 
@@ -235,7 +235,7 @@ def test_an_interval_wider_than_its_mean_is_no_number_and_the_seeds_are_shown_in
 def test_the_summary_flag_of_a_target_passed_before_the_first_evaluation_is_what_compare_reads(tmp_path: Path):
     """summary.json says a tokens-to-target count is only a bound (convergence/before_first_eval_loss@x):
     compare treats it as censored even where the run's metrics.jsonl is gone."""
-    from posenc.run.metrics import Target, convergence_metrics
+    from posenc.record.metrics import Target, convergence_metrics
     from posenc.report.compare import at_first_eval
     from posenc.report.runs import find_runs
 

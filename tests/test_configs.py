@@ -5,7 +5,7 @@ from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
 from posenc.config import CONFIG_MODULE, apply_choice_schemas, group_options
-from posenc.run.rundir import load_run_config
+from posenc.record.rundir import load_run_config
 
 GROUPS = ["encoding", "model", "recipe", "dataset", "tokenizer", "trainer", "logger"]
 

@@ -10,9 +10,9 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import TINY, cli_env, run_dirs
 from typer.testing import CliRunner
 
-from conftest import TINY, cli_env, run_dirs
 from posenc.cli.app import app
 
 
@@ -41,7 +41,7 @@ def _config_loader_class() -> type:
 def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     import posenc.build
     import posenc.config
-    import posenc.run.statefile
+    import posenc.record.statefile
     import posenc.train.loop
 
     for key, value in cli_env().items():
@@ -50,7 +50,7 @@ def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     _counting(monkeypatch, counts, "compose", _config_loader_class(), "load_configuration")
     _counting(monkeypatch, counts, "validate", posenc.config, "validate")
     _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
-    _counting(monkeypatch, counts, "tensor reads", posenc.run.statefile, "read_tensors")
+    _counting(monkeypatch, counts, "tensor reads", posenc.record.statefile, "read_tensors")
     _counting(monkeypatch, counts, "encoding builds", posenc.build, "build_encoding")
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
@@ -77,7 +77,7 @@ def test_eval_reads_each_file_of_the_run_once(workdir: Path, monkeypatch: pytest
     """One RunDir serves the whole command: .hydra/config.yaml is read once (the checkpoint to load
     and the typed config both ask for it), and so is every other file of the run; the checkpoint's
     header and tensors once each."""
-    import posenc.run.statefile
+    import posenc.record.statefile
 
     _train([*TINY, "trainer.max_steps=2"], monkeypatch)
     [run_dir] = run_dirs(workdir)
@@ -93,8 +93,8 @@ def test_eval_reads_each_file_of_the_run_once(workdir: Path, monkeypatch: pytest
     monkeypatch.setattr(io, "open", counted_open)  # pathlib's open, OmegaConf.load
     monkeypatch.setattr(builtins, "open", counted_open)  # open() itself
     counts: Counter = Counter()
-    _counting(monkeypatch, counts, "checkpoint headers", posenc.run.statefile, "safe_open")
-    _counting(monkeypatch, counts, "checkpoint tensors", posenc.run.statefile, "read_tensors")
+    _counting(monkeypatch, counts, "checkpoint headers", posenc.record.statefile, "safe_open")
+    _counting(monkeypatch, counts, "checkpoint tensors", posenc.record.statefile, "read_tensors")
     result = CliRunner().invoke(app, ["eval", str(run_dir), "eval.lengths=[1]"])
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
     assert reads[".hydra/config.yaml"] == 1

@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import TINY, cli_env, run_cli, run_dirs
 
 
@@ -188,11 +187,10 @@ def test_debug_shows_the_traceback(workdir: Path) -> None:
 
 def test_load_checkpoint_refuses_foreign_files(tmp_path: Path) -> None:
     import torch
-
-    from posenc.run.rundir import load_checkpoint
-    from posenc.errors import UserError
-
     from safetensors.torch import save_file
+
+    from posenc.errors import UserError
+    from posenc.record.rundir import load_checkpoint
 
     save_file({"weights": torch.zeros(2)}, tmp_path / "other.safetensors")  # someone else's safetensors
     torch.save({"weights": torch.zeros(2)}, tmp_path / "other.pt")  # a pickle, whatever its name

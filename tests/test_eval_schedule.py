@@ -4,7 +4,7 @@ validation curve (and tokens-to-loss read from it) has more points where the los
 from __future__ import annotations
 
 from posenc.config import compose
-from posenc.train.eval_schedule import eval_schedule
+from posenc.train.loop import eval_schedule
 
 
 def test_the_default_schedule_evaluates_four_times_per_interval_early_then_every_interval():

@@ -85,7 +85,10 @@ def test_imports_point_down_the_layers_and_never_in_a_circle(capsys) -> None:
     """pyproject's [tool.importlinter] contracts (docs/architecture.md, "Layers"): commands above the
     leaderboard, the checks and the bench, training, evaluation, reports, run directories, config,
     the model and the data; no package or module imports one that imports it back."""
-    from importlinter.cli import EXIT_STATUS_SUCCESS, lint_imports  # configures import-linter on import
+    from importlinter.cli import (  # configures import-linter on import
+        EXIT_STATUS_SUCCESS,
+        lint_imports,
+    )
 
     status = lint_imports(config_filename=str(PACKAGE.parent / "pyproject.toml"), no_cache=True, no_logo=True)
     assert status == EXIT_STATUS_SUCCESS, capsys.readouterr().out[-3000:]
@@ -97,4 +100,4 @@ def test_the_import_graph_sees_imports_inside_functions() -> None:
     import grimp
 
     graph = grimp.build_graph("posenc", exclude_type_checking_imports=True)
-    assert "posenc.cli.benchmark_command" in graph.find_modules_directly_imported_by("posenc.cli.benchmark")
+    assert "posenc.cli.leaderboard_command" in graph.find_modules_directly_imported_by("posenc.cli.leaderboard")

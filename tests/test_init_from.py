@@ -14,13 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-
 from conftest import TINY, run_cli, run_dirs
+
 from posenc.build import build_data, build_model
-from posenc.run.rundir import load_run_config
 from posenc.data.windows import RandomWindows
-from posenc.run.directory import read_jsonl
-from posenc.run.rundir import load_checkpoint
+from posenc.record.directory import read_jsonl
+from posenc.record.rundir import load_checkpoint, load_run_config
 
 PARENT_STEPS = 40
 
@@ -173,12 +172,12 @@ def test_an_init_from_run_reads_its_parent_once_and_builds_its_encoding_at_most_
     compare parameter shapes); the child's shapes come from the encoding training builds anyway."""
     import shutil
 
+    from conftest import cli_env
     from typer.testing import CliRunner
 
     import posenc.build
-    from posenc.train import init_from
-    from conftest import cli_env
     from posenc.cli.app import app
+    from posenc.train import init_from
 
     fresh = tmp_path / "parent"  # a path this process has never read (the module's parent may have been)
     shutil.copytree(parent, fresh)

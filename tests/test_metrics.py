@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from posenc.run import metrics as M
-from posenc.run.tracking import Tracker
+from posenc.record import metrics as M
+from posenc.record.tracking import Tracker
 
 #: the names the README promises in metrics.jsonl / summary.json / W&B, and which way is better
 EXPECTED = {

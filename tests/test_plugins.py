@@ -1,7 +1,7 @@
 """An encoding kept outside posenc (a package made here, in a temp dir, put on PYTHONPATH) goes
 through every command by one mechanism, the config search path (posenc/config/searchpath.py):
 `--config-dir` on any command, POSENC_CONFIG_PATH, or a `posenc.plugins` entry point. A run
-records where its encoding's code came from (posenc/run/provenance.py), and what posenc draws and
+records where its encoding's code came from (posenc/record/provenance.py), and what posenc draws and
 probes comes from the hooks an encoding offers, not from its name."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import TINY, cli_env, run_cli, run_dirs
 from typer.testing import CliRunner
 
-from conftest import TINY, cli_env, run_cli, run_dirs
-from posenc.errors import UserError
 from posenc.config.searchpath import ENV_VAR
+from posenc.errors import UserError
 
 ENCODINGS_PY = '''\
 """Two encodings a researcher keeps in their own package."""
@@ -348,7 +348,7 @@ def test_an_unimportable_target_is_one_line_naming_the_module_and_pythonpath(plu
 
 
 def test_a_run_whose_module_is_gone_says_where_it_imported_it_from(trained, plugin, monkeypatch):
-    from posenc.run import provenance
+    from posenc.record import provenance
 
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p != str(plugin[0])])
     for name in [m for m in sys.modules if m == "myplug" or m.startswith("myplug.")]:
@@ -358,9 +358,9 @@ def test_a_run_whose_module_is_gone_says_where_it_imported_it_from(trained, plug
 
 
 def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, capsys):
-    from posenc.run import provenance
     from posenc.cli.launch import prepare
     from posenc.eval.run import warn_code_changes
+    from posenc.record import provenance
 
     source = plugin[0] / "myplug" / "encodings.py"
     original = source.read_text()
@@ -387,7 +387,7 @@ def test_provenance_is_the_code_the_encoding_imports_and_names_each_changed_file
     nothing; a helper module it imports does, and the warning names that file (not encodings.py)."""
     from omegaconf import OmegaConf
 
-    from posenc.run import provenance
+    from posenc.record import provenance
 
     provenance.write(trained, OmegaConf.load(trained / ".hydra" / "config.yaml"))  # the code as it is now
     package = plugin[0] / "myplug"
@@ -411,7 +411,7 @@ def test_provenance_is_the_code_the_encoding_imports_and_names_each_changed_file
 def test_the_files_an_import_runs_are_read_from_the_source(tmp_path):
     """Relative and absolute imports, at the top or inside a function, transitively within the
     top-level package; nothing outside it; empty files left out."""
-    from posenc.run.imports import package_sources
+    from posenc.record.imports import package_sources
 
     files = {"pkg/__init__.py": "", "pkg/sub/__init__.py": "from .deep import g\n", "pkg/sub/deep.py": "g = 1\n",
              "pkg/enc.py": "import torch\nfrom .helpers import f\n\ndef later():\n    import pkg.sub.mod\n",

@@ -6,10 +6,10 @@ import io
 import re
 from pathlib import Path
 
+from conftest import TINY, run_cli, run_dirs
 from rich.console import Console
 
-from conftest import TINY, run_cli, run_dirs
-from posenc.run.metrics import convergence_metrics
+from posenc.record.metrics import convergence_metrics
 from posenc.report.console import print_summary
 from posenc.train.progress import TrainProgress, eval_line, step_line
 
@@ -84,7 +84,7 @@ def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_
 def test_a_task_run_leaves_out_the_language_modelling_targets_it_was_not_given(capsys):
     """The default targets (val/loss 2.5 … 1.75 nats) are losses of the byte corpus: on a task's
     answer-only loss they cannot apply, and a task run's table leaves them out (issue 47)."""
-    from posenc.run.metrics import DEFAULT_TARGETS
+    from posenc.record.metrics import DEFAULT_TARGETS
 
     rows = [{"step": 13, "tokens": 6656, "val/loss": 2.6}, {"step": 26, "tokens": 13312, "val/loss": 0.4}]
     task = {"task": "flip_flop", "lengths": [{"length": 32, "multiple": 1.0, "accuracy": 1.0, "low": 0.99,

@@ -29,7 +29,7 @@ from posenc.nn.recurrence import (
     recurrent_gated_delta_rule,
     recurrent_gla,
 )
-from posenc.run.statefile import load_state, save_state
+from posenc.record.statefile import load_state, save_state
 
 B, H, T, DK, DV = 2, 2, 45, 8, 6
 V = 64

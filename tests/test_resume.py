@@ -8,16 +8,15 @@ from __future__ import annotations
 import shlex
 import shutil
 import signal
-
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
-
 from conftest import TINY, interrupt_training, run_cli, run_dirs
-from posenc.run.directory import read_jsonl
-from posenc.run.rundir import load_checkpoint
+
+from posenc.record.directory import read_jsonl
+from posenc.record.rundir import load_checkpoint
 
 RUN = [*TINY, "trainer.max_steps=40", "trainer.checkpoint_interval=5", "trainer.eval_interval=20"]
 

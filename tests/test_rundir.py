@@ -1,4 +1,4 @@
-"""One RunDir owns a run directory's layout (posenc/run/rundir.py): no other module of posenc spells
+"""One RunDir owns a run directory's layout (posenc/record/rundir.py): no other module of posenc spells
 a run directory's file names, so a file moved or renamed is changed in one place, and a command
 reads each file of a run once."""
 
@@ -8,7 +8,7 @@ import ast
 from pathlib import Path
 
 import posenc
-from posenc.run import rundir
+from posenc.record import rundir
 
 PACKAGE = Path(posenc.__file__).parent
 OWNER = Path(rundir.__file__)
@@ -48,7 +48,7 @@ def run_file_names_in(path: Path) -> list[tuple[int, str]]:
 def test_only_rundir_spells_a_run_directorys_file_names():
     found = {str(path.relative_to(PACKAGE)): hits for path in sorted(PACKAGE.rglob("*.py"))
              if path != OWNER and (hits := run_file_names_in(path))}
-    assert found == {}, f"take these paths from RunDir (posenc/run/rundir.py): {found}"
+    assert found == {}, f"take these paths from RunDir (posenc/record/rundir.py): {found}"
     # the scan sees what it looks for: it finds each of the owner's own names where it is defined
     defined = {rundir.HYDRA_DIR, rundir.CONFIG_FILE, rundir.OVERRIDES_FILE, rundir.HYDRA_FILE, rundir.METRICS_FILE,
                rundir.SUMMARY_FILE, rundir.PROVENANCE_FILE, rundir.PARENT_FILE, rundir.PROBES_FILE,

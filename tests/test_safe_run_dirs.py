@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import TINY, run_cli, run_dirs
+
 from posenc.build import build_model
 from posenc.cli.launch import prepare
 from posenc.config import compose
-from posenc.run.convert import convert
 from posenc.errors import UserError
 from posenc.eval.run import load_trained
-from posenc.run.rundir import RunDir, load_checkpoint
+from posenc.record.convert import convert
+from posenc.record.rundir import RunDir, load_checkpoint
 from posenc.train import init_from
 
 
@@ -125,7 +125,7 @@ def test_a_state_comes_back_as_saved_with_tied_weights_stored_once(tmp_path):
 
     import numpy as np
 
-    from posenc.run.statefile import load_state, save_state
+    from posenc.record.statefile import load_state, save_state
 
     embedding = torch.nn.Embedding(5, 3)
     head = torch.nn.Linear(3, 5, bias=False)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 from conftest import TINY, run_cli, run_dirs
 
-from posenc.benchmark.protocol import load_protocol
 from posenc.config import group_options
-from posenc.run.directory import job_dir_name, sweep_group, sweep_name
+from posenc.leaderboard.protocol import load_protocol
+from posenc.record.directory import job_dir_name, sweep_group, sweep_name
 
 
 def sweep_dirs(cwd: Path) -> list[Path]:
@@ -99,7 +99,7 @@ def compose_experiment(name: str):
 
 
 def test_every_experiment_composes_names_its_sweep_and_sweeps_something():
-    arms = {arm.experiment for arm in load_protocol().arms}  # posenc benchmark's runs: one seed each, swept by it
+    arms = {arm.experiment for arm in load_protocol().arms}  # posenc leaderboard's runs: one seed each, swept by it
     for name in group_options("experiment"):
         cfg = compose_experiment(name)
         assert cfg.name == name  # the sweep dir and W&B group carry it

@@ -14,9 +14,9 @@ import pytest
 from conftest import TINY, cli_env, run_cli, warm_bin
 
 from posenc.config import parse_overrides
-from posenc.output.commands import hydra_value, override
-from posenc.run.directory import read_jsonl
-from posenc.run.rundir import load_checkpoint
+from posenc.display.commands import hydra_value, override
+from posenc.record.directory import read_jsonl
+from posenc.record.rundir import load_checkpoint
 
 MAX_STEPS = 40
 SWEEP = ["train", "-m", "encoding=rope,nope,alibi", *TINY, f"trainer.max_steps={MAX_STEPS}",

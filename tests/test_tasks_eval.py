@@ -7,7 +7,12 @@ import torch
 from torch import nn
 
 from posenc.data.synthetic import DIGITS, KEY_MARK, TASKS, make_task
-from posenc.eval.tasks import as_metrics, length_accuracy, task_accuracy, wilson_interval
+from posenc.eval.tasks import (
+    as_metrics,
+    length_accuracy,
+    task_accuracy,
+    wilson_interval,
+)
 from posenc.nn.encodings.base import NoPE
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.model import GPT
@@ -93,7 +98,7 @@ def test_a_length_the_encoding_cannot_encode_is_skipped_not_fatal():
 
 def test_summary_says_not_applicable_as_null_and_names_are_declared():
     from posenc.eval.tasks import summary
-    from posenc.run.metrics import lookup
+    from posenc.record.metrics import lookup
 
     model = GPT(256, Learned(32, 4, max_len=64), n_layer=1, n_head=4, d_model=32)
     res = length_accuracy(model, "copy", 64, multiples=(1, 2), n=4)

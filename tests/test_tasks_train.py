@@ -5,9 +5,9 @@ the same curves and figures in the W&B run."""
 import json
 
 import pytest
-
 from conftest import TINY, run_cli, run_dirs
-from posenc.run import metrics as M
+
+from posenc.record import metrics as M
 
 TASK = ["dataset=synthetic", "dataset.task=flip_flop", "dataset.eval_instances=8", "dataset.eval_multiples=[1,2]",
         "eval.at_end=true"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from posenc.run.tracking import _has_netrc_key
+from posenc.record.tracking import _has_netrc_key
 
 
 def test_a_netrc_entry_for_wandbs_host_is_a_key_and_nothing_else_is(tmp_path: Path, monkeypatch):

@@ -5,7 +5,6 @@ import json
 import pytest
 import torch
 import yaml
-
 from conftest import TINY, run_cli, run_dirs
 
 METRIC_NAMES = {"train/loss", "train/lr", "train/grad_norm", "train/tokens_per_s", "val/loss", "val/ppl", "val/bpb"}
@@ -62,7 +61,7 @@ def test_the_checkpoint_holds_the_trained_model(trained):
     """The saved weights are the ones the summary measured: evaluated again on the same
     validation windows they give the run's final val/ppl."""
     from posenc.eval.run import eval_run
-    from posenc.run.rundir import load_checkpoint
+    from posenc.record.rundir import load_checkpoint
 
     _, run_dir, _ = trained
     ckpt = load_checkpoint(run_dir)

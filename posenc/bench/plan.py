@@ -9,11 +9,9 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from posenc.bench.reference import REFERENCE
 from posenc.config import compose, group_options, parse_overrides
 from posenc.errors import UserError
-
-
-from posenc.bench.reference import REFERENCE
 
 BASELINES = (REFERENCE, "nope")  # measured first: every later row has its ratios when it appears
 ALL = "all"  # encoding=all: every encoding, whatever the preset lists

@@ -6,7 +6,7 @@ import math
 
 from rich.table import Table
 
-from posenc.run.metrics import MACHINE_CPUS, MACHINE_LOAD
+from posenc.record.metrics import MACHINE_CPUS, MACHINE_LOAD
 
 #: "vs nope": the median of paired round-by-round ratios, their range, and nope's own tokens/s in
 #: those rounds ("of 1,083"): the rate the ratio is of, taken under the same load as the row's own

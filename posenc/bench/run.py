@@ -25,11 +25,26 @@ from collections.abc import Callable
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.bench.estimate import QUICK, choose_preset, estimate_line, model_steps, preset, presets_of
+from posenc.bench.estimate import (
+    QUICK,
+    choose_preset,
+    estimate_line,
+    model_steps,
+    preset,
+    presets_of,
+)
 from posenc.bench.masks import bench_batch, mask_summary
 from posenc.bench.memory import long_eval, step_peak_bytes
-from posenc.bench.plan import (ALL, BASELINES, check_encoding_overrides, chose_encodings, encoding_config, order_of,
-                               select_encodings, validate)
+from posenc.bench.plan import (
+    ALL,
+    BASELINES,
+    check_encoding_overrides,
+    chose_encodings,
+    encoding_config,
+    order_of,
+    select_encodings,
+    validate,
+)
 from posenc.bench.reference import REFERENCE, recipe_of
 from posenc.bench.timing import FixedBatch, Subject, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
@@ -37,7 +52,6 @@ from posenc.config import group_options
 from posenc.errors import UserError
 from posenc.hardware import machine_load, peak_flops, setup_device, use_compile
 from posenc.nn.encodings.base import PositionOutOfRange
-
 
 #: said when nope is not benched: the "vs nope" column pairs each row with nope alone
 NO_NOPE = ("vs nope stays — : nope is not among the encodings, and it is the only encoding rows are paired with "

@@ -33,7 +33,13 @@ from posenc.bench.memory import sync
 from posenc.bench.reference import REFERENCE, PlainGPT, recipe_of
 from posenc.build import build_model, seed_everything
 from posenc.data.batches import Batch
-from posenc.train.state import BatchSource, TrainState, micro_batches, new_train_state, train_step
+from posenc.train.state import (
+    BatchSource,
+    TrainState,
+    micro_batches,
+    new_train_state,
+    train_step,
+)
 
 
 class FixedBatch:

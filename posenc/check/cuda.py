@@ -37,6 +37,7 @@ from posenc.hardware import autocast_context
 from posenc.nn.attention import plans
 from posenc.nn.flex import FlexPlan
 from posenc.nn.kernel_plan import FusedPlan
+from posenc.train.state import new_train_state, train_step
 
 #: the head dimensions users train (GPT-2 small: 64; Llama and most 2024-25 models: 128)
 HEAD_DIMS = (64, 128)
@@ -109,7 +110,6 @@ def relative_error(got: tuple[float, dict], want: tuple[float, dict]) -> float:
 
 
 def bf16_training_row(s: Subject, head_dim: int, name: str, device: torch.device) -> CheckResult:
-    from posenc.train.state import new_train_state, train_step
 
     cfg = shaped(s, head_dim, **{"trainer.compile": True, "trainer.grad_accum": 1, "trainer.batch_size": 1,
                                  "trainer.max_steps": STEPS, "trainer.warmup_steps": 0})

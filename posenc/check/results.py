@@ -5,7 +5,6 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-
 #: float64 logits that should be equal are equal to this (they differ by reassociation alone)
 EXACT = 1e-10
 

@@ -1,5 +1,5 @@
 """A checked encoding survives posenc's own checkpoints: its state goes through safetensors
-unchanged (posenc/run/statefile.py), and a run resumed from a checkpoint continues bit for bit as
+unchanged (posenc/record/statefile.py), and a run resumed from a checkpoint continues bit for bit as
 the run that never stopped (posenc/train/checkpoint.py, the TrainState and train_step of
 posenc/train/state.py: the code `posenc train` runs, not a copy)."""
 
@@ -18,8 +18,13 @@ from omegaconf import DictConfig
 from posenc.check.results import CheckResult, holds
 from posenc.check.subject import VOCAB, Subject
 from posenc.data.windows import RandomWindows
-from posenc.run.statefile import load_state, save_state
-from posenc.train.checkpoint import resume_training, rng_state, save_checkpoint, set_rng_state
+from posenc.record.statefile import load_state, save_state
+from posenc.train.checkpoint import (
+    resume_training,
+    rng_state,
+    save_checkpoint,
+    set_rng_state,
+)
 from posenc.train.state import TrainState, new_train_state, train_step
 
 STEPS = 2  # optimizer steps before the checkpoint, and again after it

@@ -10,16 +10,18 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from posenc.cli.benchmark import register as add_benchmark
 from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.check import register as add_check
 from posenc.cli.hydra_commands import register as add_hydra_commands
+from posenc.cli.leaderboard import register as add_leaderboard
 from posenc.cli.plot import plot_app
 from posenc.cli.runs import register as add_runs
 from posenc.errors import show_as_lines
 
 show_as_lines()  # posenc's own warnings (a kernel that fell back, …) as one `warning: …` line each
-from posenc.config.searchpath import SEARCH_ORDER
+from posenc.cli.common import fail
+from posenc.config.searchpath import SEARCH_ORDER, take_config_dirs
+from posenc.errors import UserError
 
 
 class PluginSearchPath(TyperGroup):
@@ -28,9 +30,6 @@ class PluginSearchPath(TyperGroup):
     (posenc/config/searchpath.py) that every command composes with."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        from posenc.cli.common import fail
-        from posenc.config.searchpath import take_config_dirs
-        from posenc.errors import UserError
 
         try:
             args = take_config_dirs(args)
@@ -54,7 +53,7 @@ add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert
 add_catalogue(app)             # encodings
 add_check(app)                 # check: the encoding contract as properties
-add_benchmark(app)             # benchmark: the protocol, the shipped baselines
+add_leaderboard(app)           # leaderboard: the protocol, the shipped baselines (alias: benchmark)
 app.add_typer(plot_app, name="plot")  # plot decay | extrapolation
 
 

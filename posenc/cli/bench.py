@@ -18,8 +18,8 @@ from rich.spinner import Spinner
 from posenc.bench import render
 from posenc.bench.run import Listener, bench
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
-from posenc.run.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD
+from posenc.record.directory import write_json_atomic
+from posenc.record.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD
 
 
 def split_json_flag(args: list[str]) -> tuple[list[str], str | None]:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from posenc.cli.common import console
+from posenc.cli.common import console, err_console
+from posenc.config import encoding_catalogue
+from posenc.config.searchpath import shadow_line, shadowed_options
 
 
 def encodings() -> None:
@@ -13,9 +15,6 @@ def encodings() -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from posenc.cli.common import err_console
-    from posenc.config import encoding_catalogue
-    from posenc.config.searchpath import shadow_line, shadowed_options
 
     catalogue = [(name, doc, [f"{k}={yaml_value(v)}" for k, v in options.items()])
                  for name, doc, options in encoding_catalogue()]

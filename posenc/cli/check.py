@@ -13,8 +13,15 @@ from typing import TYPE_CHECKING, Optional
 
 import typer
 
-from posenc.cli.common import HYDRA_ARGS, console, run_guarded, user_wants_traceback, without_debug
-from posenc.config.searchpath import SEARCH_ORDER
+from posenc.cli.common import (
+    HYDRA_ARGS,
+    console,
+    run_guarded,
+    user_wants_traceback,
+    without_debug,
+)
+from posenc.config.searchpath import SEARCH_ORDER, add_config_dirs
+from posenc.errors import UserError
 
 if TYPE_CHECKING:
     from rich.table import Table
@@ -48,8 +55,7 @@ def check(ctx: typer.Context,
 
 def groups(only: list[str] | None) -> set[str] | None:
     """--only's names (any case) -> the groups of posenc.check.CHECKS they name; None for all."""
-    from posenc.check import CHECKS
-    from posenc.errors import UserError
+    from posenc.check import CHECKS  # start-up: posenc.check imports torch
 
     if not only:
         return None
@@ -64,8 +70,10 @@ def run_check(overrides: list[str], config_dir: Path | None = None, only: list[s
     """Compose, check (the groups of --only, or all), print the table; the number of properties that
     fail. config_dir: added to the search path as every command's --config-dir is
     (posenc/config/searchpath.py)."""
-    from posenc.check import compose_subject, run_checks
-    from posenc.config.searchpath import add_config_dirs
+    from posenc.check import (  # start-up: posenc.check imports torch
+        compose_subject,
+        run_checks,
+    )
 
     chosen = groups(only)
     if config_dir is not None:

@@ -13,7 +13,8 @@ from typing import TypeVar
 import typer
 from rich.markup import escape
 
-from posenc.output.terminal import make_console
+from posenc.cli.explain import explain
+from posenc.display.terminal import make_console
 
 console = make_console()
 err_console = make_console(stderr=True)
@@ -43,7 +44,6 @@ def fail(message: str, code: int = 1) -> None:
 
 def run_guarded(func: Callable[[], T], debug: bool) -> T:
     """func(), with any exception turned into one `error:` line (unless debug)."""
-    from posenc.cli.explain import explain
 
     try:
         return func()

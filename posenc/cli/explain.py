@@ -10,7 +10,13 @@ from __future__ import annotations
 import difflib
 import typing
 
-from posenc.config import CHOICE_GROUPS, CONFIG_MODULE, encoding_options, group_options
+from posenc.config import (
+    CHOICE_GROUPS,
+    CONFIG_MODULE,
+    choice_schema,
+    encoding_options,
+    group_options,
+)
 from posenc.errors import UserError
 
 SEE_KEYS = "`posenc train --cfg job` shows every key and its value"
@@ -18,7 +24,11 @@ SEE_KEYS = "`posenc train --cfg job` shows every key and its value"
 
 def explain(e: BaseException) -> str:
     """One line: what went wrong — what to do instead."""
-    from hydra.errors import ConfigCompositionException, MissingConfigException, OverrideParseException
+    from hydra.errors import (
+        ConfigCompositionException,
+        MissingConfigException,
+        OverrideParseException,
+    )
 
     if isinstance(e, UserError):
         return str(e)
@@ -97,7 +107,6 @@ def unset_argument(group: str, option: str, node, choice: str) -> str | None:
     ``key=value`` only changes a key the YAML has), or None when the class has no such argument."""
     import dataclasses
 
-    from posenc.config import choice_schema
 
     target = node.get("_target_")
     schema = choice_schema(target) if isinstance(target, str) else None

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from posenc.cli.common import HYDRA_ARGS, console, err_console, fail, run_guarded, user_wants_traceback, without_debug
+from posenc.cli.common import (
+    HYDRA_ARGS,
+    console,
+    err_console,
+    fail,
+    run_guarded,
+    user_wants_traceback,
+    without_debug,
+)
 
 HELP_FLAGS = ("--help", "-h")
 
@@ -15,6 +23,8 @@ def check_run(cfg, single: bool = False) -> None:
     a sweep's is built here too, so a sweep whose encoding cannot be built writes nothing."""
     from omegaconf import OmegaConf
 
+    # start-up (here and in every command below): `posenc --help` imports every command module;
+    # what a command needs (torch, Hydra's runner) loads when it runs
     from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
     from posenc.data.corpora import text_files
@@ -36,7 +46,7 @@ def train(ctx: typer.Context) -> None:
     Examples: `posenc train encoding=learned trainer.max_steps=100`,
     `posenc train -m encoding=rope,nope encoding.base=500,10000`.
     """
-    from posenc.cli.hydra_entry import run_hydra
+    from posenc.cli.hydra_entry import run_hydra  # start-up
     from posenc.cli.job_returns import failures
     from posenc.cli.launch import prepare
     from posenc.train import distributed
@@ -62,7 +72,7 @@ def bench(ctx: typer.Context) -> None:
     The arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it.
     Example: `posenc bench encoding=nope,rope,t5_bias model=base trainer.seq_len=1024 --json bench.json`.
     """
-    from posenc.cli.bench import run_bench
+    from posenc.cli.bench import run_bench  # start-up
 
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())

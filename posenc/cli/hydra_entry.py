@@ -44,6 +44,8 @@ from hydra.core.utils import JobReturn
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from posenc.cli.callbacks import Callbacks
+from posenc.cli.common import console
 from posenc.cli.explain import explain
 from posenc.cli.hydra_argv import command_line, shows
 from posenc.cli.job_returns import job_returns, print_next_step
@@ -51,12 +53,20 @@ from posenc.cli.sweep import SweepStopped, prepare_job, run_sweep
 from posenc.cli.sweep_names import sweep_naming, swept_keys
 from posenc.config import apply_choice_schemas
 from posenc.config.load import hydra_initialized, version_base
-from posenc.config.searchpath import CONFIG_PATH, add_config_dirs, warn_shadowed, with_plugin_sources
+from posenc.config.searchpath import (
+    CONFIG_PATH,
+    add_config_dirs,
+    warn_shadowed,
+    with_plugin_sources,
+)
 from posenc.errors import UserError
-from posenc.run.directory import remove_run_dir, write_json_atomic
-from posenc.run.rundir import RunDir
-from posenc.run.sweepdir import SweepDir
+from posenc.record.directory import remove_run_dir, write_json_atomic
+from posenc.record.rundir import RunDir
+from posenc.record.sweepdir import SweepDir
+from posenc.report.console import print_summary
 from posenc.train import distributed
+from posenc.train.checkpoint import RunInterrupted
+from posenc.train.loop import train
 
 log = logging.getLogger("posenc")
 CONFIG_NAME = "config"
@@ -67,9 +77,6 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     sweep job records its failure in summary.json and returns it, so one bad job never stops
     the others. checked: run_hydra's check already saw this very config (a single run), so
     training does not validate it again; a sweep's jobs each differ from the config checked."""
-    from posenc.report.console import print_summary
-    from posenc.train.checkpoint import RunInterrupted
-    from posenc.train.loop import train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
@@ -101,7 +108,6 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
 
 def print_checkpoint(kept: dict) -> None:
     """The end-of-run line on what trainer.checkpoint kept, and its size."""
-    from posenc.cli.common import console
 
     if kept.get("kind") == "none" or not kept.get("paths"):
         line = "checkpoint: none kept (trainer.checkpoint=none: this run cannot be resumed or evaluated later)"
@@ -189,7 +195,6 @@ def run_composed(loader, cfg: DictConfig, config_name: str, task: Callable[[Dict
     from hydra.core.utils import run_job as hydra_run_job
     from hydra.types import HydraContext
 
-    from posenc.cli.callbacks import Callbacks
 
     configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
     callbacks = Callbacks(cfg)

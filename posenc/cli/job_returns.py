@@ -9,7 +9,9 @@ from pathlib import Path
 
 from hydra.core.utils import JobReturn, JobStatus
 
+from posenc.cli.common import console
 from posenc.cli.explain import explain
+from posenc.report.runs import NOT_A_GROUP_KEY
 from posenc.train import distributed
 
 
@@ -17,8 +19,6 @@ def print_next_step(returns: list[JobReturn], swept: dict[str, list]) -> None:
     """Where a sweep went, and the `posenc compare` command for it (grouped by the swept keys)."""
     import shlex
 
-    from posenc.cli.common import console
-    from posenc.report.runs import NOT_A_GROUP_KEY
 
     dirs = [Path(r.hydra_cfg.hydra.runtime.output_dir).parent for r in returns if r.hydra_cfg is not None]
     if not dirs or not distributed.is_main():

@@ -28,9 +28,10 @@ from omegaconf import OmegaConf
 from posenc.cli.hydra_argv import parse_args
 from posenc.cli.sweep import resume_overrides
 from posenc.config import ParsedOverride, parse_overrides
+from posenc.display.commands import command, hydra_value, override
 from posenc.errors import UserError
-from posenc.output.commands import command, hydra_value, override
-from posenc.run.rundir import RunDir
+from posenc.record import provenance
+from posenc.record.rundir import RunDir
 from posenc.train import distributed, init_from
 
 RESUME_KEY = "trainer.resume"
@@ -142,7 +143,6 @@ def restore_run_overrides(run: RunDir | Path, argv_overrides: list[str]) -> list
 def check_code(run: RunDir, overrides: list[ParsedOverride]) -> None:
     """A resume composes the run with the plugin config dirs it was made with, and continues only
     with the encoding code it started with, unless trainer.allow_code_change=true says go on."""
-    from posenc.run import provenance
 
     provenance.restore_config_dirs(run)
     changed = provenance.changes(run)

@@ -39,7 +39,7 @@ def decay(
     out: Path = typer.Option(None, help=f"PNG file (x.png) or a directory to write into [default: {PLOTS_DIR / 'rope_decay.png'}]"),
 ) -> None:
     """RoFormer §3.4.3: the upper bound of the relative score against distance, per base."""
-    from posenc.report.plots_length import plot_decay
+    from posenc.report.plots_length import plot_decay  # start-up: matplotlib and torch when it runs
 
     if head_dim < 2 or head_dim % 2 or max_distance < 1 or any(b <= 1 for b in bases):
         fail("--head-dim must be even and >= 2, --max-distance >= 1, every --base > 1")
@@ -58,7 +58,7 @@ def extrapolation(
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
     (geometric mean and 95% interval over seeds, as compare's tables), training length marked.
     Never overwrites the extrapolation.png of compare's report, nor writes a copy of it beside it."""
-    from posenc.report.plots_length import extrapolation_groups, plot_extrapolation
+    from posenc.report.plots_length import extrapolation_groups, plot_extrapolation  # start-up
 
     def plot() -> Path | None:
         groups = extrapolation_groups(paths)  # refuses missing paths before anything is written

@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 
 from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
-from posenc.run.rundir import LAST_CHECKPOINT, LEGACY_CHECKPOINTS, RunDir
+from posenc.record.rundir import LAST_CHECKPOINT, LEGACY_CHECKPOINTS, RunDir
 
 RUN_DIR_HELP = f"a run directory (holds {LAST_CHECKPOINT})"
 
@@ -18,7 +18,7 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help=RUN_DIR_H
     Examples: `posenc eval outputs/…/run eval.lengths=[1,2,4,8,16] eval.stride=64`,
     `posenc eval outputs/…/run encoding.scaling=yarn encoding.scaling_factor=4`.
     """
-    from posenc.eval.run import eval_run
+    from posenc.eval.run import eval_run  # start-up: each command imports what it needs when it runs
 
     run_guarded(lambda: eval_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
 
@@ -26,7 +26,7 @@ def eval_(ctx: typer.Context, run_dir: Path = typer.Argument(..., help=RUN_DIR_H
 def probe(ctx: typer.Context, run_dir: Path = typer.Argument(..., help=RUN_DIR_HELP)) -> None:
     """Attention probes of a trained run at 1×, 2×, 4× its training length: entropy, distance,
     RoPE frequency usage, position biases -> RUN_DIR/probes/ (probes.json and PNGs)."""
-    from posenc.eval.probe_run import probe_run
+    from posenc.eval.probe_run import probe_run  # start-up
 
     paths = run_guarded(lambda: probe_run(run_dir, without_debug(ctx.args)), user_wants_traceback(ctx.args))
     out = RunDir(run_dir).probes_dir
@@ -54,7 +54,7 @@ def compare(
 ) -> None:
     """Compare runs: tables (mean and 95% interval over seeds), the groups ranked with rank intervals
     and a verdict (best only where detectable), PNG plots, report.md and report.html."""
-    from posenc.report.compare import compare as compare_runs
+    from posenc.report.compare import compare as compare_runs  # start-up
 
     run_guarded(lambda: compare_runs(paths, by, metric, out, target, console, baseline, within, seeds), debug)
 
@@ -65,7 +65,7 @@ def convert(
 ) -> None:
     """Rewrite an old run dir's pickled checkpoints as safetensors + JSON, which eval, probe,
     resume and init_from read; only tensors and RNG state are unpickled, never code."""
-    from posenc.run.convert import convert as convert_run
+    from posenc.record.convert import convert as convert_run  # start-up
 
     written = run_guarded(lambda: convert_run(run_dir), debug)
     for path in written:

@@ -29,11 +29,14 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from posenc.cli.callbacks import Callbacks
+from posenc.cli.common import console
+from posenc.config import parse_overrides
+from posenc.display.commands import command, hydra_value, override
 from posenc.errors import UserError
-from posenc.output.commands import command, hydra_value, override
-from posenc.run.directory import remove_run_dir
-from posenc.run.rundir import MULTIRUN_FILE, RunDir
-from posenc.run.sweepdir import SweepDir
+from posenc.record.directory import job_dir_name, remove_run_dir
+from posenc.record.rundir import MULTIRUN_FILE, RunDir
+from posenc.record.sweepdir import SweepDir
 
 log = logging.getLogger("posenc")
 
@@ -82,7 +85,6 @@ def run_sweep(loader, config_name: str, overrides: list[str], task: Callable[[Di
     from hydra.core.utils import configure_log
     from hydra.types import HydraContext, RunMode
 
-    from posenc.cli.callbacks import Callbacks
 
     cfg = loader.load_configuration(config_name=config_name, overrides=overrides, run_mode=RunMode.MULTIRUN)
     configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
@@ -153,8 +155,6 @@ def job_state(run: RunDir | None) -> tuple[str, str]:
 
 def stopped(sweep_dir: Path, jobs: list[list[str]] | None, cfg: DictConfig, signum: int) -> SweepInterrupted:
     """Print each job's state and the command that resumes the sweep; the error that ends it."""
-    from posenc.cli.common import console
-    from posenc.run.directory import job_dir_name
 
     shown = display_path(sweep_dir)
     resume = command("posenc train -m", override("trainer.resume", shown))
@@ -207,7 +207,6 @@ def prepare_job(cfg: DictConfig, run_dir: Path) -> dict | None:
 def resume_overrides(sweep_dir: Path, argv_overrides: list[str], may_change: Callable[[str], bool]) -> list[str]:
     """The overrides that resume the sweep in sweep_dir: its own (multirun.yaml), the command's
     (which may change only what may_change allows, or Hydra's keys: where it runs), and its directory."""
-    from posenc.config import parse_overrides
 
     saved = SweepDir(sweep_dir).saved_overrides()
     if saved is None:

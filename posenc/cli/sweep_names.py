@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.config import group_options, parse_overrides
+from posenc.record.directory import sweep_name
+
 
 def swept_keys(argv_overrides: list[str], cfg: DictConfig) -> dict[str, list]:
     """{key: values} of what a -m sweep varies: the command's sweep overrides (a,b / range(..))
     and the sweeper's params that a config sets (experiment files)."""
-    from posenc.config import parse_overrides
 
     params = OmegaConf.select(cfg, "hydra.sweeper.params", default=None) or {}
     parsed = [*parse_overrides(argv_overrides), *parse_overrides([f"{k}={v}" for k, v in params.items()])]
@@ -26,7 +28,6 @@ def _sweep_values(key: str, value) -> list:
     """A sweep override's values; a glob(...) over a config group, the options it matches."""
     from hydra.core.override_parser.types import Glob
 
-    from posenc.config import group_options
 
     if isinstance(value, Glob):
         try:
@@ -40,8 +41,6 @@ def sweep_naming(argv_overrides: list[str], swept: dict[str, list], cfg: DictCon
     """The overrides that name a sweep's directories: name=<swept keys> when neither the command
     nor an experiment names it, and the keys a job's directory leaves out (the fixed ones, as
     Hydra's own override_dirname.exclude_keys), so it shows only the swept values."""
-    from posenc.config import parse_overrides
-    from posenc.run.directory import sweep_name
 
     added = [] if cfg.get("name") else [f"name='{sweep_name(swept)}'"]  # quoted: its commas are no sweep
     fixed = {o.key for o in parse_overrides(argv_overrides) if not o.key.startswith("hydra") and o.key not in swept}

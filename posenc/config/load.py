@@ -95,7 +95,7 @@ def version_base() -> dict[str, str]:
 
 
 def typed_run_config(saved: DictConfig, overrides: list[str]) -> DictConfig:
-    """A run's saved config (.hydra/config.yaml, read by its RunDir: posenc.run.rundir.load_run_config)
+    """A run's saved config (.hydra/config.yaml, read by its RunDir: posenc.record.rundir.load_run_config)
     typed by the schema, with Hydra-syntax overrides of existing keys (``+key=value`` adds one)."""
     saved = copy.deepcopy(saved)  # the RunDir's copy is shared: read-only
     OmegaConf.set_readonly(saved, False)

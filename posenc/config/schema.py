@@ -48,7 +48,7 @@ class TrainerConfig:
     resume: Any = MISSING                       # false | <run dir> | auto | true
     init_from: Optional[str] = MISSING          # null | <run dir>: start from that run's weights (train/init_from.py)
     convergence_targets: List[float] = MISSING
-    # resume a run whose encoding code changed since it started (posenc/run/provenance.py); a default
+    # resume a run whose encoding code changed since it started (posenc/record/provenance.py); a default
     # here so run directories written before the key load
     allow_code_change: bool = False
 

@@ -31,6 +31,8 @@ from importlib.resources import files
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from posenc.config.overrides import parse_overrides
+from posenc.display.commands import hydra_value
 from posenc.errors import UserError
 
 if TYPE_CHECKING:
@@ -141,8 +143,6 @@ def with_plugin_sources(overrides: list[str]) -> list[str]:
 
     A source that is not there (an entry point's package removed since) is left out, so composing
     never warns about it; ``posenc encodings`` lists what each source holds."""
-    from posenc.config.overrides import parse_overrides
-    from posenc.output.commands import hydra_value
 
     ours = [url for url in plugin_sources() if _available(url)]
     if not ours:

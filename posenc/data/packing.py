@@ -21,9 +21,8 @@ from pathlib import Path
 import numpy as np
 
 from posenc.data.batches import Batch
-from posenc.data.windows import RandomWindows
 from posenc.data.corpora import SPLITS, Corpus
-from posenc.data.windows import Packing, Windows, fixed_span
+from posenc.data.windows import Packing, RandomWindows, Windows, fixed_span
 
 #: bump when the packing format or splitting rule changes: old caches are then ignored
 #: (2: document starts recorded; the token arrays are the same as version 1's)

@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch

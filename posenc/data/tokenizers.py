@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from posenc.data import hub
 
 #: how the byte tokenizer's document separator (id 256) prints
 SEPARATOR_TEXT = "\n<|endoftext|>\n"
@@ -126,7 +127,6 @@ class PretrainedTokenizer(_HFTokenizer):
     def fit(self, texts: Iterable[str], cache_dir: Path) -> None:
         from tokenizers import Tokenizer
 
-        from posenc.data import hub
 
         what = f"tokenizer '{self.name}' ({self.repo})"
         hub.check(what)

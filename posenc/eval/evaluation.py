@@ -25,6 +25,7 @@ from posenc.data.packing import TokenData
 from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.errors import UserError
 from posenc.eval import extrapolation, tasks
+from posenc.eval.per_position import Batches, corpus_batches, task_batches
 
 log = logging.getLogger("posenc")
 
@@ -106,7 +107,6 @@ def evaluation_batches(data, cfg) -> dict[int, Iterable[Batch]]:
 
 @evaluation_batches.register
 def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
-    from posenc.eval.per_position import corpus_batches
 
     T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.batch_tokens)
     lengths = extrapolation.eval_lengths(T, list(cfg.eval.lengths))
@@ -117,7 +117,6 @@ def _(data: TokenData, cfg) -> dict[int, Iterable[Batch]]:
 
 @evaluation_batches.register
 def _(data: SyntheticTask, cfg) -> dict[int, Iterable[Batch]]:
-    from posenc.eval.per_position import Batches, task_batches
 
     T, batch_tokens = int(cfg.trainer.seq_len), int(cfg.eval.batch_tokens)
     return {L: Batches(task_batches(data, L, 0, batch_tokens), data.eval_instances)

@@ -26,11 +26,12 @@ import numpy as np
 import torch
 
 from posenc.data.windows import Windows
+from posenc.display.terminal import make_console
 from posenc.errors import UserError
 from posenc.eval.loss import score_windows
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.nn.model import GPT
-from posenc.run.metrics import EXTRAPOLATION_PPL
+from posenc.record.metrics import EXTRAPOLATION_PPL
 
 
 @dataclass
@@ -154,7 +155,6 @@ def show(record: dict, results: list[LengthResult]) -> None:
     """The terminal table of `posenc eval` on a corpus: perplexity per length."""
     from rich.table import Table
 
-    from posenc.output.terminal import make_console
 
     enc = record["encoding"]
     opts = ", ".join(f"{k}={v}" for k, v in enc.items() if k != "name")

@@ -20,7 +20,8 @@ import torch
 from torch import nn
 
 from posenc.eval import evaluation, per_position
-from posenc.run.tracking import Tracker
+from posenc.record.tracking import Tracker
+
 
 def evaluate_run(model: nn.Module, data, cfg, run_dir: Path, tracker: Tracker, step: int, tokens: int,
                  device: torch.device, autocast=nullcontext) -> dict:

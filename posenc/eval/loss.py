@@ -32,7 +32,7 @@ from torch import nn
 from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.windows import Packing, Windows, fixed_span, sliding_windows  # noqa: F401 - re-exported
 from posenc.errors import UserError
-from posenc.run.metrics import VAL_BPB, VAL_LOSS, VAL_PPL
+from posenc.record.metrics import VAL_BPB, VAL_LOSS, VAL_PPL
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,10 @@ from torch import Tensor, nn
 from posenc.data.batches import IGNORE_INDEX, Batch
 from posenc.data.synthetic import SyntheticTask, make_task, targets_of
 from posenc.data.windows import Packing, Windows
+from posenc.display.figures import legend_below, log2_positions, pyplot, save_figure
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
-from posenc.run.directory import write_json_atomic
-from posenc.run.rundir import PER_POSITION_STEM
+from posenc.record.directory import write_json_atomic
+from posenc.record.rundir import PER_POSITION_STEM
 
 BUCKETS = 64  # at most this many points per length
 STEM = PER_POSITION_STEM  # per_position.json and per_position.png in the run dir

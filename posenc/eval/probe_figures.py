@@ -10,8 +10,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from posenc.output.figures import legend_below, log2_positions, pyplot, save_figure
-from posenc.run.rundir import PROBES_FILE
+from posenc.display.figures import legend_below, log2_positions, pyplot, save_figure
+from posenc.record.rundir import PROBES_FILE
 
 
 def log_buckets(T: int, buckets: int = 64) -> Tensor:

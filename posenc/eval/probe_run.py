@@ -17,9 +17,9 @@ from posenc.build import encoding_summary
 from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
 from posenc.eval.run import load_trained
-from posenc.run.directory import plain_numbers
-from posenc.run.rundir import RunDir
-from posenc.run.tracking import Tracker
+from posenc.record.directory import plain_numbers
+from posenc.record.rundir import RunDir
+from posenc.record.tracking import Tracker
 
 #: evaluation-length multiples probed by default
 MULTIPLES = (1, 2, 4)

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 from rich.console import Console
 
-from posenc.output.terminal import make_console
+from posenc.display.terminal import make_console
 
 
 def stage_line(label: str, done: int, total: int | None, elapsed_s: float, unit: str = "windows") -> str:

@@ -14,10 +14,15 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from posenc.output.terminal import make_console
-from posenc.run.directory import write_json_atomic
-from posenc.run.rundir import load_run_config
-from posenc.run.rundir import RunDir, eval_file_name
+from posenc.build import build_data, build_model, encoding_summary, restore_weights
+from posenc.config import parse_overrides
+from posenc.display.terminal import make_console
+from posenc.eval import evaluation, final
+from posenc.eval.progress import StageLines
+from posenc.hardware import setup_device
+from posenc.record import provenance
+from posenc.record.directory import plain_number, short_keys, write_json_atomic
+from posenc.record.rundir import RunDir, eval_file_name, load_run_config
 
 console = make_console()  # the `posenc eval` command's output, for people
 err_console = make_console(stderr=True)  # warnings
@@ -28,8 +33,6 @@ def output_name(overrides: list[str]) -> str:
     eval.lengths=[1,2,4] -> eval_lengths-1-2-4.json, encoding.scaling=yarn encoding.scaling_factor=4
     -> eval_scaling-yarn_scaling_factor-4.json (each key's last part; no '=' or '/' in the name).
     The same overrides give the same name, so a re-evaluation replaces its file (atomically)."""
-    from posenc.config import parse_overrides
-    from posenc.run.directory import plain_number, short_keys
 
     if not overrides:
         return eval_file_name()
@@ -46,8 +49,6 @@ def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"
     """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
     what `posenc eval` and `posenc probe` (command) start from. Every file is read through one
     RunDir: its config once, its checkpoint resolved once."""
-    from posenc.build import build_data, build_model, restore_weights
-    from posenc.hardware import setup_device
 
     run = RunDir.of(run)
     run.require_run(command)  # missing, a sweep's dir or any other folder: said so, not "no checkpoint"
@@ -63,7 +64,6 @@ def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"
 
 def warn_code_changes(run: RunDir | Path) -> None:
     """One line when the run's encoding code differs from what it was trained with (provenance.json)."""
-    from posenc.run import provenance
 
     run = RunDir.of(run)
     changed = provenance.changes(run)
@@ -74,9 +74,6 @@ def warn_code_changes(run: RunDir | Path) -> None:
 
 def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
-    from posenc.build import encoding_summary
-    from posenc.eval import evaluation, final
-    from posenc.eval.progress import StageLines
 
     run = RunDir(run_dir)
     cfg, data, model, state, autocast = load_trained(run, overrides)

@@ -15,8 +15,15 @@ import torch
 from torch import Tensor, nn
 
 from posenc.data.synthetic import SyntheticTask, make_task
+from posenc.display.terminal import make_console
+from posenc.eval.loss import score_batches
 from posenc.nn.encodings.base import PositionOutOfRange
-from posenc.run.metrics import TASK_ACCURACY, TASK_HIGH, TASK_LOW, TASK_TOKEN_ACCURACY
+from posenc.record.metrics import (
+    TASK_ACCURACY,
+    TASK_HIGH,
+    TASK_LOW,
+    TASK_TOKEN_ACCURACY,
+)
 
 MULTIPLES = (1, 2, 4, 8)
 
@@ -134,7 +141,6 @@ def validation_loss(model: nn.Module, spec: SyntheticTask, length: int, n: int, 
                     device: torch.device | str = "cpu", autocast=nullcontext) -> dict[str, float]:
     """val/loss and val/ppl of n held-out instances at ``length``, over the targets training
     uses (spec.targets: the answers, or every next token): the validator's number for a task."""
-    from posenc.eval.loss import score_batches
 
     return score_batches(model, spec.validation_batches(length, n, batch_size), torch.device(device), autocast).metrics()
 
@@ -152,7 +158,6 @@ def show(record: dict, task: str, results: list[dict]) -> None:
     """The terminal table of `posenc eval` on a task: exact-match accuracy per length."""
     from rich.table import Table
 
-    from posenc.output.terminal import make_console
 
     table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
                   title_justify="left")

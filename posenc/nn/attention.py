@@ -45,7 +45,14 @@ from posenc.nn import flex, flex_kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flex import FlexPlan, FlexUnavailable
 from posenc.nn.kernel_plan import FusedPlan, fused_plan
-from posenc.nn.logits import NO_TERMS, LayerTerms, explicit_weights, float_mask, with_content, with_terms  # noqa: F401
+from posenc.nn.logits import (  # noqa: F401
+    NO_TERMS,
+    LayerTerms,
+    explicit_weights,
+    float_mask,
+    with_content,
+    with_terms,
+)
 from posenc.nn.mask import AttentionMask
 
 #: above this many positions an explicit mask is computed in query chunks

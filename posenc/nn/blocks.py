@@ -12,7 +12,15 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.nn import fused
-from posenc.nn.attention import LayerTerms, Plan, attend_layer, dense_plan, encode, explicit_weights, with_terms
+from posenc.nn.attention import (
+    LayerTerms,
+    Plan,
+    attend_layer,
+    dense_plan,
+    encode,
+    explicit_weights,
+    with_terms,
+)
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention

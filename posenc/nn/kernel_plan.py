@@ -23,7 +23,12 @@ import torch
 from torch import Tensor
 
 from posenc.errors import warn_once
-from posenc.nn.encodings.base import Context, FusedAttention, KernelUnavailable, PositionalEncoding
+from posenc.nn.encodings.base import (
+    Context,
+    FusedAttention,
+    KernelUnavailable,
+    PositionalEncoding,
+)
 
 
 @dataclass

@@ -20,22 +20,53 @@ from pathlib import Path
 from rich.console import Console
 from rich.markup import escape
 
+from posenc.display.terminal import make_console
 from posenc.errors import UserError
-from posenc.run.metrics import (DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, TRAIN_MFU,
-                            VAL_LOSS, VAL_LOSS_AUC, VAL_PPL, Target, convergence_metrics, parse_target, target_of,
-                            val_curve)
+from posenc.record.metrics import (
+    DEFAULT_TARGETS,
+    LOADED_PER_CPU,
+    MACHINE_CPUS,
+    MACHINE_LOAD,
+    TASK_ACCURACY,
+    TRAIN_MFU,
+    VAL_LOSS,
+    VAL_LOSS_AUC,
+    VAL_PPL,
+    Target,
+    convergence_metrics,
+    parse_target,
+    target_of,
+    val_curve,
+)
+from posenc.record.rundir import SUMMARY_FILE
 from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
+from posenc.report.format import format_value
 from posenc.report.rank_tables import rank_text_tables, verdict_lines
 from posenc.report.ranking import leader
-from posenc.report.format import format_value
-from posenc.report.runs import Run, check_choice, deduplicate, find_runs, group_keys, group_runs, varying_keys
-from posenc.report.setup import describe_varied, setup_line, setup_split, summarise_fixed
+from posenc.report.runs import (
+    Run,
+    check_choice,
+    deduplicate,
+    find_runs,
+    group_keys,
+    group_runs,
+    varying_keys,
+)
+from posenc.report.setup import (
+    describe_varied,
+    setup_line,
+    setup_split,
+    summarise_fixed,
+)
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import rich_table, text_tables
-from posenc.report.verdicts import baseline_table, find_baseline, ranking_of, rank_within
+from posenc.report.verdicts import (
+    baseline_table,
+    find_baseline,
+    rank_within,
+    ranking_of,
+)
 from posenc.report.write import report_title, write_report
-from posenc.run.rundir import SUMMARY_FILE
-from posenc.output.terminal import make_console
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:

@@ -7,8 +7,18 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from posenc.run.metrics import (EXTRAPOLATION_PPL, TASK_ACCURACY, TOKENS_PER_S, TRAIN_MFU, VAL_BPB, VAL_LOSS, VAL_LOSS_AUC,
-                            VAL_PPL, Target, lookup)
+from posenc.record.metrics import (
+    EXTRAPOLATION_PPL,
+    TASK_ACCURACY,
+    TOKENS_PER_S,
+    TRAIN_MFU,
+    VAL_BPB,
+    VAL_LOSS,
+    VAL_LOSS_AUC,
+    VAL_PPL,
+    Target,
+    lookup,
+)
 from posenc.report.ranking import Agreement, Leader, Ranking
 from posenc.report.runs import Group, Run
 from posenc.report.stats import Stat
@@ -26,7 +36,7 @@ class Column:
 
     @property
     def lower_is_better(self) -> bool:
-        """From the metric's declaration (posenc.run.metrics); an undeclared key: lower."""
+        """From the metric's declaration (posenc.record.metrics); an undeclared key: lower."""
         metric = lookup(self.key)
         return metric is None or metric.lower_is_better
 

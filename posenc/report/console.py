@@ -6,9 +6,23 @@ from pathlib import Path
 
 from rich.table import Table
 
-from posenc.run.metrics import (BEFORE_FIRST_EVAL_LOSS, DEFAULT_TARGETS, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, PARAMS, STEPS, TOKENS_PER_S, TOKENS_SEEN,
-                            TOKENS_TO_LOSS, VAL_BPB, VAL_LOSS, VAL_PPL, WALL_TIME)
-from posenc.output.terminal import make_console
+from posenc.display.terminal import make_console
+from posenc.record.metrics import (
+    BEFORE_FIRST_EVAL_LOSS,
+    DEFAULT_TARGETS,
+    LOADED_PER_CPU,
+    MACHINE_CPUS,
+    MACHINE_LOAD,
+    PARAMS,
+    STEPS,
+    TOKENS_PER_S,
+    TOKENS_SEEN,
+    TOKENS_TO_LOSS,
+    VAL_BPB,
+    VAL_LOSS,
+    VAL_PPL,
+    WALL_TIME,
+)
 
 console = make_console()
 

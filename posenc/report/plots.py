@@ -1,7 +1,7 @@
 """The comparison's figures, as PNG files (matplotlib, Agg: no display needed).
 
 Every figure has labelled axes with units, a legend under the axes (it never covers a line and
-adds no empty column: posenc/output/figures.py), a title that states the setup (model, T, tokens,
+adds no empty column: posenc/display/figures.py), a title that states the setup (model, T, tokens,
 seeds), and one look per group that is the same in every figure (report/style.py). A group's
 line is the mean over its completed seeds; the band (or error bar) is its 95% interval, the one
 the tables print (report/stats.py: on the log scale for perplexity-like metrics, so never below
@@ -13,16 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.output.figures import legend_below, pyplot, save_figure
+from posenc.display.figures import legend_below, pyplot, save_figure
 
 plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter, FormatStrFormatter, LogLocator, NullLocator  # noqa: E402
 
+from posenc.record.metrics import TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import group_families, styles_for  # noqa: E402
-from posenc.run.metrics import TOKENS, Target, lookup  # noqa: E402
 
 
 def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:

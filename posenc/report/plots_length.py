@@ -14,11 +14,22 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 import numpy as np
 
+from posenc.display.figures import legend_below
 from posenc.errors import UserError
-from posenc.output.figures import legend_below
-from posenc.run.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
-from posenc.report.plots import interval_note, save_figure, titled  # selects the Agg backend first
-from posenc.report.runs import Group, deduplicate, find_runs, format_value, group_runs, varying_keys
+from posenc.record.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
+from posenc.report.plots import (  # selects the Agg backend first
+    interval_note,
+    save_figure,
+    titled,
+)
+from posenc.report.runs import (
+    Group,
+    deduplicate,
+    find_runs,
+    format_value,
+    group_runs,
+    varying_keys,
+)
 from posenc.report.setup import setup_line
 from posenc.report.stats import Stat, aggregate, scale_of
 from posenc.report.style import group_families, styles_for

@@ -10,7 +10,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 
-from posenc.output.figures import legend_below
+from posenc.display.figures import legend_below
 from posenc.report.plots import save_figure, titled
 from posenc.report.ranking import Ranking
 from posenc.report.style import styles_for

@@ -1,6 +1,6 @@
 """Finished runs on disk, grouped by what differs between them, seeds aggregated.
 
-Each run is read through its RunDir (posenc/run/rundir.py), each file once: the composed config,
+Each run is read through its RunDir (posenc/record/rundir.py), each file once: the composed config,
 the overrides (what the user changed), the metrics and the summary. What a sweep varied is read
 from the overrides (``encoding=rope``, ``encoding.base=100``): exactly the keys the user
 swept, in the user's own words. ``seed`` is never a group key: seeds are what gets averaged.
@@ -20,9 +20,9 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
+from posenc.record.rundir import HYDRA_DIR, METRICS_FILE, RunDir
 from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
-from posenc.run.rundir import HYDRA_DIR, METRICS_FILE, RunDir
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
 NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from posenc.run.metrics import TOKENS_SEEN
-from posenc.report.runs import Run, format_value, is_run_specific
+from posenc.record.metrics import TOKENS_SEEN
 from posenc.report.format import format_number
+from posenc.report.runs import Run, format_value, is_run_specific
 
 ABSENT = "<absent>"
 

@@ -1,7 +1,7 @@
 """Statistics a reviewer accepts, computed by scipy.stats: a group's mean over seeds with its 95%
 t-interval, and a group's difference to another with Welch's interval and a verdict.
 
-Each metric is averaged on its own scale (its declaration in posenc.run.metrics). Perplexity,
+Each metric is averaged on its own scale (its declaration in posenc.record.metrics). Perplexity,
 token counts and rates are positive and multiplicative (perplexity = e^loss): their interval is
 the t-interval of the mean *log* (for perplexity: of the loss), mapped back with exp, so it is
 never negative and is the same interval whether a table shows the loss or the perplexity; the
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from posenc.run.metrics import lookup
+from posenc.record.metrics import lookup
 
 CONFIDENCE = 0.95
 NO_ERROR_BARS = "1 seed: no error bars"
@@ -108,7 +108,9 @@ def aggregate(values: Sequence[float | None], scale: Scale = Scale(), confidence
         return Stat(cleaned, present[0], 0.0, log=log)
     back = np.exp if log else (lambda v: v)
     centre, std = float(back(x.mean())), float(np.std(present, ddof=1))
-    from scipy import stats  # here, not at import (2 s): a figure of one run needs no interval
+    from scipy import (
+        stats,  # here, not at import (2 s): a figure of one run needs no interval
+    )
 
     sem = stats.sem(x)
     low, high = (x.mean(), x.mean()) if sem == 0 else stats.t.interval(confidence, len(x) - 1, loc=x.mean(), scale=sem)

@@ -60,7 +60,7 @@ def family_of(target: str) -> str | None:
     when the class cannot be imported here (a plugin not on this machine's path)."""
     from hydra.utils import get_class
 
-    from posenc.nn.encodings.base import PositionalEncoding
+    from posenc.nn.encodings.base import PositionalEncoding  # start-up: torch, only for a plug-in's class
 
     try:
         cls = get_class(target)

@@ -12,7 +12,14 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from posenc.run.metrics import EXTRAPOLATION_PPL, LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, TASK_ACCURACY, target_of
+from posenc.record.metrics import (
+    EXTRAPOLATION_PPL,
+    LOADED_PER_CPU,
+    MACHINE_CPUS,
+    MACHINE_LOAD,
+    TASK_ACCURACY,
+    target_of,
+)
 from posenc.report.comparison import Column, Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number, format_value

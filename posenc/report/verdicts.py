@@ -13,9 +13,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from posenc.run.metrics import lookup
+from posenc.record.metrics import lookup
 from posenc.report.ranking import Agreement, Ranking, rank_agreement, rank_groups
-from posenc.report.runs import Group, Run, check_choice, format_value, group_runs, sort_key
+from posenc.report.runs import (
+    Group,
+    Run,
+    check_choice,
+    format_value,
+    group_runs,
+    sort_key,
+)
 from posenc.report.stats import NO_ERROR_BARS, Difference, compare_to_baseline, scale_of
 
 

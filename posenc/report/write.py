@@ -11,16 +11,20 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
-from posenc.run.metrics import EXTRAPOLATION_PPL
+from posenc.record.metrics import EXTRAPOLATION_PPL
+from posenc.record.sweepdir import SweepDir
 from posenc.report.comparison import Comparison
 from posenc.report.document import Document, write_html, write_markdown
 from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
-from posenc.report.plots_length import plot_extrapolation, plot_task_accuracy, task_names
+from posenc.report.plots_length import (
+    plot_extrapolation,
+    plot_task_accuracy,
+    task_names,
+)
 from posenc.report.plots_rank import plot_ranks
 from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_lines
 from posenc.report.setup import describe, describe_varied, setup_line
 from posenc.report.tables import text_tables
-from posenc.run.sweepdir import SweepDir
 
 NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one seed: the value alone, no "
          "interval). Perplexity, token counts and rates are positive and multiplicative: their cell is the geometric "

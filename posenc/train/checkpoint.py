@@ -5,7 +5,7 @@ had never stopped: model, optimizer, scheduler, the RNG states (torch, CUDA, num
 data sampler's generator, step and tokens, the last validation metrics, the byte length of
 metrics.jsonl at that step (rows written after it are dropped on resume, so no step is
 logged twice), the W&B run id and the resolved config. Tensors are stored as safetensors and
-the rest as JSON (posenc/run/statefile.py): opening a shared run directory cannot run code. It is
+the rest as JSON (posenc/record/statefile.py): opening a shared run directory cannot run code. It is
 written to a temp file and renamed, so a crash mid-write leaves the previous good checkpoint.
 
 ``trainer.checkpoint`` says what a run keeps (Checkpoints):
@@ -34,10 +34,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import restore_weights
-from posenc.output.commands import command, override
+from posenc.display.commands import command, override
 from posenc.errors import UserError
-from posenc.run.rundir import RunDir
-from posenc.run.statefile import CHECKPOINT_VERSION, save_state
+from posenc.record.rundir import RunDir
+from posenc.record.statefile import CHECKPOINT_VERSION, save_state
 from posenc.train.progress import to_log_files
 from posenc.train.state import TrainState
 

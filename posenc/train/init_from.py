@@ -32,10 +32,11 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from posenc.build import build_encoding, restore_weights
 from posenc.config import parse_overrides
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
-from posenc.run.rundir import LAST_CHECKPOINT, RunDir, load_run_config
+from posenc.record.directory import write_json_atomic
+from posenc.record.rundir import LAST_CHECKPOINT, RunDir, load_run_config
 
 log = logging.getLogger("posenc")
 
@@ -112,7 +113,6 @@ def _differing(parent: dict[str, Any], child: dict[str, Any], skip: tuple[str, .
 
 def _encoding_shapes(cfg: DictConfig) -> Shapes:
     """The parameter shapes of cfg's encoding: the encoding module alone is built, not a model."""
-    from posenc.build import build_encoding
 
     return shapes_of(build_encoding(cfg))
 
@@ -219,7 +219,6 @@ def parent_overrides(overrides: list[str]) -> list[str]:
 def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, write: bool = True) -> dict:
     """Load the parent's weights into model (in place) and record the parent in run_dir;
     returns the summary's ``{"parent": ...}`` entry, or {} for a run with no parent."""
-    from posenc.build import restore_weights
 
     parent = check(cfg, getattr(model, "encoding", None))
     if parent is None:

@@ -9,25 +9,37 @@ metrics to metrics.jsonl and W&B, and at the end the extrapolation evaluation an
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.run import metrics as M
-from posenc.run import provenance
-from posenc.build import build_data, build_model, check_encodable, encoding_summary, seed_everything
+from posenc.build import (
+    build_data,
+    build_model,
+    check_encodable,
+    encoding_summary,
+    seed_everything,
+)
 from posenc.config import validate as validate_config
 from posenc.eval import final
 from posenc.eval.loss import validator
 from posenc.hardware import machine_load, peak_flops, setup_device
-from posenc.run.directory import plain_numbers, wandb_group
-from posenc.run.rundir import RunDir
-from posenc.run.tracking import Tracker
+from posenc.record import metrics as M
+from posenc.record import provenance
+from posenc.record.directory import plain_numbers, wandb_group
+from posenc.record.rundir import RunDir
+from posenc.record.tracking import Tracker
 from posenc.train import distributed, init_from
-from posenc.train.checkpoint import Checkpoints, GracefulStop, Resumed, check_finite, resume_training
-from posenc.train.eval_schedule import is_eval_step
+from posenc.train.checkpoint import (
+    Checkpoints,
+    GracefulStop,
+    Resumed,
+    check_finite,
+    resume_training,
+)
 from posenc.train.progress import TrainProgress
 from posenc.train.state import TrainState, micro_batches, new_train_state, train_step
 
@@ -191,3 +203,34 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                 # SIGTERM / Ctrl-C: checkpoint saved (unless trainer.checkpoint=none), metrics flushed
                 stop.stop(run_dir, step, saved=checkpoints.kind != "none")
     return val, time.time() - loop_start
+
+
+# --- when the loop evaluates ------------------------------------------------------------------
+# When the training loop evaluates: denser early, where the loss falls fastest.
+#
+# A loss curve drops steeply in its first few hundred steps, which is where tokens-to-loss
+# targets are usually crossed; evaluating only every ``trainer.eval_interval`` steps leaves few
+# points there. So over the first ``2·eval_interval`` steps the loop evaluates
+# ``trainer.early_evals`` times per interval (default 4: steps 13, 25, 38, 50, 63, 75, 88, 100
+# for eval_interval=50), then every ``eval_interval`` steps, and always at the last step.
+# ``early_evals=1`` gives evenly spaced evaluations. Each evaluation scores the same
+# ``eval_batches·batch_size`` windows, so the extra early points cost
+# ``2·(early_evals-1)`` evaluations per run, whatever its length.
+
+
+def early_eval_steps(eval_interval: int, early_evals: int) -> set[int]:
+    """The steps in (0, 2·eval_interval] at k·eval_interval/early_evals, rounded half up."""
+    per = max(1, int(early_evals))
+    return {max(1, math.floor(k * eval_interval / per + 0.5)) for k in range(1, 2 * per + 1)}
+
+
+def is_eval_step(step: int, max_steps: int, eval_interval: int, early_evals: int = 1) -> bool:
+    """Whether the loop evaluates after this step."""
+    if step % eval_interval == 0 or step == max_steps:
+        return True
+    return step <= 2 * eval_interval and step in early_eval_steps(eval_interval, early_evals)
+
+
+def eval_schedule(max_steps: int, eval_interval: int, early_evals: int = 1) -> list[int]:
+    """Every step the loop evaluates at, in order (for tests and docs; the loop asks is_eval_step)."""
+    return [s for s in range(1, max_steps + 1) if is_eval_step(s, max_steps, eval_interval, early_evals)]

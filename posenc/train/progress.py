@@ -16,9 +16,16 @@ import time
 from datetime import timedelta
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
 
-from posenc.output.terminal import make_console
+from posenc.display.terminal import make_console
 
 log = logging.getLogger("posenc.progress")
 

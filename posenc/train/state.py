@@ -24,6 +24,7 @@ from posenc.errors import warn_once
 from posenc.hardware import use_compile
 from posenc.nn import flex_kernels
 from posenc.nn.encodings import fla_attention
+from posenc.nn.encodings.base import GROUP_DEFAULTS
 from posenc.train import distributed
 
 #: attempts of one step: each failed compilation moves one kernel down a finite ladder (or the model
@@ -75,7 +76,6 @@ def configure_optimizer(model: nn.Module, tcfg: DictConfig, device: torch.device
 def encoding_options(model: nn.Module) -> dict[int, tuple[float, float]]:
     """id(parameter) -> (lr_scale, weight_decay) from the encoding's ``param_groups`` hook (a model
     without an encoding: none)."""
-    from posenc.nn.encodings.base import GROUP_DEFAULTS
 
     encoding = getattr(model, "encoding", None)
     out: dict[int, tuple[float, float]] = {}

@@ -59,10 +59,22 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
-    Context, FusedAttention, KernelUnavailable, Normaliser, ScoreMod, ScoreRows, distance_position_bias,
-    distance_score_mod, positions_at,
+    Context,
+    FusedAttention,
+    KernelUnavailable,
+    Normaliser,
+    ScoreMod,
+    ScoreRows,
+    distance_position_bias,
+    distance_score_mod,
+    positions_at,
 )
-from posenc.nn.encodings.options import BUILDER_ARGUMENTS, OPTIONS, outermost_encodings, recording_arguments  # noqa: F401
+from posenc.nn.encodings.options import (  # noqa: F401
+    BUILDER_ARGUMENTS,
+    OPTIONS,
+    outermost_encodings,
+    recording_arguments,
+)
 
 #: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
 #: no weight decay (an encoding's own parameters are not pulled to zero while they learn)

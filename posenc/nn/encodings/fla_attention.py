@@ -28,7 +28,9 @@ from torch import Tensor
 
 from posenc.errors import warn_once
 from posenc.nn.encodings.context import Context, FusedAttention, KernelUnavailable
-from posenc.nn.fla_kernels import cu_seqlens  # the recurrent layers' offsets: the same convention
+from posenc.nn.fla_kernels import (
+    cu_seqlens,  # the recurrent layers' offsets: the same convention
+)
 from posenc.nn.mask import AttentionMask
 
 #: the ops each kernel needs: (module, op names), what ``load`` takes

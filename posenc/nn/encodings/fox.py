@@ -35,8 +35,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.encodings import fla_attention
 from posenc.nn.cumsum import cumsum
+from posenc.nn.encodings import fla_attention
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 

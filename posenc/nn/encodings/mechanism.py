@@ -25,7 +25,14 @@ import math
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.base import HOOKS, Context, FusedAttention, PositionalEncoding, ScoreMod, ScoreRows
+from posenc.nn.encodings.base import (
+    HOOKS,
+    Context,
+    FusedAttention,
+    PositionalEncoding,
+    ScoreMod,
+    ScoreRows,
+)
 
 #: the hooks that act on q and k (or the embeddings) before attention: a kernel given the transformed,
 #: scaled q and k has computed them already

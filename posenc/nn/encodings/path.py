@@ -44,7 +44,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.nn.encodings import fla_attention
-from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding, ScoreRows
+from posenc.nn.encodings.base import (
+    Context,
+    FusedAttention,
+    PositionalEncoding,
+    ScoreRows,
+)
 from posenc.nn.encodings.householder import PathScores
 from posenc.nn.encodings.mechanism import Mechanism
 

@@ -25,8 +25,12 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.encodings.rope_scaling import (LENGTH_DEPENDENT, attention_scale, scaled_inv_freq,
-                                               scaling_options)
+from posenc.nn.encodings.rope_scaling import (
+    LENGTH_DEPENDENT,
+    attention_scale,
+    scaled_inv_freq,
+    scaling_options,
+)
 from posenc.nn.fused import complex_rotation
 
 STYLES = ("interleaved", "half")

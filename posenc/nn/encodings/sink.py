@@ -24,7 +24,6 @@ logit by up to ~4.5, the range of the logits it competes with, where unscaled it
 
 from __future__ import annotations
 
-
 import torch
 from torch import Tensor, nn
 

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from posenc.benchmark.data import Row
+from posenc.leaderboard.data import Row
 from posenc.report.ranking import Ranking
 from posenc.report.runs import Group, Run
 from posenc.report.stats import Stat

@@ -1,4 +1,4 @@
-"""`posenc benchmark`: the shipped baselines are data that match the current protocol, a new row is
+"""`posenc leaderboard`: the shipped baselines are data that match the current protocol, a new row is
 placed with compare's own statistics, a protocol-changing override or stale data is refused with one
 line and nothing written, the leaderboard page is what the data renders, and the whole command runs
 end to end on a tiny protocol given as a file."""
@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from posenc.benchmark.data import Row, baselines_path, load_baselines
-from posenc.benchmark.leaderboard import render
-from posenc.benchmark.match import (
+from posenc.check import check_version
+from posenc.config.searchpath import ENV_VAR
+from posenc.leaderboard.data import Row, baselines_path, load_baselines
+from posenc.leaderboard.match import (
     DIFFERENT,
     DRAW,
     EXACT,
@@ -22,15 +23,14 @@ from posenc.benchmark.match import (
     overall,
     seed_verdict,
 )
-from posenc.benchmark.place import place
-from posenc.benchmark.protocol import (
+from posenc.leaderboard.page import render
+from posenc.leaderboard.place import place
+from posenc.leaderboard.protocol import (
     as_recorded,
     load_protocol,
     protocol_hash,
     resolved,
 )
-from posenc.check import check_version
-from posenc.config.searchpath import ENV_VAR
 from posenc.report.runs import find_runs, group_runs
 from posenc.report.verdicts import ranking_of, versus_baseline
 
@@ -116,20 +116,20 @@ def test_on_another_cpu_a_flip_flop_seed_is_a_draw_and_its_mean_is_judged():
 
 
 # --- refusals: one line, nothing written --------------------------------------------------------------
-def benchmark_cli(*args: str):
-    """`posenc benchmark ARGS` in this process (the caller's cwd is a tmp dir): (exit code, stderr)."""
+def leaderboard_cli(*args: str, command: str = "leaderboard"):
+    """`posenc leaderboard ARGS` in this process (the caller's cwd is a tmp dir): (exit code, stderr)."""
     from typer.testing import CliRunner
 
     from posenc.cli.app import app
 
-    result = CliRunner().invoke(app, ["benchmark", *args])
+    result = CliRunner().invoke(app, [command, *args])
     return result.exit_code, result.stderr
 
 
 @pytest.mark.parametrize("args", [["encoding=rope", "trainer.max_steps=5"], ["encoding=rope", "model=tiny"],
                                   ["encoding=rope,alibi"], ["--regenerate", "encoding=rope"]])
 def test_an_override_that_changes_the_protocol_is_refused(workdir, args):
-    code, stderr = benchmark_cli(*args)
+    code, stderr = leaderboard_cli(*args)
     assert code == 1
     assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
     assert not (workdir / "outputs").exists()
@@ -138,10 +138,10 @@ def test_an_override_that_changes_the_protocol_is_refused(workdir, args):
 def test_baselines_from_another_protocol_are_refused(workdir):
     """The shipped data's hash differs from the protocol's (a default it inherits changed): refused."""
     protocol = workdir / "p.yaml"
-    protocol.write_text((ROOT / "posenc" / "benchmark" / "posenc-pe-v1.yaml").read_text())
+    protocol.write_text((ROOT / "posenc" / "leaderboard" / "posenc-pe-v1.yaml").read_text())
     (workdir / "p.json").write_text(json.dumps({"protocol": {"name": "posenc-pe-v1", "hash": "0" * 16},
                                                  "versions": {"posenc": "0.0.1"}, "rows": {}}))
-    code, stderr = benchmark_cli("encoding=rope", "--protocol", str(protocol))
+    code, stderr = leaderboard_cli("encoding=rope", "--protocol", str(protocol))
     assert code == 1
     assert stderr.startswith("error:") and len(stderr.strip().splitlines()) == 1, stderr
     assert "protocol hash 0000000000000000" in stderr and "--regenerate" in stderr
@@ -170,7 +170,7 @@ def test_the_shipped_baselines_have_every_shipped_encoding_and_every_seed(shippe
         assert any(v is not None for values in row.values.values() for v in values)
     raw = baselines.raw
     assert raw["versions"]["torch"] and raw["versions"]["posenc"] and raw["machine"]["cpu"] and raw["date"]
-    assert raw["command"].startswith("posenc benchmark --regenerate")
+    assert raw["command"].startswith(("posenc leaderboard --regenerate", "posenc benchmark --regenerate"))  # the old name measured them
     # every row says what `posenc check` found of its encoding, and under which version of the checks
     assert all(row.check is not None and len(row.check["version"]) == 8 for row in baselines.rows)
 
@@ -195,7 +195,7 @@ def test_a_key_posenc_gains_later_is_not_the_protocol_but_a_changed_value_is():
 
 
 def test_the_leaderboard_page_is_what_the_shipped_data_renders(shipped):
-    from posenc.cli.benchmark_command import leaderboard_path
+    from posenc.cli.leaderboard_command import leaderboard_path
 
     protocol, baselines = shipped
     assert leaderboard_path(protocol.name).read_text() == render(baselines, protocol)
@@ -232,7 +232,7 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     path = workdir / "tiny.yaml"
     path.write_text(yaml.safe_dump(TINY_PROTOCOL, allow_unicode=True))
     runner = CliRunner()
-    regenerated = runner.invoke(app, ["benchmark", "--regenerate", "--protocol", str(path)])
+    regenerated = runner.invoke(app, ["leaderboard", "--regenerate", "--protocol", str(path)])
     assert regenerated.exit_code == 0, regenerated.output
     protocol = load_protocol(str(path))
     baselines = load_baselines(protocol)
@@ -241,15 +241,15 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
 
     assert all(row.check == {"version": check_version(), "failed": []} for row in baselines.rows)
 
-    placed = runner.invoke(app, ["benchmark", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
+    placed = runner.invoke(app, ["leaderboard", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
     assert placed.exit_code == 0, placed.output
     assert "▶ rope base=500" in placed.output and "rope base=500 against each shipped row" in placed.output
     assert next(line for line in placed.output.splitlines() if "▶ rope base=500" in line).rstrip(" │").endswith("✓")
-    [saved] = (workdir / "outputs" / "benchmark" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
+    [saved] = (workdir / "outputs" / "leaderboard" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
     assert json.loads(saved.read_text())["hash"] == baselines.hash
     assert len(list(saved.parent.rglob("summary.json"))) == 1      # one run per seed, as `posenc train -m` leaves
 
-    reproduced = runner.invoke(app, ["benchmark", "--reproduce", "nope", "--protocol", str(path)])
+    reproduced = runner.invoke(app, ["leaderboard", "--reproduce", "nope", "--protocol", str(path)])
     assert reproduced.exit_code == 0, reproduced.output
     assert "reproduced: every value of nope equals the shipped one exactly" in reproduced.output
 
@@ -259,13 +259,13 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     v2 = workdir / "tiny2.yaml"
     v2.write_text(yaml.safe_dump({**TINY_PROTOCOL, "name": "tiny-test-v2", "tolerance": {"metrics": judged}},
                                  allow_unicode=True))
-    carried = runner.invoke(app, ["benchmark", "--regenerate", "--carry-from", str(path), "--protocol", str(v2)])
+    carried = runner.invoke(app, ["leaderboard", "--regenerate", "--carry-from", str(path), "--protocol", str(v2)])
     assert carried.exit_code == 0, carried.output
     rows = load_baselines(load_protocol(str(v2)))
     assert [(r.label, r.values) for r in rows.rows] == [(r.label, r.values) for r in baselines.rows]
     assert rows.raw["carried_from"]["hash"] == baselines.hash and "carried over from `tiny-test`" in \
         v2.with_suffix(".md").read_text()
-    again = runner.invoke(app, ["benchmark", "--reproduce", "alibi", "--protocol", str(v2)])
+    again = runner.invoke(app, ["leaderboard", "--reproduce", "alibi", "--protocol", str(v2)])
     assert again.exit_code == 0 and "equals the shipped one exactly" in again.output, again.output
     assert "mean" in again.output and "a draw" in again.output  # each seed shown, the mean judged
     other = {**TINY_PROTOCOL, "name": "tiny-test-v3", "arms": {"flip_flop": {
@@ -273,7 +273,7 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
         "overrides": [*TINY_PROTOCOL["arms"]["flip_flop"]["overrides"], "trainer.lr=1e-3"]}}}
     v3 = workdir / "tiny3.yaml"
     v3.write_text(yaml.safe_dump(other, allow_unicode=True))
-    refused = runner.invoke(app, ["benchmark", "--regenerate", "--carry-from", str(path), "--protocol", str(v3)])
+    refused = runner.invoke(app, ["leaderboard", "--regenerate", "--carry-from", str(path), "--protocol", str(v3)])
     assert refused.exit_code == 1 and "measured with another arms.flip_flop." in refused.stderr, refused.output
     assert not v3.with_suffix(".json").exists()
 
@@ -301,7 +301,7 @@ class WindowLength(PositionalEncoding):
 
 def test_an_encoding_that_fails_check_is_refused_before_any_run(workdir: Path, monkeypatch):
     """A bias that reads the window's length (the prefix row fails) would have been ranked among the
-    shipped rows: `posenc benchmark` runs `posenc check` first and refuses it in one line, naming
+    shipped rows: `posenc leaderboard` runs `posenc check` first and refuses it in one line, naming
     what fails, with nothing written."""
     from typer.testing import CliRunner
 
@@ -312,7 +312,7 @@ def test_an_encoding_that_fails_check_is_refused_before_any_run(workdir: Path, m
     (workdir / "conf" / "encoding" / "window_length.yaml").write_text("_target_: lengthplug.WindowLength\n")
     monkeypatch.syspath_prepend(str(workdir))
     monkeypatch.setenv(ENV_VAR, str(workdir / "conf"))
-    result = CliRunner().invoke(app, ["benchmark", "encoding=window_length"])
+    result = CliRunner().invoke(app, ["leaderboard", "encoding=window_length"])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: window_length fails `posenc check` (prefix: first t tokens = them alone;")
     assert len(result.stderr.strip().splitlines()) == 1 and "--despite-check" in result.stderr
@@ -338,7 +338,7 @@ def test_a_difference_another_cpu_could_make_is_no_verdict_in_a_placement():
 
     from rich.console import Console
 
-    from posenc.cli.benchmark_place import versus_table
+    from posenc.cli.leaderboard_place import versus_table
 
     protocol = load_protocol("posenc-pe-v2")
     tolerance = protocol.tolerance_of(ACC).value
@@ -352,3 +352,19 @@ def test_a_difference_another_cpu_could_make_is_no_verdict_in_a_placement():
     rows = {line.split("│")[1].strip(): line for line in out.getvalue().splitlines() if line.count("│") > 2}
     assert "≈ CPU" in rows["rope"].split("│")[3] and "better" in rows["alibi"].split("│")[3]
     assert placements[1].versus["rope"].verdict == "better"  # Welch alone would call it
+
+
+def test_the_old_command_name_is_an_alias_for_a_release(workdir):
+    """`posenc benchmark` (the command's name beside `posenc bench` until this release) still runs
+    `posenc leaderboard`, with the same refusals, and is hidden from the command list."""
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    old, new = leaderboard_cli("encoding=rope", "model=tiny", command="benchmark"), leaderboard_cli("encoding=rope", "model=tiny")
+    assert old[0] == new[0] == 1
+    assert old[1] == "warning: `posenc benchmark` is now `posenc leaderboard`; the old name goes in a later release\n" + new[1]
+    listed = CliRunner().invoke(app, ["--help"]).stdout
+    commands = {line.split()[1] for line in listed.splitlines() if line.startswith("│ ") and len(line.split()) > 1}
+    assert "leaderboard" in commands and "benchmark" not in commands
+    assert not list(workdir.iterdir())

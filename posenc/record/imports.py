@@ -4,7 +4,7 @@ Importing ``myplug.encodings`` runs ``myplug/__init__.py`` and ``myplug/encoding
 module of ``myplug`` that encodings.py imports, transitively (``import myplug.helpers``,
 ``from .helpers import f``, ``from . import helpers``, at the top of the file or inside a
 function). That is the code an encoding was built from: what a run's provenance hashes
-(posenc/run/provenance.py). It is read from the source with ``ast``, not from ``sys.modules``, so
+(posenc/record/provenance.py). It is read from the source with ``ast``, not from ``sys.modules``, so
 the set is the same in every process, whatever else that process imported; modules outside the
 top-level package (torch, posenc) are not followed. A file that holds nothing but whitespace (an
 empty ``__init__.py``) runs no code and is left out, so adding one changes nothing.

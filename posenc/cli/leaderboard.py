@@ -1,4 +1,4 @@
-"""`posenc benchmark`: run the benchmark protocol for one encoding and place it among the shipped
+"""`posenc leaderboard`: run the benchmark protocol for one encoding and place it among the shipped
 baselines; `--reproduce NAME` re-runs a shipped row and says whether it matched; `--regenerate`
 measures every shipped encoding again and rewrites the shipped data and docs/leaderboard.md;
 `--recheck` runs `posenc check` on every shipped encoding and rewrites only the rows' check records.
@@ -12,14 +12,21 @@ it is refused, as is shipped data measured under another protocol hash.
 
 from __future__ import annotations
 
+import functools
 
 import typer
 
-from posenc.cli.common import console, run_guarded, user_wants_traceback, without_debug
+from posenc.cli.common import (
+    console,
+    err_console,
+    run_guarded,
+    user_wants_traceback,
+    without_debug,
+)
 from posenc.config.searchpath import SEARCH_ORDER
 
 
-def benchmark(
+def leaderboard(
     ctx: typer.Context,
     config_dir: str = typer.Option(None, "--config-dir", help="a directory of your own configs (an encoding kept "
                                    f"outside posenc: DIR/encoding/NAME.yaml), as every command takes it; {SEARCH_ORDER}"),
@@ -35,16 +42,16 @@ def benchmark(
     jobs: int = typer.Option(1, "--jobs", min=1, help="with --regenerate: sweeps run side by side (one core each)"),
     carry_from: str = typer.Option(None, "--carry-from", help="with --regenerate: take this earlier protocol's "
                                    "shipped rows instead of measuring them, where it ran the same arms and seeds"),
-    protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/benchmark/<name>.yaml); "
+    protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/leaderboard/<name>.yaml); "
                                  "default posenc-pe-v2 (posenc-pe-v1: its earlier version, kept readable)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
     """Run the benchmark protocol for one encoding and place it among the shipped baselines
     (after `posenc check`: an encoding that fails a property is refused).
 
-    Example: `posenc benchmark encoding=mine --config-dir mine/conf`; `posenc benchmark --reproduce rope`.
+    Example: `posenc leaderboard encoding=mine --config-dir mine/conf`; `posenc leaderboard --reproduce rope`.
     """
-    from posenc.cli.benchmark_command import main
+    from posenc.cli.leaderboard_command import main  # start-up: the leaderboard's modules load when it runs
 
     modes = {"--reproduce": reproduce, "--regenerate": regenerate, "--write-docs": write_docs, "--recheck": recheck}
     run_guarded(lambda: main(without_debug(ctx.args), config_dir, modes, jobs, protocol, console, despite_check,
@@ -52,4 +59,19 @@ def benchmark(
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})(benchmark)
+    settings = {"allow_extra_args": True, "ignore_unknown_options": True}
+    app.command("leaderboard", context_settings=settings)(leaderboard)
+    app.command("benchmark", context_settings=settings, hidden=True)(old_name(leaderboard))
+
+
+def old_name(command):
+    """``posenc benchmark``, the command's name until this release (beside `posenc bench`, the speed
+    bench, it read as the same thing): kept for a release, hidden from the list, saying its new name."""
+
+    @functools.wraps(command)  # the same options: typer reads the signature through __wrapped__
+    def alias(*args, **kwargs):
+        err_console.print("warning: `posenc benchmark` is now `posenc leaderboard`; the old name goes in a later "
+                          "release", highlight=False, soft_wrap=True)
+        return command(*args, **kwargs)
+
+    return alias

@@ -1,5 +1,5 @@
 """A new protocol version that changes how a re-run is judged, not what is run, keeps the rows
-already measured: `posenc benchmark --regenerate --carry-from posenc-pe-v1` takes an earlier
+already measured: `posenc leaderboard --regenerate --carry-from posenc-pe-v1` takes an earlier
 protocol's shipped rows when its seeds and every arm (experiment, overrides, metrics and the config
 they compose to) are this protocol's, and refuses otherwise. The rows keep the machine, versions,
 date and command that measured them; the file records where they came from."""
@@ -8,9 +8,15 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from posenc.benchmark.data import Baselines, document, load_baselines
-from posenc.benchmark.protocol import Protocol, as_recorded, protocol_hash, resolved
 from posenc.errors import UserError
+from posenc.leaderboard.data import Baselines, document, load_baselines
+from posenc.leaderboard.protocol import (
+    Protocol,
+    as_recorded,
+    load_protocol,
+    protocol_hash,
+    resolved,
+)
 
 
 def first_difference(now: object, then: object, where: str = "") -> str | None:
@@ -36,7 +42,7 @@ def carried_document(protocol: Protocol, source: Protocol, source_baselines: Bas
                                {"seeds": recorded["seeds"], "arms": recorded["arms"]})
     if differs:
         raise UserError(f"--carry-from {source.name}: its rows were measured with another {differs} than "
-                        f"{protocol.name} runs — measure them (`posenc benchmark --regenerate --protocol {protocol.name}`)")
+                        f"{protocol.name} runs — measure them (`posenc leaderboard --regenerate --protocol {protocol.name}`)")
     raw = source_baselines.raw
     doc = document(config, protocol_hash(config), protocol.description, source_baselines.rows, raw["command"])
     doc.update(date=raw["date"], versions=raw["versions"], machine=raw["machine"],
@@ -46,7 +52,6 @@ def carried_document(protocol: Protocol, source: Protocol, source_baselines: Bas
 
 
 def carry_over(protocol: Protocol, source_name: str, command: str) -> dict:
-    from posenc.benchmark.protocol import load_protocol
 
     if source_name == protocol.name:
         raise UserError(f"--carry-from {source_name}: that is the protocol being regenerated — name an earlier one")

@@ -17,8 +17,8 @@ import numpy as np
 import torch
 
 from posenc.errors import UserError
-from posenc.run.rundir import LEGACY_CHECKPOINTS, LEGACY_SUFFIX, RunDir
-from posenc.run.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_state
+from posenc.record.rundir import LEGACY_CHECKPOINTS, LEGACY_SUFFIX, RunDir
+from posenc.record.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_state
 
 #: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as; numpy 1.x
 #: wrote the reconstructor under numpy.core

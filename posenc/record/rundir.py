@@ -35,9 +35,9 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.config.load import typed_run_config
+from posenc.display.commands import shell_word
 from posenc.errors import UserError
-from posenc.output.commands import shell_word
-from posenc.run.directory import read_jsonl
+from posenc.record.directory import read_jsonl
 
 # --- the names of a run directory's files, defined here alone ------------------------------
 HYDRA_DIR = ".hydra"
@@ -227,8 +227,8 @@ class RunDir:
     def load_checkpoint(self, kind: str | None = None, tensors: bool = True) -> dict:
         """The checkpoint of that kind (None: checkpoint_to_load), read by statefile.read_checkpoint;
         tensors=False reads its header alone."""
-        # imported here: numpy and safetensors load when a checkpoint is read, not for `posenc --help`
-        from posenc.run.statefile import read_checkpoint
+        # imported here (start-up): numpy and safetensors load when a checkpoint is read, not for `posenc --help`
+        from posenc.record.statefile import read_checkpoint
 
         path = self.checkpoint_to_load() if kind is None else self.checkpoint(kind)
         if not path.is_file():
@@ -276,8 +276,8 @@ class RunDir:
 def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:
     """A checkpoint file, or a run directory's checkpoint_to_load (a pickle beside a missing
     file refused with `posenc convert`)."""
-    # imported here, as in RunDir.load_checkpoint
-    from posenc.run.statefile import read_checkpoint
+    # imported here (start-up), as in RunDir.load_checkpoint
+    from posenc.record.statefile import read_checkpoint
 
     path = Path(path)
     if path.is_dir():

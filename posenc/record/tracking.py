@@ -4,7 +4,7 @@ Every log step becomes one JSON object in ``metrics.jsonl`` (with ``step`` and `
 and, when ``logger=wandb``, the same dict in W&B with ``tokens`` as the x-axis. W&B never
 blocks a run: no key or no network falls back to offline with one warning.
 
-W&B learns from the metric declarations (posenc.run.metrics) how to summarise each history
+W&B learns from the metric declarations (posenc.record.metrics) how to summarise each history
 metric: its last value and its best one (``val/loss`` -> last and min, ``train/mfu`` -> last
 and max), so a runs table can sort by either; summary.json keeps the final values.
 """
@@ -19,9 +19,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from posenc.run.directory import write_json_atomic
-from posenc.run.metrics import METRICS, STEP, TOKENS, lookup
-from posenc.run.rundir import RunDir
+from posenc.record.directory import write_json_atomic
+from posenc.record.metrics import METRICS, STEP, TOKENS, lookup
+from posenc.record.rundir import RunDir
 
 log = logging.getLogger("posenc")
 

@@ -1,6 +1,6 @@
-"""`posenc benchmark`'s two runs and what they print: a new encoding placed among the shipped rows
+"""`posenc leaderboard`'s two runs and what they print: a new encoding placed among the shipped rows
 (intervals, rank intervals, its verdict against each shipped row: compare's statistics,
-posenc/benchmark/place.py), and a shipped row re-run against its shipped values (posenc/benchmark/match.py)."""
+posenc/leaderboard/place.py), and a shipped row re-run against its shipped values (posenc/leaderboard/match.py)."""
 
 from __future__ import annotations
 
@@ -13,17 +13,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.benchmark.checked import check_cell
-from posenc.benchmark.data import Baselines, cpu_model, row_to_json, versions
-from posenc.benchmark.leaderboard import cell, fmt_of, sort_key
-from posenc.benchmark.match import DIFFERENT, DRAW, EXACT, SeedMatch, match, overall
-from posenc.benchmark.place import Placement, place
-from posenc.benchmark.protocol import Protocol, Tolerance, label_of
-from posenc.cli.benchmark_run import OUTPUTS, run_encoding, stamp
+from posenc.cli.leaderboard_run import OUTPUTS, run_encoding, stamp
 from posenc.errors import UserError
+from posenc.leaderboard.checked import check_cell, check_record
+from posenc.leaderboard.data import Baselines, cpu_model, row_to_json, versions
+from posenc.leaderboard.match import DIFFERENT, DRAW, EXACT, SeedMatch, match, overall
+from posenc.leaderboard.page import cell, fmt_of, sort_key
+from posenc.leaderboard.place import Placement, place
+from posenc.leaderboard.protocol import Protocol, Tolerance, label_of
+from posenc.record.directory import write_json_atomic
 from posenc.report.stats import BETTER, WORSE, Difference
 from posenc.report.tables import format_difference
-from posenc.run.directory import write_json_atomic
 
 VERDICT_MARK = {BETTER: "better", WORSE: "worse"}
 
@@ -102,7 +102,6 @@ def safe(label: str) -> str:
 def checked_first(args: list[str], label: str, despite: bool, console: Console) -> dict:
     """`posenc check` on the encoding before any run: its record, or a refusal (one line, nothing
     written) when a property fails, unless ``despite`` (then the row is placed, marked)."""
-    from posenc.benchmark.checked import check_record
 
     console.print(f"checking {escape(label)} first (`posenc check {escape(' '.join(args))}`)…", highlight=False,
                   soft_wrap=True)

@@ -1,4 +1,4 @@
-"""A benchmark protocol as data: posenc/benchmark/<name>.yaml names its arms (each a Hydra
+"""A benchmark protocol as data: posenc/leaderboard/<name>.yaml names its arms (each a Hydra
 experiment, conf/experiment/<arm>.yaml), the seeds, the metrics each arm reports, and the
 tolerance a re-run is held to. Its hash is taken over all of that and over each arm's config as
 Hydra composes it, so a change to a default the arms inherit (the micro model, the trainer, the
@@ -15,8 +15,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from posenc.config import parse_overrides
+from posenc.config import compose, parse_overrides
 from posenc.errors import UserError
+from posenc.report.stats import scale_of
 
 DEFAULT_PROTOCOL = "posenc-pe-v2"
 #: the keys of a composed arm that are not the protocol: what is benchmarked, which seed, where it logs
@@ -71,7 +72,6 @@ class Protocol:
         """The metric's own entry (``tolerance: {metric: {relative|absolute: x, over: seed|mean}}``),
         else posenc-pe-v1's two numbers: ``relative`` for a log-scale metric, ``absolute`` for the
         others, seed by seed."""
-        from posenc.report.stats import scale_of
 
         own = self.tolerance.get("metrics", {}).get(metric)
         if own is not None:
@@ -82,14 +82,14 @@ class Protocol:
 
 
 def protocol_file(name: str = DEFAULT_PROTOCOL) -> Path:
-    """A shipped protocol's file (posenc/benchmark/<name>.yaml), or a protocol kept elsewhere, given
+    """A shipped protocol's file (posenc/leaderboard/<name>.yaml), or a protocol kept elsewhere, given
     as a path to its YAML file (its baselines then live beside it, <file>.json)."""
     if name.endswith((".yaml", ".yml")):
         path = Path(name)
         if not path.is_file():
             raise UserError(f"--protocol {name}: no such file — give a protocol YAML file or a shipped protocol's name")
         return path
-    path = Path(str(files("posenc.benchmark").joinpath(f"{name}.yaml")))
+    path = Path(str(files("posenc.leaderboard").joinpath(f"{name}.yaml")))
     if not path.is_file():
         shipped = sorted(p.stem for p in path.parent.glob("*.yaml"))
         raise UserError(f"--protocol {name}: no such protocol — one of {', '.join(shipped)}, or a YAML file")
@@ -107,7 +107,6 @@ def load_protocol(name: str = DEFAULT_PROTOCOL) -> Protocol:
 def arm_config(arm: Arm) -> dict:
     """The arm's config as `posenc train experiment=<arm>` composes it from posenc's own conf/,
     resolved, without the keys that are not the protocol (NOT_PROTOCOL)."""
-    from posenc.config import compose
 
     cfg = OmegaConf.to_container(compose([f"experiment={arm.experiment}", *arm.overrides], bench=False), resolve=True)
     return {k: v for k, v in cfg.items() if k not in NOT_PROTOCOL}
@@ -147,23 +146,23 @@ def protocol_hash(config: dict) -> str:
 def encoding_overrides(args: list[str]) -> list[str]:
     """The overrides, checked to touch only the encoding: one error line for anything else."""
     if not args:
-        raise UserError("name the encoding to benchmark: `posenc benchmark encoding=NAME [encoding.KEY=…]` "
+        raise UserError("name the encoding to benchmark: `posenc leaderboard encoding=NAME [encoding.KEY=…]` "
                         "(or --reproduce NAME, --regenerate)")
     flags = [a for a in args if a.startswith("-")]
     if flags:
-        raise UserError(f"posenc benchmark does not take {flags[0]} — see `posenc benchmark --help`")
+        raise UserError(f"posenc leaderboard does not take {flags[0]} — see `posenc leaderboard --help`")
     parsed = parse_overrides(args)
     changing = [o.override.input_line for o in parsed
                 if not (o.key == "encoding" or o.key.startswith(("encoding.", "encoding@")))]
     if changing:
         raise UserError(f"{changing[0]} would change the benchmark protocol, so the shipped rows would not compare — "
-                        f"posenc benchmark takes only encoding=NAME and its encoding.KEY=… options "
+                        f"posenc leaderboard takes only encoding=NAME and its encoding.KEY=… options "
                         f"(to study other settings, use `posenc train -m` and `posenc compare`)")
     if not any(o.key == "encoding" for o in parsed):
-        raise UserError("name the encoding: `posenc benchmark encoding=NAME` (its options as encoding.KEY=…)")
+        raise UserError("name the encoding: `posenc leaderboard encoding=NAME` (its options as encoding.KEY=…)")
     sweeps = [o.override.input_line for o in parsed if o.override.is_sweep_override()]
     if sweeps:
-        raise UserError(f"{sweeps[0]}: posenc benchmark runs one encoding — run it once per value")
+        raise UserError(f"{sweeps[0]}: posenc leaderboard runs one encoding — run it once per value")
     return args
 
 

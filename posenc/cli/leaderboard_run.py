@@ -1,8 +1,8 @@
 """Running a benchmark protocol for one encoding: each arm is a Hydra sweep over the protocol's
 seeds (`posenc train -m experiment=<arm> <encoding overrides> seed=0,1,2`), through the same
-run_hydra and pre-checks as `posenc train`, its runs under outputs/benchmark/. And regenerating
+run_hydra and pre-checks as `posenc train`, its runs under outputs/leaderboard/. And regenerating
 the shipped baselines: every shipped encoding's runs, `jobs` at a time in worker processes, each
-(encoding, arm, seed) kept under outputs/benchmark/<protocol>/regenerate/parts/ as it finishes, so a
+(encoding, arm, seed) kept under outputs/leaderboard/<protocol>/regenerate/parts/ as it finishes, so a
 stopped regeneration re-run with the same command starts where it stopped.
 """
 
@@ -11,19 +11,24 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from contextlib import contextmanager
 from datetime import datetime
 from multiprocessing import get_context
 from pathlib import Path
 
-from posenc.benchmark.data import Row
-from posenc.benchmark.protocol import Arm, Protocol
+from posenc.cli.explain import explain
+from posenc.cli.hydra_argv import parse_args
+from posenc.cli.hydra_commands import check_run
+from posenc.cli.hydra_entry import run_hydra
+from posenc.cli.job_returns import outcome
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
+from posenc.leaderboard.data import Row
+from posenc.leaderboard.protocol import Arm, Protocol, load_protocol
+from posenc.record.directory import write_json_atomic
 
 #: where the benchmark's runs land, under the working directory (as `posenc train`'s outputs/)
-OUTPUTS = Path("outputs") / "benchmark"
+OUTPUTS = Path("outputs") / "leaderboard"
 
 Echo = Callable[[str], None]
 
@@ -40,11 +45,6 @@ def arm_argv(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_
 def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_dir: str | None,
             sweep_dir: Path) -> dict:
     """Train the arm's seeds; {"values": {metric: per-seed}, "wall_time_s": per-seed, "load_1m", "errors"}."""
-    from posenc.cli.explain import explain
-    from posenc.cli.hydra_argv import parse_args
-    from posenc.cli.hydra_commands import check_run
-    from posenc.cli.hydra_entry import run_hydra
-    from posenc.cli.job_returns import outcome
 
     with one_torch_thread():
         returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
@@ -106,7 +106,6 @@ def _worker(protocol_source: str, arm_name: str, encoding: str, seed: int, sweep
             hash_: str) -> str:
     """One (encoding, arm, seed) in a worker process; its result written to part_file. Skipped when
     another regeneration sharing the directory has done it or is doing it (a live process's claim)."""
-    from posenc.benchmark.protocol import load_protocol
 
     if not claim(Path(part_file), hash_):
         return part_file
@@ -115,7 +114,6 @@ def _worker(protocol_source: str, arm_name: str, encoding: str, seed: int, sweep
     try:
         part = run_arm(arm, (seed,), [f"encoding={encoding}"], None, Path(sweep_dir))
     except Exception as e:  # noqa: BLE001 - recorded in the row (and retried by the next regeneration)
-        from posenc.cli.explain import explain
 
         part = {"values": {m: [None] for m in arm.metrics}, "wall_time_s": [None], "load_1m": [None],
                 "errors": [f"{arm.name} seed {seed}: {explain(e)}"]}

@@ -1,7 +1,7 @@
-"""The shipped baselines: posenc/benchmark/baselines/<protocol>.json, one row per shipped encoding
+"""The shipped baselines: posenc/leaderboard/baselines/<protocol>.json, one row per shipped encoding
 with every seed's value of every protocol metric, the resolved protocol and its hash, the versions
 and the machine that measured them, and what `posenc check` found of the encoding (which version of
-the checks, which properties fail). Written only by `posenc benchmark --regenerate` (everything)
+the checks, which properties fail). Written only by `posenc leaderboard --regenerate` (everything)
 and `--recheck` (the check records alone: the checks take seconds, the runs hours).
 """
 
@@ -16,8 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 from importlib.resources import files
 from pathlib import Path
 
-from posenc.benchmark.protocol import Protocol
 from posenc.errors import UserError
+from posenc.leaderboard.protocol import Protocol
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def baselines_path(protocol: Protocol) -> Path:
     tree of an editable install), one given as a YAML file's beside it (<file>.json)."""
     if protocol.source.endswith((".yaml", ".yml")):
         return Path(protocol.source).with_suffix(".json")
-    return Path(str(files("posenc.benchmark").joinpath("baselines", f"{protocol.name}.json")))
+    return Path(str(files("posenc.leaderboard").joinpath("baselines", f"{protocol.name}.json")))
 
 
 def versions() -> dict[str, str]:
@@ -97,7 +97,7 @@ def load_baselines(protocol: Protocol) -> Baselines:
     path = baselines_path(protocol)
     if not path.is_file():
         raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
-                        f"run `posenc benchmark --regenerate` to measure them")
+                        f"run `posenc leaderboard --regenerate` to measure them")
     raw = json.loads(path.read_text())
     rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"))
             for label, r in raw["rows"].items()]

@@ -1,17 +1,18 @@
 """What `posenc check` says of an encoding the benchmark places or ships. A row keeps the record
-{"version": the checks' version, "failed": the properties that fail} (posenc/benchmark/data.py),
-the leaderboard page shows it beside the numbers, and `posenc benchmark` refuses to place an
-encoding that fails a property unless told to place it marked (posenc/cli/benchmark_place.py):
+{"version": the checks' version, "failed": the properties that fail} (posenc/leaderboard/data.py),
+the leaderboard page shows it beside the numbers, and `posenc leaderboard` refuses to place an
+encoding that fails a property unless told to place it marked (posenc/cli/leaderboard_place.py):
 a number measured on an encoding that breaks the contract (a bias that reads the window's length,
 a token that sees its future) is not a result about positional encoding."""
 
 from __future__ import annotations
 
+from posenc.check import check_version, compose_subject, run_checks
+
 
 def check_record(overrides: list[str]) -> dict:
     """Run every property of `posenc check` on the encoding the overrides choose (its tiny model, as
     the command does): {"version": check_version(), "failed": [property, ...]}."""
-    from posenc.check import check_version, compose_subject, run_checks
 
     rows = run_checks(compose_subject(overrides))
     return {"version": check_version(), "failed": [r.name for r in rows if r.failed]}

@@ -1,7 +1,7 @@
 """Run and sweep directories by name, and writing their files: atomic JSON, JSON lines.
 
-What a run directory holds, and every file name in it, is posenc/run/rundir.py's (``RunDir``); a
-sweep directory's is posenc/run/sweepdir.py's. Here: how directories are named and removed. A sweep
+What a run directory holds, and every file name in it, is posenc/record/rundir.py's (``RunDir``); a
+sweep directory's is posenc/record/sweepdir.py's. Here: how directories are named and removed. A sweep
 lands in ``outputs/sweeps/<date>/<time with µs>_<name>/<job.num>_<swept values>`` (conf/config.yaml):
 ``<name>`` is the experiment's (or ``name=``), else the swept keys and values
 (``encoding-rope,alibi_seed-0,1``: sweep_name), and each job's directory carries its own
@@ -21,6 +21,8 @@ from typing import Any
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import OmegaConf
+
+from posenc.config import parse_overrides
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
@@ -117,7 +119,6 @@ def sweep_name(swept: dict[str, list]) -> str:
 def job_dir_name(task_overrides: list[str], exclude: list[str], fallback: str) -> str:
     """A job's directory name (after '<job.num>_'): its values of the swept keys, the overrides
     not in exclude (the sweep's fixed ones), e.g. 'encoding=rope_seed=0'; fallback when none."""
-    from posenc.config import parse_overrides
 
     swept = [(o.key, plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str())
              for o in parse_overrides(task_overrides) if o.key not in set(exclude) and not o.key.startswith("hydra")]

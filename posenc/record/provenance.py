@@ -5,7 +5,7 @@ encoding config names (``_target_``, a mechanism's ``inner`` and a layout kind's
 included): its module, the module's source file, the directory it was imported from, and a
 SHA-256 of each source file importing it runs (``sources``, by path under that directory): for a
 plugin package, the module, the package's __init__.py files and the package's modules it imports,
-transitively (posenc/run/imports.py; a helper module's change counts, an unrelated file of the
+transitively (posenc/record/imports.py; a helper module's change counts, an unrelated file of the
 package or an empty __init__.py does not); posenc's own encodings are the module file, and
 posenc's version says the rest. It also records the plugin config directories the run was
 composed with, so a resume composes with them from any directory.
@@ -26,11 +26,11 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from posenc.config.choices import import_module_of, unimportable
-from posenc.config.searchpath import plugin_sources
+from posenc.config.searchpath import add_config_dirs, plugin_sources
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
-from posenc.run.imports import package_sources
-from posenc.run.rundir import RunDir
+from posenc.record.directory import write_json_atomic
+from posenc.record.imports import package_sources
+from posenc.record.rundir import RunDir
 
 ALLOW_KEY = "trainer.allow_code_change"
 
@@ -65,7 +65,7 @@ def encoding_targets(cfg: DictConfig) -> list[str]:
 def _source_files(module) -> tuple[Path | None, list[Path]]:
     """(the module's file, the files its hash covers): the module file for posenc's own modules
     and single-file plugins; for a plugin package, what importing the module runs within it
-    (posenc/run/imports.py)."""
+    (posenc/record/imports.py)."""
     file = getattr(module, "__file__", None)
     if file is None:
         return None, []
@@ -177,7 +177,6 @@ def changes(run: RunDir | Path) -> list[str]:
 def restore_config_dirs(run: RunDir | Path) -> None:
     """Add the plugin config directories the run was composed with to this process's search path
     (a resume composes the run again), those that still exist."""
-    from posenc.config.searchpath import add_config_dirs
 
     saved = RunDir.of(run).provenance() or {}
     dirs = [url.removeprefix("file://") for url in saved.get("config_dirs", []) if url.startswith("file://")]

@@ -1,8 +1,8 @@
 """A sweep directory (Hydra's multirun): Hydra's ``multirun.yaml`` (the sweep's composed config,
 written before any job), posenc's ``sweep.json`` (the name, when it started, the overrides, the
 sweeper and the launcher: written by the first job to start) and one run directory per job,
-``<job.num>_<swept values>`` (conf/config.yaml; its names: posenc/run/directory.py). File names
-come from posenc/run/rundir.py, the one module that spells them."""
+``<job.num>_<swept values>`` (conf/config.yaml; its names: posenc/record/directory.py). File names
+come from posenc/record/rundir.py, the one module that spells them."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.run.directory import sweep_group
-from posenc.run.rundir import MULTIRUN_FILE, SWEEP_FILE, RunDir
+from posenc.record.directory import sweep_group
+from posenc.record.rundir import MULTIRUN_FILE, SWEEP_FILE, RunDir
 
 
 class SweepDir:

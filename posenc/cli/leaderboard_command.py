@@ -1,4 +1,4 @@
-"""What `posenc benchmark` does, once its options are parsed (posenc/cli/benchmark.py)."""
+"""What `posenc leaderboard` does, once its options are parsed (posenc/cli/leaderboard.py)."""
 
 from __future__ import annotations
 
@@ -7,21 +7,30 @@ from pathlib import Path
 
 from rich.console import Console
 
-from posenc.benchmark.checked import check_cell, check_record
-from posenc.benchmark.data import Baselines, baselines_path, document, load_baselines
-from posenc.benchmark.protocol import (DEFAULT_PROTOCOL, Protocol, as_recorded, encoding_overrides, load_protocol,
-                                       protocol_hash, resolved)
-from posenc.cli.benchmark_place import place_new, reproduce_row
-from posenc.cli.benchmark_run import OUTPUTS
+import posenc
+from posenc.cli.leaderboard_place import place_new, reproduce_row
+from posenc.cli.leaderboard_run import OUTPUTS, regenerate
+from posenc.config import group_options
 from posenc.errors import UserError
-from posenc.run.directory import write_json_atomic
-
+from posenc.leaderboard.carry import carry_over
+from posenc.leaderboard.checked import check_cell, check_record
+from posenc.leaderboard.data import Baselines, baselines_path, document, load_baselines
+from posenc.leaderboard.page import render
+from posenc.leaderboard.protocol import (
+    DEFAULT_PROTOCOL,
+    Protocol,
+    as_recorded,
+    encoding_overrides,
+    load_protocol,
+    protocol_hash,
+    resolved,
+)
+from posenc.record.directory import write_json_atomic
 
 
 def leaderboard_path(name: str = DEFAULT_PROTOCOL) -> Path:
     """docs/leaderboard.md (the default protocol's page), or docs/leaderboard-<name>.md (an earlier
     protocol's, kept readable), of the source checkout posenc runs from (an editable install)."""
-    import posenc
 
     docs = Path(posenc.__file__).resolve().parent.parent / "docs"
     if not docs.is_dir():
@@ -32,7 +41,6 @@ def leaderboard_path(name: str = DEFAULT_PROTOCOL) -> Path:
 
 def write_page(baselines: Baselines, protocol: Protocol, console: Console) -> Path:
     """docs/leaderboard.md for a shipped protocol; <file>.md beside a protocol given as a file."""
-    from posenc.benchmark.leaderboard import render
 
     is_file = protocol.source.endswith((".yaml", ".yml"))
     path = Path(protocol.source).with_suffix(".md") if is_file else leaderboard_path(protocol.name)
@@ -50,7 +58,7 @@ def checked_baselines(protocol: Protocol) -> tuple[Baselines, str]:
     if baselines.hash != current:
         raise UserError(f"the shipped baselines of {protocol.name} were measured under protocol hash {baselines.hash}, "
                         f"but this posenc's protocol hashes to {current} (a default the protocol inherits changed) — "
-                        f"regenerate them (`posenc benchmark --regenerate`) or use the posenc version that made them "
+                        f"regenerate them (`posenc leaderboard --regenerate`) or use the posenc version that made them "
                         f"({baselines.raw['versions']['posenc']})")
     return baselines, current
 
@@ -59,8 +67,6 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     """Every shipped encoding under the protocol; the shipped data and the page rewritten from the runs."""
     import time
 
-    from posenc.cli.benchmark_run import regenerate
-    from posenc.config import group_options
 
     config = resolved(protocol)
     if baselines_path(protocol).is_file():  # keys added since the shipped data are not part of its protocol
@@ -72,7 +78,7 @@ def regenerate_all(protocol: Protocol, jobs: int, console: Console) -> None:
     rows = regenerate(protocol, hash_, list(protocol.encodings) or group_options("encoding"), jobs, OUTPUTS / protocol.name / "regenerate",
                       lambda line: console.print(line, highlight=False, soft_wrap=True))
     rows = [dataclasses.replace(row, check=check_record([f"encoding={row.label}"])) for row in rows]
-    command = "posenc benchmark --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
+    command = "posenc leaderboard --regenerate" + (f" --jobs {jobs}" if jobs > 1 else "")
     doc = document(config, hash_, protocol.description, rows, command)
     path = baselines_path(protocol)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -99,9 +105,8 @@ def recheck_all(protocol: Protocol, console: Console) -> None:
 
 def carry_all(protocol: Protocol, source: str, console: Console) -> None:
     """The shipped data of a protocol that runs what an earlier one ran: its rows (benchmark/carry.py)."""
-    from posenc.benchmark.carry import carry_over
 
-    doc = carry_over(protocol, source, f"posenc benchmark --regenerate --carry-from {source}")
+    doc = carry_over(protocol, source, f"posenc leaderboard --regenerate --carry-from {source}")
     path = baselines_path(protocol)
     write_json_atomic(path, doc)
     console.print(f"wrote {path} ({len(doc['rows'])} encodings, carried over from {source})", highlight=False)
@@ -114,7 +119,7 @@ def main(args: list[str], config_dir: str | None, chosen: dict[str, object], job
     modes = [m for m, on in chosen.items() if on]
     reproduce = chosen.get("--reproduce")
     if carry_from and not chosen.get("--regenerate"):
-        raise UserError("--carry-from goes with --regenerate: `posenc benchmark --regenerate --carry-from NAME`")
+        raise UserError("--carry-from goes with --regenerate: `posenc leaderboard --regenerate --carry-from NAME`")
     if len(modes) > 1:
         raise UserError(f"{' and '.join(modes)} cannot be given together — pick one")
     if modes and args:

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from statistics import fmean
 
-from posenc.benchmark.data import Row
-from posenc.benchmark.protocol import MEAN, Protocol, Tolerance
+from posenc.leaderboard.data import Row
+from posenc.leaderboard.protocol import MEAN, Protocol, Tolerance
 
 EXACT, WITHIN, DIFFERENT = "exact", "within tolerance", "different"
 DRAW = "a draw: the mean is judged"  # a seed's value of a metric judged on the mean
