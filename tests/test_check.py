@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from broken_encodings import WINDOW_LENGTH
 
 from posenc.check import Status, compose_subject, run_checks
 from posenc.config import group_options
@@ -51,19 +52,7 @@ class LogDistance(PositionalEncoding):
         return b + self.offset[:, None] if self.offset is not None else b
 
 
-class WindowLength(PositionalEncoding):
-    """b_h(i, j) = -s_h·(i - j)(T - i)/T with T the number of queries it is given: causal, and
-    wrong (it reads the window's length)."""
-
-    def __init__(self, d_model: int, n_head: int, name: str = "window_length") -> None:
-        super().__init__(d_model, n_head, name)
-        self.slope = nn.Parameter(torch.ones(n_head))
-
-    def position_bias(self, q_pos, k_pos):
-        T = q_pos.shape[-1]
-        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.slope.dtype)
-        return -self.slope[:, None, None] * (n * (T - q_pos[..., :, None]).to(self.slope.dtype) / T).unsqueeze(-3)
-'''
+''' + WINDOW_LENGTH
 
 
 @pytest.fixture(scope="module")

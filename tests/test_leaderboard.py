@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from broken_encodings import IMPORTS, WINDOW_LENGTH
 
 from posenc.check import check_version
 from posenc.config.searchpath import ENV_VAR
@@ -278,25 +279,7 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     assert not v3.with_suffix(".json").exists()
 
 
-WINDOW_LENGTH = '''
-import torch
-from torch import nn
-
-from posenc.nn.encodings.base import PositionalEncoding
-
-
-class WindowLength(PositionalEncoding):
-    """b_h(i, j) = -s_h·(i - j)(T - i)/T, T the number of queries given: it reads the window's length."""
-
-    def __init__(self, d_model: int, n_head: int, name: str = "window_length") -> None:
-        super().__init__(d_model, n_head, name)
-        self.slope = nn.Parameter(torch.ones(n_head))
-
-    def position_bias(self, q_pos, k_pos):
-        T = q_pos.shape[-1]
-        n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.slope.dtype)
-        return -self.slope[:, None, None] * (n * (T - q_pos[..., :, None]).to(self.slope.dtype) / T).unsqueeze(-3)
-'''
+PLUGIN = IMPORTS + WINDOW_LENGTH  # a bias that reads the window's length (tests/broken_encodings.py)
 
 
 def test_an_encoding_that_fails_check_is_refused_before_any_run(workdir: Path, monkeypatch):
@@ -307,7 +290,7 @@ def test_an_encoding_that_fails_check_is_refused_before_any_run(workdir: Path, m
 
     from posenc.cli.app import app
 
-    (workdir / "lengthplug.py").write_text(WINDOW_LENGTH)
+    (workdir / "lengthplug.py").write_text(PLUGIN)
     (workdir / "conf" / "encoding").mkdir(parents=True)
     (workdir / "conf" / "encoding" / "window_length.yaml").write_text("_target_: lengthplug.WindowLength\n")
     monkeypatch.syspath_prepend(str(workdir))
