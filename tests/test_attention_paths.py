@@ -160,3 +160,16 @@ def test_fast_rope_is_the_papers_rotation(style, fraction):
         expected[..., first] = a * theta.cos() - b * theta.sin()
         expected[..., second] = a * theta.sin() + b * theta.cos()
         torch.testing.assert_close(rotated, expected, atol=1e-5, rtol=1e-5)  # rotated in fp32
+
+
+@pytest.mark.parametrize("name", ["rope", "nope", "sinusoidal"])
+def test_a_model_without_a_bias_compiles_to_one_graph(name):
+    """torch.compile of the model (trainer.compile, the default on CUDA) traces one graph: nothing in
+    the forward breaks it (a graph break costs a round trip to Python and splits the kernels inductor
+    can fuse, every step). A mask's default window once broke it in every forward."""
+    import torch._dynamo
+
+    model = tiny_model(name).eval()
+    with torch.no_grad():
+        explained = torch._dynamo.explain(model)(torch.randint(64, (2, 64)))
+    assert explained.graph_break_count == 0, [r.reason.splitlines()[0] for r in explained.break_reasons]

@@ -36,13 +36,22 @@ def inductor_error(text: str) -> Exception:
     return InductorError(RuntimeError(text), None)
 
 
+#: dynamo's recompile-limit settings (named recompile_limit since torch 2.6, cache_size_limit before)
+LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
+
+
 @pytest.fixture(autouse=True)
-def fresh_kernel_state(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test starts with no layer kind stepped down and no warning said."""
+def fresh_kernel_state(monkeypatch: pytest.MonkeyPatch):
+    """Each test starts with no layer kind stepped down and no warning said, and leaves dynamo's
+    recompile limit as it found it (posenc raises it where it compiles a model)."""
     monkeypatch.setattr(flex_kernels, "_LEVEL", {})
     monkeypatch.setattr(flex_kernels, "_FAILURE", {})
     monkeypatch.setattr(flex_kernels, "_PENDING", {})
     monkeypatch.setattr(errors, "_WARNED", set())
+    config = torch._dynamo.config
+    with config.patch({LIMIT: getattr(config, LIMIT),
+                       "fail_on_recompile_limit_hit": getattr(config, "fail_on_recompile_limit_hit", False)}):
+        yield
 
 
 def flex_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -249,10 +258,8 @@ def test_reaching_dynamos_recompile_limit_raises_it_and_says_so(monkeypatch):
 
     from posenc.train.state import micro_batches, train_step
 
-    config = torch._dynamo.config
-    name = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-    monkeypatch.setattr(config, name, 8)
-    monkeypatch.setattr(config, "fail_on_recompile_limit_hit", getattr(config, "fail_on_recompile_limit_hit", False))
+    config, name = torch._dynamo.config, LIMIT
+    setattr(config, name, 8)  # torch's default (the fixture restores what was set)
     hits = iter([FailOnRecompileLimitHit("Hard failure due to fail_on_recompile_limit_hit")])
     state = compiled_state(monkeypatch, "rope", lambda stub: next(hits, None))
     assert getattr(config, name) == flex_kernels.RECOMPILE_LIMIT  # raised where posenc compiles a model

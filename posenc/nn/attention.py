@@ -185,7 +185,7 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         options = flex_kernels.options(key, ctx.device)
         if options == flex_kernels.DENSE:  # no configuration compiled here: said once, when it failed
             return dense_plan(encoding, ctx, layer)
-        flex_kernels.active.add(key)  # what a failing step steps down (posenc/train/state.py)
+        flex_kernels.active[key] = None  # what a failing step steps down (posenc/train/state.py)
         return FlexPlan(score_mod, mask.block_mask(ctx.device), key=key, options=options,
                         dense=functools.partial(dense_plan, encoding, ctx, layer))
     if why_not is not None:  # a CUDA run that cannot take FlexAttention (on a CPU SDPA is the design)

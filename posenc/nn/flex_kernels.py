@@ -24,7 +24,8 @@ forward or step used are the ``active`` keys; the train step (posenc/train/state
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from typing import NamedTuple
 
 import torch
 
@@ -41,16 +42,17 @@ DEFAULT_SHARED_MEMORY = 99 * 1024
 KernelOptions = dict[str, int] | None
 
 
-@dataclass(frozen=True)
-class KernelKey:
-    """A layer kind's FlexAttention kernels: its encoding (type and name, with options), head dim and dtype."""
+class KernelKey(NamedTuple):
+    """A layer kind's FlexAttention kernels: its encoding (type and name), head dim and dtype. A
+    tuple: plan() builds one inside a compiled model's trace, which takes tuples as they are."""
 
     encoding: str
     head_dim: int
     dtype: str
 
-    def describe(self) -> str:
-        return f"FlexAttention for {self.encoding} (head_dim {self.head_dim}, {self.dtype})"
+
+def describe(key: KernelKey) -> str:
+    return f"FlexAttention for {key.encoding} (head_dim {key.head_dim}, {key.dtype})"
 
 
 #: how far down its ladder each layer kind has stepped (0: torch's own choice)
@@ -59,23 +61,34 @@ _LEVEL: dict[KernelKey, int] = {}
 _FAILURE: dict[KernelKey, str] = {}
 #: the first error of each layer kind that is stepping down and has not compiled yet
 _PENDING: dict[KernelKey, str] = {}
-#: the layer kinds whose FlexAttention kernels the current forward or step planned (see the module doc)
-active: set[KernelKey] = set()
+#: the layer kinds whose FlexAttention kernels the current forward or step planned (see the module doc);
+#: a dict used as an ordered set (a compiled model's trace records a dict's writes as it runs them)
+active: dict[KernelKey, None] = {}
+#: shared memory per block, by device index: asked of the device once, outside a trace where it can
+_SHARED: dict[int, int] = {}
+
+
+#: the dtypes attention runs in, by name (a lookup a compiled model's trace takes as a constant)
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16", torch.float64: "float64"}
+ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2, "float64": 8}
 
 
 def kernel_key(encoding: torch.nn.Module, head_dim: int, dtype: torch.dtype) -> KernelKey:
-    """The key of a layer kind whose encoding is ``encoding`` (its repr holds its options)."""
+    """The key of a layer kind whose encoding is ``encoding`` (its name and class)."""
     what = f"encoding '{getattr(encoding, 'name', type(encoding).__name__)}' ({type(encoding).__qualname__})"
-    return KernelKey(what, int(head_dim), str(dtype).removeprefix("torch."))
+    return KernelKey(what, int(head_dim), DTYPES.get(dtype, "float32"))
 
 
 def shared_memory(device: torch.device) -> int:
     """Bytes of shared memory one thread block may use on device (opt-in maximum where known)."""
     if device.type != "cuda" or not torch.cuda.is_available():
         return DEFAULT_SHARED_MEMORY
-    props = torch.cuda.get_device_properties(device)
-    return int(getattr(props, "shared_memory_per_block_optin", 0) or getattr(props, "shared_memory_per_block", 0)
-               or DEFAULT_SHARED_MEMORY)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _SHARED:
+        props = torch.cuda.get_device_properties(index)
+        _SHARED[index] = int(getattr(props, "shared_memory_per_block_optin", 0)
+                             or getattr(props, "shared_memory_per_block", 0) or DEFAULT_SHARED_MEMORY)
+    return _SHARED[index]
 
 
 def fits(config: tuple[int, int, int, int], head_dim: int, itemsize: int, budget: int) -> bool:
@@ -97,10 +110,14 @@ def ladder(head_dim: int, itemsize: int, budget: int) -> list[KernelOptions]:
 
 
 def options(key: KernelKey, device: torch.device) -> KernelOptions | str:
-    """The kernel_options a layer kind compiles with now, or DENSE once its ladder is spent."""
-    itemsize = torch.finfo(getattr(torch, key.dtype)).bits // 8
-    steps = ladder(key.head_dim, itemsize, shared_memory(device))
+    """The kernel_options a layer kind compiles with now, or DENSE once its ladder is spent. Until
+    a failure (level 0, torch's own choice) nothing is asked of the device: plan() calls this
+    inside a compiled model's trace, and after a failure ``step_down`` has asked, outside it."""
     level = _LEVEL.get(key, 0)
+    if level == 0:
+        return None
+    itemsize = ITEMSIZE.get(key.dtype, 4)
+    steps = ladder(key.head_dim, itemsize, shared_memory(device))
     return steps[level] if level < len(steps) else DENSE
 
 
@@ -119,19 +136,19 @@ def step_down(key: KernelKey, error: BaseException, device: torch.device) -> Ker
     if nxt == DENSE:
         why = _PENDING.pop(key)
         _FAILURE[key] = f"FlexAttention did not compile here ({why})"
-        warn_once(f"{key.describe()} did not compile ({why}), nor did any smaller kernel configuration: "
+        warn_once(f"{describe(key)} did not compile ({why}), nor did any smaller kernel configuration: "
                   f"attention falls back to SDPA with an explicit mask (slower, O(H·T²) memory per layer, "
                   f"query-chunked at long T); the run goes on")
     return nxt
 
 
-def settled(keys: set[KernelKey] | list[KernelKey], device: torch.device) -> None:
+def settled(keys: Iterable[KernelKey], device: torch.device) -> None:
     """After a forward or step that compiled: say once, for each layer kind that had to step down,
     which configuration it runs with and why (its first error)."""
     for key in list(keys):
         if key in _PENDING:
             why = _PENDING.pop(key)
-            warn_once(f"{key.describe()} did not compile with torch's default configuration ({why}): "
+            warn_once(f"{describe(key)} did not compile with torch's default configuration ({why}): "
                       f"it runs with kernel_options {options(key, device)} instead")
 
 

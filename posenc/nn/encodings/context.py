@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.nn.mask import AttentionMask
+from posenc.nn.mask import GLOBAL, AttentionMask
 
 #: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
@@ -109,7 +109,7 @@ class Context:
 
     def mask(self, layer: int = 0) -> AttentionMask:
         """The attention mask of block ``layer``: causal (within documents) when the model set none."""
-        return self.masks[layer] if layer < len(self.masks) else AttentionMask(self.T, self.doc)
+        return self.masks[layer] if layer < len(self.masks) else AttentionMask(self.T, self.doc, GLOBAL)
 
     def with_input(self, x: Tensor) -> Context:
         """The same forward, inside a block whose (normed) input is x: (B, T, d_model)."""
