@@ -12,7 +12,7 @@ import torch
 from conftest import TINY, run_cli
 from rich.console import Console
 
-from posenc.bench.run import bench
+from posenc.bench.run import Listener, bench
 from posenc.bench.timing import build_subject, run_steps
 from posenc.build import build_data
 from posenc.cli.bench import run_bench, split_json_flag
@@ -155,19 +155,39 @@ def test_json_goes_to_stdout_or_a_file(argv, expected):
     assert split_json_flag(argv) == expected
 
 
-def test_rounds_alternate_with_the_baselines_so_a_machine_busier_later_does_not_move_the_ratio(monkeypatch):
-    # a fake clock: rope costs twice nope's step, the reference as much as nope, and the machine
-    # becomes 3× slower for everything once rope is being measured (another job started)
+# --- a fake clock for the bench's timed rounds ----------------------------------------------------------
+def fake_clock(monkeypatch, seconds) -> list[str]:
+    """Replace the clock of every timed round: the steps still run (the models train as the bench
+    trains them), and a round takes seconds(subject name, steps, calls so far) seconds. Returns the
+    list of subjects timed, in order, as the rounds happen."""
     from posenc.bench import timing
 
-    cost, calls = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, []
+    calls: list[str] = []
 
     def fake_round(subject, steps):
         calls.append(subject.name)
         timing.run_steps(subject, steps)
-        return cost[subject.name] * (3.0 if "rope" in calls else 1.0)
+        return seconds(subject.name, steps, calls)
 
     monkeypatch.setattr(timing, "timed_round", fake_round)
+    return calls
+
+
+class Heard(Listener):
+    """A bench listener that keeps the notes (the plan, the estimate) it hears."""
+
+    def __init__(self) -> None:
+        self.notes: list[str] = []
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+
+def test_rounds_alternate_with_the_baselines_so_a_machine_busier_later_does_not_move_the_ratio(monkeypatch):
+    # a fake clock: rope costs twice nope's step, the reference as much as nope, and the machine
+    # becomes 3× slower for everything once rope is being measured (another job started)
+    cost = {"reference": 1.0, "nope": 1.0, "rope": 2.0}
+    calls = fake_clock(monkeypatch, lambda name, steps, calls: cost[name] * (3.0 if "rope" in calls else 1.0))
     result = bench([*TINY, "bench.steps=1", "bench.rounds=3", "bench.warmup=1", "bench.encodings=[nope,rope]"])
     # reference alone, then nope paired with the reference, then rope paired with both
     assert calls == ["reference"] * 3 + ["nope", "reference"] * 3 + ["rope", "reference", "nope"] * 3
@@ -194,16 +214,10 @@ def test_a_loaded_machine_is_named_in_one_warning(monkeypatch):
 def test_a_ratio_shows_the_baselines_rate_in_the_same_rounds_so_the_row_is_self_consistent(monkeypatch):
     """Issue 36: alibi at 270 tokens/s beside nope's row at 1,100, yet 'vs nope 0.936×': nope's row
     was timed at another load. The ratio now names nope's rate in the paired rounds."""
-    from posenc.bench import render, timing
+    from posenc.bench import render
 
-    cost, calls = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, []
-
-    def fake_round(subject, steps):  # the machine 3× slower once rope is measured
-        calls.append(subject.name)
-        timing.run_steps(subject, steps)
-        return cost[subject.name] * (3.0 if "rope" in calls else 1.0)
-
-    monkeypatch.setattr(timing, "timed_round", fake_round)
+    cost = {"reference": 1.0, "nope": 1.0, "rope": 2.0}  # the machine 3× slower once rope is measured
+    fake_clock(monkeypatch, lambda name, steps, calls: cost[name] * (3.0 if "rope" in calls else 1.0))
     result = bench([*TINY, "bench.steps=1", "bench.rounds=2", "bench.warmup=1", "bench.encodings=[nope,rope]"])
     rows = {r["name"]: r for r in result["results"]}
     rope, nope = rows["rope"], rows["nope"]
@@ -214,21 +228,10 @@ def test_a_ratio_shows_the_baselines_rate_in_the_same_rounds_so_the_row_is_self_
 
 
 def test_the_bench_says_how_long_it_will_take_after_its_first_rows(monkeypatch):
-    from posenc.bench import timing
-    from posenc.bench.run import Listener
-
-    notes: list[str] = []
-
-    class Notes(Listener):
-        def note(self, text: str) -> None:
-            notes.append(text)
-
-    def fake_round(subject, steps):  # 10 s a step, whatever the model
-        timing.run_steps(subject, steps)
-        return 10.0 * steps
-
-    monkeypatch.setattr(timing, "timed_round", fake_round)
-    result = bench([*TINY, "bench=quick", "bench.encodings=[nope,rope]"], Notes())
+    fake_clock(monkeypatch, lambda name, steps, calls: 10.0 * steps)  # 10 s a step, whatever the model
+    heard = Heard()
+    notes = heard.notes
+    result = bench([*TINY, "bench=quick", "bench.encodings=[nope,rope]"], heard)
     # quick: warm-up 1, 2 rounds of 3 steps, a memory step; reference 1+6+1, nope 1+6·2+1, rope 1+6·3+1 steps
     assert notes[0] == ("bench=quick: 3 models, 42 training steps; an estimate follows the first rows "
                         "(bench=default for the full bench)")
@@ -239,31 +242,21 @@ def test_the_bench_says_how_long_it_will_take_after_its_first_rows(monkeypatch):
 
     # a full bench whose timing the user set: bench=quick would run those same steps, so it is not offered
     notes.clear()
-    bench([*TINY, "bench.steps=2", "bench.rounds=1", "bench.warmup=1", "bench.encodings=[nope,rope]"], Notes())
+    bench([*TINY, "bench.steps=2", "bench.rounds=1", "bench.warmup=1", "bench.encodings=[nope,rope]"], heard)
     assert notes[1].startswith("estimate: about 1 min left (bench=default,") and "bench=quick" not in notes[1], notes
 
 
 def test_the_bare_cpu_bench_is_a_representative_few_with_every_encoding_one_option_away(monkeypatch):
     """Issue 47: the bare `posenc bench` timed all 22 models on a CPU (over 30 minutes on 2 cores);
     it is a first look now, and says how to time every encoding."""
-    from posenc.bench import timing
     from posenc.bench.plan import select_encodings
-    from posenc.bench.run import Listener
     from posenc.config import group_options
 
-    notes: list[str] = []
-
-    class Notes(Listener):
-        def note(self, text: str) -> None:
-            notes.append(text)
-
-    def fake_round(subject, steps):  # 0.6 s a step, whatever the model
-        timing.run_steps(subject, steps)
-        return 0.6 * steps
-
-    monkeypatch.setattr(timing, "timed_round", fake_round)
+    fake_clock(monkeypatch, lambda name, steps, calls: 0.6 * steps)  # 0.6 s a step, whatever the model
     every = group_options("encoding")
-    result = bench([*TINY], Notes())
+    heard = Heard()
+    notes = heard.notes
+    result = bench([*TINY], heard)
     names = [r["name"] for r in result["results"]]
     assert names == ["reference", "nope", "sinusoidal", "rope", "alibi", "t5_bias", "fox"]
     assert notes[0].startswith(f"bench=quick (the CPU default): 7 models (6 of {len(every)} encodings, the preset's "
@@ -274,16 +267,11 @@ def test_the_bare_cpu_bench_is_a_representative_few_with_every_encoding_one_opti
 
 
 def test_a_bench_without_nope_says_why_vs_nope_is_empty():
-    from posenc.bench.run import NO_NOPE, Listener
+    from posenc.bench.run import NO_NOPE
 
-    notes: list[str] = []
-
-    class Notes(Listener):
-        def note(self, text: str) -> None:
-            notes.append(text)
-
-    result = bench([*BENCH, "bench.encodings=[alibi]", "bench.reference=false"], Notes())
-    assert result["results"][0]["vs_nope"] is None and NO_NOPE in notes
+    heard = Heard()
+    result = bench([*BENCH, "bench.encodings=[alibi]", "bench.reference=false"], heard)
+    assert result["results"][0]["vs_nope"] is None and NO_NOPE in heard.notes
 
 
 def test_on_a_cpu_the_bare_bench_is_the_quick_one_and_a_choice_or_timing_override_is_kept():
@@ -301,17 +289,15 @@ def test_no_timed_round_contains_a_compilation(monkeypatch):
     is taken from clean rounds only."""
     from posenc.bench import timing
 
-    cost, calls, compiles = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, [], [0]
+    cost, compiles = {"reference": 1.0, "nope": 1.0, "rope": 2.0}, [0]
 
-    def fake_round(subject, steps):
-        calls.append(subject.name)
-        timing.run_steps(subject, steps)
-        if subject.name == "nope" and calls.count("rope") == 1 and calls[-2] == "rope":
+    def seconds(name, steps, calls):
+        if name == "nope" and calls.count("rope") == 1 and calls[-2] == "rope":
             compiles[0] += 1  # this round recompiled nope (as a guard failing after rope was built would)
             return 10.0
-        return cost[subject.name]
+        return cost[name]
 
-    monkeypatch.setattr(timing, "timed_round", fake_round)
+    calls = fake_clock(monkeypatch, seconds)
     monkeypatch.setattr(timing, "compilations", lambda: compiles[0])
     result = bench([*TINY, "bench.steps=1", "bench.rounds=2", "bench.warmup=1", "bench.encodings=[nope,rope]",
                     "bench.reference=false"])
@@ -325,16 +311,8 @@ def test_the_reference_and_nope_rows_agree_with_their_paired_ratio(monkeypatch):
     """Issue 47: the reference read 1,245 tokens/s and nope 3,527, yet nope was 1.581× the
     reference: the reference's own rounds, the bench's first, ran slower than every later one.
     Its row now takes its rounds alternating with nope's, the rounds the ratio is taken from."""
-    from posenc.bench import timing
-
-    cost, calls = {"reference": 1.0, "nope": 0.8, "rope": 2.0}, []
-
-    def fake_round(subject, steps):  # the process's first rounds (the reference alone) 3× slower
-        calls.append(subject.name)
-        timing.run_steps(subject, steps)
-        return cost[subject.name] * (3.0 if "nope" not in calls else 1.0)
-
-    monkeypatch.setattr(timing, "timed_round", fake_round)
+    cost = {"reference": 1.0, "nope": 0.8, "rope": 2.0}  # the process's first rounds (the reference alone) 3× slower
+    fake_clock(monkeypatch, lambda name, steps, calls: cost[name] * (3.0 if "nope" not in calls else 1.0))
     result = bench([*TINY, "bench.steps=1", "bench.rounds=3", "bench.warmup=1", "bench.encodings=[nope,rope]"])
     rows = {r["name"]: r for r in result["results"]}
     reference, nope = rows["reference"], rows["nope"]

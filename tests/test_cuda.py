@@ -77,20 +77,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_compiled_bf16_training_lowers_the_loss(name):
-    model = cuda_model(name)
-    torch._dynamo.reset()  # past dynamo's recompile limit (8 per function) a worker's later models would run eager
-    step_model = torch.compile(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    idx = torch.randint(64, (8, 257), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
-    x, y = idx[:, :-1], idx[:, 1:]
-    losses = []
-    for _ in range(20):  # the same batch: a model that can learn memorises it
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            _, loss = step_model(x, y)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.item())
+    losses, _ = compiled_bf16_losses(cuda_model(name), steps=20, batch=8, T=256)
     assert all(torch.isfinite(torch.tensor(losses)))
     assert losses[-1] < 0.8 * losses[0], losses
 
@@ -239,13 +226,15 @@ def fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:
             and ("FlexAttention" in str(w.message) or "flash-linear-attention" in str(w.message))]
 
 
-def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4) -> tuple[list[float], list[str]]:
-    """AdamW steps of the compiled model under bf16 autocast on one batch of 2 × USER_T tokens: the
-    losses, and the FlexAttention fallbacks announced meanwhile."""
-    idx = torch.randint(64, (2, USER_T + 1), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
+def compiled_bf16_losses(model: torch.nn.Module, steps: int = 4, batch: int = 2,
+                         T: int | None = None) -> tuple[list[float], list[str]]:
+    """AdamW steps of the compiled model under bf16 autocast on one batch of batch × T tokens (T:
+    USER_T unless given): the losses, and the FlexAttention fallbacks announced meanwhile."""
+    T = T or USER_T
+    idx = torch.randint(64, (batch, T + 1), device="cuda", generator=torch.Generator("cuda").manual_seed(1))
     x, y = idx[:, :-1], idx[:, 1:]
     flex_layers(model, x)
-    torch._dynamo.reset()  # a fresh compile per model, as TrainState does
+    torch._dynamo.reset()  # a fresh compile per model: one worker compiles dozens, past dynamo's recompile limit
     step_model = torch.compile(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []

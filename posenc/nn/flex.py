@@ -50,6 +50,10 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False, fullgraph=True)
 
 
+#: compile attempts of one FlexAttention call before its layer kind takes the dense path
+ATTEMPTS = 16
+
+
 class FlexUnavailable(RuntimeError):
     """Every kernel configuration of a layer kind failed to compile: attend through the dense path."""
 
@@ -79,7 +83,7 @@ class FlexPlan:
             # inside a compiled model the outer compile fuses flex_attention (and a failure there
             # is the train step's to handle); `posenc check`'s CPU forward runs it eagerly
             return self.call(flex_attention, q, k, v, decay, sink)
-        while True:
+        for _ in range(ATTEMPTS):  # each failure moves down a finite ladder or doubles a limit
             try:
                 out = self.call(compiled_flex_attention(), q, k, v, decay, sink)
                 if self.key is not None:
@@ -94,6 +98,7 @@ class FlexPlan:
                 self.options = flex_kernels.step_down(self.key, e, q.device)
                 if self.options == DENSE:
                     raise FlexUnavailable(flex_kernels.failure(self.key)) from e
+        raise FlexUnavailable(f"FlexAttention did not compile in {ATTEMPTS} attempts")
 
     def call(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
              sink: Tensor | None) -> Tensor:

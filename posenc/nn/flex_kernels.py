@@ -215,10 +215,11 @@ def loud_recompile_limit() -> None:
 
 
 def is_recompile_limit(error: BaseException) -> bool:
-    """Whether error is dynamo refusing to compile a function once more (its recompile limit)."""
+    """Whether error is dynamo refusing to compile a function once more (its recompile limit, raised
+    as an error under ``loud_recompile_limit`` or a fullgraph compile)."""
     seen: BaseException | None = error
     while seen is not None:
-        if type(seen).__name__ == "FailOnRecompileLimitHit" or "recompile_limit" in str(seen):
+        if type(seen).__name__ == "FailOnRecompileLimitHit":
             return True
         seen = seen.__cause__ if seen.__cause__ is not seen else None
     return False
