@@ -50,6 +50,15 @@ def cuda_model(name: str) -> torch.nn.Module:
     return model
 
 
+def assert_same_loss_and_gradients(got: tuple, reference: tuple) -> None:
+    """(loss, {parameter: gradient}) of the path under test equal the reference's, in fp32."""
+    (loss, grads), (ref_loss, ref_grads) = got, reference
+    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
+    assert grads.keys() == ref_grads.keys()
+    for n in grads:
+        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+
+
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
     """Loss and every parameter's gradient (bias tables included) of the path CUDA chooses equal
@@ -68,11 +77,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
         _, loss = model(idx, idx)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    (loss, grads), (ref_loss, ref_grads) = results
-    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
-    assert grads.keys() == ref_grads.keys()
-    for n in grads:
-        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+    assert_same_loss_and_gradients(*results)
 
 
 @pytest.mark.parametrize("name", ENCODINGS)
@@ -294,8 +299,4 @@ def test_flex_attention_equals_the_explicit_mask_at_the_shapes_users_train(name,
             loss.backward()
         assert reference or not fallbacks(caught), fallbacks(caught)
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
-    (loss, grads), (ref_loss, ref_grads) = results
-    torch.testing.assert_close(loss, ref_loss, atol=1e-4, rtol=1e-4)
-    assert grads.keys() == ref_grads.keys()
-    for n in grads:
-        torch.testing.assert_close(grads[n], ref_grads[n], atol=1e-4, rtol=1e-3, msg=n)
+    assert_same_loss_and_gradients(*results)
