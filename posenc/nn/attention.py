@@ -16,7 +16,7 @@ never from the encoding's name (docs/mechanisms.md):
   with that mask, so masked blocks are skipped (posenc.nn.flex): the decays c_i - c_j join the
   score_mod over the captured (B, H, T) c, a sink rescales the output by σ(lse - s): no
   H x T x T tensor, forward or backward;
-- otherwise (CPU, or a CUDA fallback, said once in a warning): SDPA with an explicit mask —
+- otherwise (CPU, or a CUDA fallback, said once per run in a warning): SDPA with an explicit mask —
   boolean where there is no bias, the float bias with -inf on hidden keys where there is one.
   Short sequences build it once per forward and share it across layers; long ones (evaluation
   far beyond the training length) compute it for a chunk of queries at a time, and a window
@@ -24,6 +24,11 @@ never from the encoding's name (docs/mechanisms.md):
 - per layer, a content bias (CoPE) or decays (FoX) join those rows, a sink is one more key
   with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) or scores
   that replace q·k (PaTH) get the rows' logits written out (``explicit_weights``) instead of SDPA.
+
+What the run may still take is the run's own ``KernelPolicy`` (posenc/nn/kernels.py), passed to
+``plan``: which FlexAttention configuration a layer kind compiles with after failures, whether an
+encoding's own kernel was refused. ``plans`` records in it, outside a compiled trace, which path
+each layer kind took (``describe``).
 
 Under document masking a bias that depends on positions only through i - j is computed at window
 indices (``Context.at_indices``): inside a document i - j is the difference of the indices and
@@ -33,18 +38,17 @@ pairs across documents are masked, so it is the same bias with no per-sequence g
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.errors import warn_once
-from posenc.nn import flex, flex_kernels
+from posenc.nn import flex, flex_kernels, kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flex import FlexPlan, FlexUnavailable
 from posenc.nn.kernel_plan import FusedPlan, fused_plan
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.logits import (  # noqa: F401
     NO_TERMS,
     LayerTerms,
@@ -53,6 +57,7 @@ from posenc.nn.logits import (  # noqa: F401
     with_content,
     with_terms,
 )
+from posenc.nn.dense import DensePlan
 from posenc.nn.mask import AttentionMask
 
 #: above this many positions an explicit mask is computed in query chunks
@@ -64,8 +69,8 @@ FLEX_MIN_HEAD_DIM = 16
 #: the hooks whose terms are computed in each layer (a position bias is computed once per forward)
 PER_LAYER = ("content_bias", "qk_scores", "decay", "sink_logit", "normalise")
 
-__all__ = ["DensePlan", "FlexPlan", "FusedPlan", "Plan", "attend", "attend_layer", "plan", "plans", "select_kernel",
-           "warn_once"]
+__all__ = ["DensePlan", "FlexPlan", "FusedPlan", "Plan", "attend", "attend_layer", "describe", "plan", "plans",
+           "select_kernel"]
 
 
 def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_score_mod: bool,
@@ -87,40 +92,6 @@ def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_scor
     if replaces_softmax:
         return "sdpa", "the encoding replaces softmax, which FlexAttention computes"
     return "flex", None
-
-
-@dataclass
-class DensePlan:
-    """One layer kind's scores for SDPA's explicit mask: the mask alone (boolean) or the bias
-    with -inf on hidden keys (float), shared by every layer with this encoding and mask.
-
-    fn(q_pos, k_pos) -> (..., H, Tq, Tk) or None; pos: (T,) or (B, T) what fn sees; dense: the
-    whole mask, (B|1, 1|H, T, T), when the sequence is short enough to hold it, else None and
-    attention computes ``rows`` for a chunk of queries at a time."""
-
-    mask: AttentionMask
-    fn: Callable[[Tensor, Tensor], Tensor] | None
-    pos: Tensor
-    dtype: torch.dtype
-    dense: Tensor | None = None
-
-    @classmethod
-    def build(cls, mask: AttentionMask, fn: Callable[[Tensor, Tensor], Tensor] | None, pos: Tensor,
-              dtype: torch.dtype) -> DensePlan:
-        plan = cls(mask, fn, pos, dtype)
-        if mask.T <= DENSE_MAX_LEN:
-            plan.dense = plan.rows(0, mask.T, 0)
-        return plan
-
-    def rows(self, start: int, end: int, lo: int) -> Tensor:
-        """The mask of queries start..end-1 over keys lo..end-1: (B|1, 1|H, end - start, end - lo)."""
-        if self.dense is not None:
-            return self.dense[..., start:end, lo:end]
-        visible = self.mask.visible(start, end, lo, end, device=self.pos.device)  # (B|1, 1, rows, keys)
-        if self.fn is None:
-            return visible
-        bias = self.fn(self.pos[..., start:end], self.pos[..., lo:end])  # (..., H, rows, keys)
-        return bias.masked_fill(~visible, float("-inf")).to(self.dtype)
 
 
 #: how one layer's attention is computed in one forward: None is SDPA's is_causal fast path
@@ -152,16 +123,21 @@ def with_logit_scale(encoding: PositionalEncoding, q: Tensor, ctx: Context, laye
     return q if scale is None else q * scale.to(q.dtype)  # x (B|1, H|1, T, 1): query i's logits x τ_i
 
 
-def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float) -> Plan:
+def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
+         policy: KernelPolicy | None = None) -> Plan:
     """How block ``layer`` attends in this forward: by the encoding's own kernel where it offers one
-    here (posenc/nn/kernel_plan.py), else as its hooks say (``hooks_plan``)."""
-    hooks = functools.partial(hooks_plan, encoding, ctx, layer, dropout_p)
-    return fused_plan(encoding, ctx, layer, dropout_p, hooks) or hooks()
+    here (posenc/nn/kernel_plan.py), else as its hooks say (``hooks_plan``). policy: the run's (a
+    model's forward passes its own; None: the process's, for a plan asked outside a model)."""
+    policy = policy or kernels.OUTSIDE
+    hooks = functools.partial(hooks_plan, encoding, ctx, layer, dropout_p, policy)
+    return fused_plan(encoding, ctx, layer, dropout_p, hooks, policy) or hooks()
 
 
-def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float) -> Plan:
+def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
+               policy: KernelPolicy | None = None) -> Plan:
     """How block ``layer`` attends from what its encoding's hooks offer, its mask and the device (one
-    warning when a CUDA run falls back from FlexAttention)."""
+    warning per run when a CUDA run falls back from FlexAttention)."""
+    policy = policy or kernels.OUTSIDE
     mask = ctx.mask(layer)
     per_layer = any(encoding.offers(hook) for hook in PER_LAYER)
     biased = encoding.offers("position_bias")
@@ -171,7 +147,7 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         return dense_plan(encoding, ctx, layer)
     if encoding.offers("qk_scores"):  # no fused kernel computes another q·k: the logits are written out
         if ctx.device.type == "cuda":
-            warn_once(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
+            policy.warn(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
                       f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel runs here")
         return dense_plan(encoding, ctx, layer)
     replaces_softmax = encoding.offers("normalise")
@@ -181,16 +157,15 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         if biased and score_mod is None:
             kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, False, replaces_softmax)
     if kernel == "flex":
-        key = flex_kernels.kernel_key(encoding, encoding.head_dim, ctx.dtype)
-        options = flex_kernels.options(key, ctx.device)
-        if options == flex_kernels.DENSE:  # no configuration compiled here: said once, when it failed
+        key = flex_kernels.kernel_key(policy.kind_of(layer, encoding.name), encoding, encoding.head_dim, ctx.dtype)
+        options = policy.flex_options(key, ctx.device)  # read in a compiled trace: dynamo guards on it
+        if options == flex_kernels.DENSE:  # no configuration compiled here: recorded and said when it failed
             return dense_plan(encoding, ctx, layer)
-        flex_kernels.active[key] = None  # what a failing step steps down (posenc/train/state.py)
         return FlexPlan(score_mod, mask.block_mask(ctx.device), key=key, options=options,
-                        dense=functools.partial(dense_plan, encoding, ctx, layer))
+                        dense=functools.partial(dense_plan, encoding, ctx, layer), policy=policy)
     if why_not is not None:  # a CUDA run that cannot take FlexAttention (on a CPU SDPA is the design)
         what = f"encoding '{encoding.name}'" if biased or per_layer else f"the {mask.window.describe()} mask"
-        warn_once(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
+        policy.warn(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                   f"(slower, O(H·T²) memory per layer) because {why_not}")
     return dense_plan(encoding, ctx, layer)
 
@@ -198,7 +173,7 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
 def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
     """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
     bias = encoding.position_bias if encoding.offers("position_bias") else None
-    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype)
+    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype, DENSE_MAX_LEN)
 
 
 def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
@@ -208,18 +183,40 @@ def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
     return ctx.at_indices() if ctx.doc is not None and encoding.offers("distance_bias") else ctx
 
 
-def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float) -> list[Plan]:
-    """Every block's plan for one forward; layers with the same encoding and mask share one (a
-    position bias is computed once per forward and shared, as T5 does)."""
+def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float,
+          policy: KernelPolicy | None = None, layers: Iterable[int] | None = None) -> list[Plan]:
+    """Every block's plan for one forward (None for the blocks not in ``layers``, when given: a
+    recurrent or linear layer has no mask or scores); layers with the same encoding and mask share
+    one (a position bias is computed once per forward and shared, as T5 does). Outside a compiled
+    trace, each layer kind's path is recorded in the run's policy."""
+    policy = policy or kernels.OUTSIDE
+    attending = set(range(n_layer) if layers is None else layers)
     shared: dict[tuple[int, int], Plan] = {}
-    out = []
+    out: list[Plan] = []
     for layer in range(n_layer):
+        if layer not in attending:
+            out.append(None)
+            continue
         layer_encoding = encoding.for_layer(layer)
         key = (id(layer_encoding), id(ctx.mask(layer)) if ctx.masks else -1)
         if key not in shared:
-            shared[key] = plan(layer_encoding, ctx, layer, dropout_p)
+            shared[key] = plan(layer_encoding, ctx, layer, dropout_p, policy)
         out.append(shared[key])
+    if not torch.compiler.is_compiling():  # in a trace the write would be lost with a failure: see GPT.planned
+        for layer in sorted(attending):
+            policy.saw(policy.kind_of(layer, encoding.for_layer(layer).name), *describe(out[layer]))
     return out
+
+
+def describe(plan: Plan) -> tuple[str, flex_kernels.KernelOptions]:
+    """A plan's path as the run's record names it (posenc/nn/kernels.py), and its FlexAttention options."""
+    if isinstance(plan, FusedPlan):
+        return describe(plan.hooks_plan()) if plan.failed else (f"fused:{plan.op}", None)
+    if isinstance(plan, FlexPlan):
+        return (kernels.DENSE_PATH, None) if plan.fallback is not None else (kernels.FLEX, plan.options)
+    if isinstance(plan, DensePlan):
+        return kernels.DENSE_PATH, None
+    return kernels.SDPA_CAUSAL, None
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float = 0.0,
@@ -243,7 +240,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
         plan = plan.dense_plan()
     if plan is None:  # terms without a plan: causal over the window
         T = q.shape[-2]
-        plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype)
+        plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype, DENSE_MAX_LEN)
     T = q.shape[-2]
     chunk = T if plan.dense is not None else (query_chunk or QUERY_CHUNK)
     out = v.new_empty(*v.shape[:-2], T, v.shape[-1]) if chunk < T else None

@@ -6,7 +6,8 @@ Optional (``pip install posenc[fla]``): off CUDA the recurrent layers use the ch
 offsets where each document starts): the same reset of the state at every document.
 
 fla can refuse in two places, and either way the layers take the chunked PyTorch form for the rest
-of the process, with one warning that names the error, never a crash:
+of the run, recorded in the run's policy (posenc/nn/kernels.py) with one warning that names the
+error, never a crash:
 
 - at import: fla not installed, or its Triton missing or not matching torch (an ImportError, or
   whatever fla's import raises);
@@ -25,11 +26,15 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from posenc.errors import warn_once
+from posenc.nn import failures
+
+if TYPE_CHECKING:
+    from posenc.nn.kernels import KernelPolicy
 
 #: the device types fla's Triton kernels run on: a set, so that a test can take the paths of a
 #: refusing or missing fla on a CPU
@@ -40,28 +45,36 @@ KERNELS: dict[str, tuple[str, str]] = {
     "gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
     "kda": ("fla.ops.kda", "chunk_kda"),
 }
-#: the kernels fla refused in this process (mixer -> the error); they are not tried again
-_refused: dict[str, str] = {}
-#: (mixer, device type, dtype, d_k, d_v) of every first use that ran forwards and backwards
-_passed: set[tuple] = set()
-#: the kernels imported (mixer -> function): a dict lookup in the forward, which torch.compile traces
+#: the kernels imported in this process (mixer -> function): a dict lookup in the forward, which
+#: torch.compile traces; which of them a run may use is the run's (``KernelPolicy.fla_refused`` and
+#: ``fla_passed``: the first uses that ran forwards and backwards, by mixer, device, dtype, d_k, d_v)
 _imported: dict[str, Callable] = {}
 
 
-def usable(rule: str, q: Tensor, v: Tensor) -> bool:
+def usable(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
     """Whether fla's kernel for ``rule`` computes this call: a device fla runs on, and the kernel
-    imported and run once forwards and backwards at this dtype and head sizes (one warning if not)."""
-    if q.device.type not in DEVICES or rule in _refused:
+    imported and run once forwards and backwards at this dtype and head sizes in this run (one
+    warning if not)."""
+    if q.device.type not in DEVICES or rule in policy.fla_refused:
         return False
-    if (rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]) not in _passed:
-        return _first_use(rule, q, v)
+    if (rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]) not in policy.fla_passed:
+        return _first_use(rule, q, v, policy)
     return True
 
 
+def path(rule: str, device_type: str, policy: KernelPolicy) -> str:
+    """The path a recurrence of ``rule`` takes on device_type in this run, as the run's record names it
+    (posenc/nn/kernels.py): fla's kernel once its first use passed here, else the chunked form."""
+    if device_type in DEVICES and rule not in policy.fla_refused \
+            and any(p[0] == rule and p[1] == device_type for p in policy.fla_passed):
+        return f"fla:{KERNELS[rule][1]}"
+    return "chunked"
+
+
 @torch.compiler.disable
-def _first_use(rule: str, q: Tensor, v: Tensor) -> bool:
+def _first_use(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
     """Import the kernel and run it on a small input (gradients on, whatever the caller's mode);
-    record what happened. Eager even inside a compiled forward."""
+    record what happened in the run's policy. Eager even inside a compiled forward."""
     try:
         kernel = _kernel(rule)
         with torch.inference_mode(False), torch.enable_grad():
@@ -70,13 +83,13 @@ def _first_use(rule: str, q: Tensor, v: Tensor) -> bool:
             grads = torch.autograd.grad(out.sum(), [t for t in inputs if t is not None])
             float(sum(g.float().sum() for g in grads))  # waits for the kernels: their errors surface here
     except Exception as error:  # noqa: BLE001 - whatever fla raises, the chunked form computes the same thing
-        reason = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
-        _refused[rule] = reason
+        reason = failures.first_line(error)
         hint = " (pip install 'posenc[fla]')" if isinstance(error, ImportError) else ""
-        warn_once(f"flash-linear-attention's {KERNELS[rule][1]} is not usable on {q.device.type} ({reason}): the "
-                  f"{rule} layers use the chunked PyTorch recurrence for the rest of this run{hint}")
+        policy.refuse_recurrent(rule, KERNELS[rule][1], reason,
+                                f"flash-linear-attention's {KERNELS[rule][1]} is not usable on {q.device.type} ({reason}): "
+                                f"the {rule} layers use the chunked PyTorch recurrence for the rest of this run{hint}")
         return False
-    _passed.add((rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]))
+    policy.fla_passed.add((rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]))
     return True
 
 

@@ -12,21 +12,29 @@ above the diagonal, across documents or outside a window; without documents it d
 FlexAttention has no backward on CPU (torch 2.13) and needs compilation to be fast, so
 posenc.nn.attention takes this path on CUDA only. Its kernels are compiled on first use; a
 configuration that fails to compile is replaced by a smaller one, and in the end by the dense
-path, with one warning each (posenc/nn/flex_kernels.py): a failed kernel never ends a run.
+path, with one warning each (posenc/nn/flex_kernels.py: the ladder; posenc/nn/kernels.py: where the
+run's kernels stand on it): a failed kernel never ends a run. Inside a compiled model the failure
+is the train step's to handle (posenc/train/recovery.py); in an eager forward (evaluation) the
+call itself is taken again (``FlexPlan.attend``, through the one retry loop of posenc/nn/failures.py).
 """
 
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-from posenc.nn import flex_kernels
+from posenc.nn import failures
 from posenc.nn.encodings.base import ScoreMod
 from posenc.nn.flex_kernels import DENSE, KernelKey, KernelOptions
+
+if TYPE_CHECKING:
+    from posenc.nn.kernels import KernelPolicy
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -41,13 +49,18 @@ except ImportError:  # torch < 2.9 returns the log-sum-exp with return_lse=True
 AVAILABLE = flex_attention is not None
 
 
-@functools.cache
 def compiled_flex_attention():
-    """flex_attention compiled once. Uncompiled it materialises the scores (slow, O(T²) memory), so
-    the whole call must compile (fullgraph) and dynamo's recompile limit, reached when one process
-    builds many score_mods, raises instead of running it uncompiled (flex_kernels.loud_recompile_limit)."""
-    flex_kernels.loud_recompile_limit()
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True)
+    """flex_attention compiled once (per compile backend, posenc/nn/failures.py). Uncompiled it
+    materialises the scores (slow, O(T²) memory), so the whole call must compile (fullgraph) and
+    dynamo's recompile limit, reached when one process builds many score_mods, raises instead of
+    running it uncompiled (failures.loud_recompile_limit)."""
+    return _compiled_flex_attention(os.environ.get(failures.BACKEND_VARIABLE, ""))
+
+
+@functools.cache
+def _compiled_flex_attention(backend: str):
+    failures.loud_recompile_limit()
+    return torch.compile(flex_attention, dynamic=False, fullgraph=True, backend=failures.compile_backend())
 
 
 #: compile attempts of one FlexAttention call before its layer kind takes the dense path
@@ -62,9 +75,10 @@ class FlexUnavailable(RuntimeError):
 class FlexPlan:
     """One layer kind's attention for one forward: the bias as a score_mod (None: no bias), the
     mask (causal, documents, window) as a BlockMask whose empty blocks the kernel skips, the
-    kernel configuration to compile with (posenc/nn/flex_kernels.py: ``key`` names the layer
-    kind, ``options`` its current step) and ``dense``, which builds the explicit-mask plan the
-    layer kind falls back to when no configuration compiles."""
+    kernel configuration to compile with (``key`` names the layer kind's kernels, ``options`` its
+    step of the ladder, posenc/nn/flex_kernels.py), the run's ``policy`` that answers a failed
+    compilation (posenc/nn/kernels.py), and ``dense``, which builds the explicit-mask plan the layer
+    kind falls back to when no configuration compiles."""
 
     score_mod: ScoreMod | None
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
@@ -73,6 +87,7 @@ class FlexPlan:
     options: KernelOptions = None
     dense: Callable[[], object] | None = None  # () -> DensePlan (posenc/nn/attention.py)
     fallback: object | None = None  # the DensePlan, once this plan fell back to it
+    policy: KernelPolicy | None = None
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None = None,
                sink: Tensor | None = None) -> Tensor:
@@ -83,22 +98,27 @@ class FlexPlan:
             # inside a compiled model the outer compile fuses flex_attention (and a failure there
             # is the train step's to handle); `posenc check`'s CPU forward runs it eagerly
             return self.call(flex_attention, q, k, v, decay, sink)
-        for _ in range(ATTEMPTS):  # each failure moves down a finite ladder or doubles a limit
-            try:
-                out = self.call(compiled_flex_attention(), q, k, v, decay, sink)
-                if self.key is not None:
-                    flex_kernels.settled([self.key], q.device)
-                return out
-            except Exception as e:  # noqa: BLE001 - only a failed compilation is handled, the rest re-raised
-                if flex_kernels.is_recompile_limit(e):
-                    flex_kernels.raise_recompile_limit()
-                    continue
-                if self.key is None or not flex_kernels.is_compile_error(e):
-                    raise
-                self.options = flex_kernels.step_down(self.key, e, q.device)
-                if self.options == DENSE:
-                    raise FlexUnavailable(flex_kernels.failure(self.key)) from e
-        raise FlexUnavailable(f"FlexAttention did not compile in {ATTEMPTS} attempts")
+        if self.key is None or self.policy is None:  # nothing to step down: a failure is raised
+            return self.call(compiled_flex_attention(), q, k, v, decay, sink)
+
+        def recover(failure: failures.Failure) -> bool:  # each failure moves down a finite ladder or doubles a limit
+            if failure.kind == failures.RECOMPILE_LIMIT:
+                self.policy.recompile_limit_raised(failures.raise_recompile_limit())
+                return True
+            if failure.kind != failures.COMPILE:
+                return False
+            self.options = self.policy.flex_failed(self.key, failure.reason, q.device)
+            return self.options != DENSE
+
+        try:
+            out = failures.retry(lambda: self.call(compiled_flex_attention(), q, k, v, decay, sink), recover, ATTEMPTS)
+        except Exception as e:
+            if self.options == DENSE:
+                self.policy.saw(self.key.kind, DENSE)  # this forward's layers take the dense path
+                raise FlexUnavailable(self.policy.flex_failure(self.key) or "FlexAttention did not compile") from e
+            raise
+        self.policy.flex_settled([self.key], q.device)
+        return out
 
     def call(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,
              sink: Tensor | None) -> Tensor:

@@ -6,7 +6,7 @@ CUDA: posenc/nn/encodings/fla_attention.py; a plug-in's the same way). Attention
 layer kind (``fused_plan``) and, where one is offered, hands it q and k after the encoding's
 ``transform_qk`` and logit scale, v, and the block's context; everything else the encoding does
 (decays, PaTH's transforms, the normaliser) is the kernel's to compute. Where none is offered, or
-one cannot run after all (``KernelUnavailable``, said in a warning by whoever raised it), the layer
+one cannot run after all (``KernelUnavailable``, whose message is the run's one warning), the layer
 is computed from the hooks, as before: the plan those give is built when first needed (``hooks_plan``).
 
 A fused kernel computes no attention dropout (training with ``model.dropout > 0`` takes the hooks'
@@ -22,25 +22,30 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.errors import warn_once
+from posenc.nn import failures, kernels
 from posenc.nn.encodings.base import (
     Context,
     FusedAttention,
     KernelUnavailable,
     PositionalEncoding,
 )
+from posenc.nn.kernels import KernelPolicy
 
 
 @dataclass
 class FusedPlan:
-    """One layer kind's attention in one forward by its encoding's own kernel; ``fallback`` builds the
-    plan from the encoding's hooks (posenc/nn/attention.py), for a kernel that cannot run after all."""
+    """One layer kind's attention in one forward by its encoding's own kernel (``op``: its name, for the
+    run's record); ``fallback`` builds the plan from the encoding's hooks (posenc/nn/attention.py), for a
+    kernel that cannot run after all, which ``policy`` then records for layer kind ``kind``."""
 
     kernel: FusedAttention
     name: str
     fallback: Callable[[], object]
     failed: bool = False
     _hooks: object = None
+    policy: KernelPolicy | None = None
+    kind: str = kernels.DEFAULT_KIND
+    op: str = "fused_attention"
 
     # the kernel runs eagerly inside a compiled model (one graph break): torch's lazy form of
     # torch.compiler.disable, which imports dynamo only when first called (as posenc/nn/mask.py)
@@ -52,8 +57,12 @@ class FusedPlan:
             return None
         try:
             return self.kernel(q, k, v, ctx, layer, None)
-        except KernelUnavailable:
+        except KernelUnavailable as refusal:
             self.failed = True
+            policy = self.policy or kernels.OUTSIDE
+            reason = failures.first_line(refusal.__cause__ if refusal.__cause__ is not None else refusal)
+            policy.refuse_fused(self.kind, self.op, reason, str(refusal))
+            policy.saw(self.kind, "hooks")  # this forward; the next one plans (and records) the hooks' path
             return None
 
     def hooks_plan(self) -> object:
@@ -64,23 +73,29 @@ class FusedPlan:
 
 
 def fused_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
-               fallback: Callable[[], object]) -> FusedPlan | None:
-    """The encoding's own kernel for block ``layer`` in this forward, or None: it offers none here, or
-    attention dropout is asked (one warning)."""
+               fallback: Callable[[], object], policy: KernelPolicy | None = None) -> FusedPlan | None:
+    """The encoding's own kernel for block ``layer`` in this forward, or None: it offers none here, the
+    run refused it (it could not run), or attention dropout is asked (one warning)."""
     if not encoding.offers("fused_attention"):  # decided while tracing: no graph break for the others
         return None
-    return offered_plan(encoding, ctx, layer, dropout_p, fallback)
+    return offered_plan(encoding, ctx, layer, dropout_p, fallback, policy or kernels.OUTSIDE)
 
 
 @torch._disable_dynamo  # imports, signatures and warnings: asked outside a compiled graph
 def offered_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
-                 fallback: Callable[[], object]) -> FusedPlan | None:
+                 fallback: Callable[[], object], policy: KernelPolicy) -> FusedPlan | None:
     """``fused_plan`` for an encoding that overrides ``fused_attention``."""
-    kernel = encoding.fused_attention(ctx, layer)
+    kind = policy.kind_of(layer, encoding.name)
+    if kind in policy.fused_refused:
+        return None
+    with kernels.planning(policy):  # what the hook says (fla absent, a window it does not take) is the run's
+        kernel = encoding.fused_attention(ctx, layer)
     if kernel is None:
         return None
     if dropout_p > 0:
-        warn_once(f"encoding '{encoding.name}': its fused kernel has no attention dropout (model.dropout > 0): "
-                  f"attention computes it from the encoding's hooks")
+        policy.warn(f"encoding '{encoding.name}': its fused kernel has no attention dropout (model.dropout > 0): "
+                    f"attention computes it from the encoding's hooks")
         return None
-    return FusedPlan(kernel, encoding.name, fallback)
+    return FusedPlan(kernel, encoding.name, fallback, policy=policy, kind=kind,
+                     op=getattr(kernel, "op", "fused_attention"))
+

@@ -7,6 +7,11 @@ per layer kind, posenc/nn/layout.py) and a layer layout (each layer's window). O
 builds the context (positions, per sequence under documents packing, and each layer's mask),
 asks for each layer kind's bias and mask once (shared by its layers, as T5 shares its bias) and
 hands every block its encoding, which ``transform_qk`` q and k. Nothing here knows an encoding's name.
+
+The model owns its run's kernel policy (``kernels``, posenc/nn/kernels.py): built fresh with the
+model, so each run (a sweep's job, a bench's model) starts from the same kernel state; it holds the
+layer kinds, known here when the model is built, and ``planned`` says, outside any compiled trace,
+which path each layer kind takes for a batch.
 """
 
 from __future__ import annotations
@@ -17,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.attention import plans
+from posenc.nn import fla_kernels
+from posenc.nn.attention import Plan, plans
 from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
 from posenc.nn.encodings.base import Context, PositionalEncoding, head_dim
 from posenc.nn.flavors import Flavor, get_flavor, init_stds
+from posenc.nn.kernels import LINEAR, KernelPolicy, LayerKind
 from posenc.nn.layout import LayerLayout
 from posenc.nn.mask import AttentionMask, document_positions
 from posenc.nn.recurrence import CHUNK
@@ -91,6 +98,39 @@ class GPT(nn.Module):
         if self.flavor.tie_embeddings:
             self.lm_head.weight = self.wte.weight  # weight tying (Press & Wolf, 2017)
         self._init_weights(n_layer)
+        self.kernels = KernelPolicy.for_layers(self.layer_kinds())
+
+    @property
+    def kernels(self) -> KernelPolicy:
+        """The run's kernel policy (module doc): what each layer kind runs and what fell back."""
+        return self._kernels
+
+    @kernels.setter
+    def kernels(self, policy: KernelPolicy) -> None:
+        self.__dict__["_kernels"] = policy  # a plain attribute, not a submodule
+        for kind in policy.kinds.values():
+            if kind.mixer == LINEAR:  # one path, whatever the device
+                policy.saw(kind.name, LINEAR)
+        for layer, block in enumerate(self.blocks):  # a recurrent mixer asks it whether fla may run
+            if not isinstance(block.attn, CausalSelfAttention):
+                block.attn.kernels, block.attn.kind = policy, self.layout.kinds[layer]
+
+    def layer_kinds(self) -> list[LayerKind]:
+        """The layout's kinds: their layers, encoding and mixer (linear attention: ``linear``)."""
+        kinds: dict[str, list[int]] = {}
+        for layer, kind in enumerate(self.layout.kinds):
+            kinds.setdefault(kind, []).append(layer)
+        return [LayerKind(kind, tuple(layers), self.encoding.for_layer(layers[0]).name,
+                          self.mixer_of(layers[0])) for kind, layers in kinds.items()]
+
+    def mixer_of(self, layer: int) -> str:
+        block = self.blocks[layer].attn
+        return LINEAR if getattr(block, "attention", None) == LINEAR else self.layout.mixer(layer)
+
+    @property
+    def attending(self) -> list[int]:
+        """The layers that attend with softmax (the ones attention plans for)."""
+        return [layer for layer in range(self.n_layer) if self.mixer_of(layer) == "softmax"]
 
     def _init_weights(self, n_layer: int) -> None:
         """N(0, σ) for matmul weights (σ from the flavour's init scheme), σ/√(2L) on residual projections (GPT-2: each of
@@ -145,7 +185,8 @@ class GPT(nn.Module):
         x = self.encoding.embed(self.wte(idx), ctx)  # (B, T, C)
         x = self.drop(x)
         # each layer kind's bias and mask are built once per forward and shared by its layers
-        layer_plans = plans(self.encoding, ctx, self.n_layer, self.drop.p if self.training else 0.0)
+        layer_plans = plans(self.encoding, ctx, self.n_layer, self.drop.p if self.training else 0.0, self.kernels,
+                            self.attending)
         for layer, block in enumerate(self.blocks):
             x = block(x, self.encoding.for_layer(layer), ctx, layer_plans[layer], layer)
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
@@ -153,6 +194,22 @@ class GPT(nn.Module):
         if targets is not None:
             loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
         return logits, loss
+
+    @torch.no_grad()
+    def planned(self, idx: Tensor, pos: Tensor | None = None, doc: Tensor | None = None,
+                length: int | None = None) -> list[Plan]:
+        """Each layer's plan for a forward on idx (as ``forward`` takes it, under the caller's autocast),
+        made outside any compiled trace: what a compiled forward plans, known to the train step that
+        recovers from its failure (posenc/train/recovery.py). Each layer kind's path is recorded in
+        ``kernels`` (a recurrent kind's as its first use in this run found it)."""
+        ctx = self.context(idx, pos, doc, length)
+        self.encoding.prepare(ctx.n_positions)
+        out = plans(self.encoding, ctx, self.n_layer, self.drop.p if self.training else 0.0, self.kernels,
+                    self.attending)
+        for kind in self.kernels.kinds.values():
+            if kind.mixer not in ("softmax", LINEAR):
+                self.kernels.saw(kind.name, fla_kernels.path(kind.mixer, idx.device.type, self.kernels))
+        return out
 
     def context(self, idx: Tensor, pos: Tensor | None, doc: Tensor | None, length: int | None) -> Context:
         """The per-forward context every hook sees: positions, documents and each layer's mask."""

@@ -41,9 +41,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn import fla_kernels, fused
+from posenc.nn import fla_kernels, fused, kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.kda import chunked_kda
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla
 
 #: each recurrent mixer a layer kind may name (``softmax`` is attention, posenc/nn/blocks.py) and
@@ -64,7 +65,12 @@ def wide(x: Tensor) -> Tensor:
 
 
 class RecurrentMixer(nn.Module):
-    """The token mixer of a recurrent layer kind; same call as ``CausalSelfAttention``."""
+    """The token mixer of a recurrent layer kind; same call as ``CausalSelfAttention``. ``kernels``:
+    the run's policy (posenc/nn/kernels.py: whether fla's kernel may run; the path taken, recorded
+    for layer kind ``kind``), set by the model that holds it."""
+
+    kernels: KernelPolicy | None = None
+    kind: str | None = None
 
     def __init__(self, d_model: int, n_head: int, rule: str, bias: bool = False) -> None:
         super().__init__()
@@ -122,6 +128,10 @@ class RecurrentMixer(nn.Module):
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
         """The recurrence: fla's kernels on CUDA when installed and usable, the chunked PyTorch form otherwise."""
-        if fla_kernels.usable(self.attention, q, v):
+        policy = self.kernels or kernels.OUTSIDE
+        usable = fla_kernels.usable(self.attention, q, v, policy)
+        if not torch.compiler.is_compiling():  # in a compiled model: GPT.planned records it
+            policy.saw(self.kind or self.attention, fla_kernels.path(self.attention, q.device.type, policy))
+        if usable:
             return fla_kernels.mix(self.attention, q, k, v, g, beta, seg)
         return CHUNKED[self.attention](q, k, v, g, beta, seg)

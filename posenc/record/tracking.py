@@ -92,6 +92,25 @@ class Tracker:
         if self.wandb_run is not None:
             self.wandb_run.log({TOKENS: tokens, **metrics}, step=step)
 
+    def event(self, name: str, data: dict[str, Any], step: int, tokens: int) -> None:
+        """Something that happened at a step (a kernel's fallback): a metrics.jsonl row of its own,
+        ``{"step", "tokens", "event": name, name: data}``, beside the metric rows (which readers pick by key)."""
+        if not self.enabled:
+            return
+        row = {STEP: step, TOKENS: tokens, "event": name, name: {k: _json_safe(v) for k, v in data.items()}}
+        self._metrics.write(json.dumps(row) + "\n")
+        self._metrics.flush()
+
+    def describe(self, key: str, record: dict[str, Any]) -> None:
+        """A nested record of how the run ran (posenc/nn/kernels.py's): in the W&B run's config under
+        ``key``, and in its summary as flat ``key/a/b`` values (W&B's summary shows scalars; a list, as
+        lines of text). summary.json holds the record as it is (``summary``)."""
+        if self.wandb_run is None:
+            return
+        self.wandb_run.config.update({key: record}, allow_val_change=True)
+        for name, value in flat(record, key).items():
+            self.wandb_run.summary[name] = value
+
     def log_curve(self, key: str, columns: list[str], rows: list[list], x: str, y: str, step: int, tokens: int,
                   stroke: str | None = None, title: str = "") -> None:
         """A curve that is not a history (accuracy against length, loss against position): a
@@ -134,6 +153,23 @@ class Tracker:
                 self.wandb_run.finish(exit_code=exit_code)
             finally:
                 self.wandb_run = None
+
+
+def flat(record: dict[str, Any], prefix: str) -> dict[str, Any]:
+    """Scalars under slash-joined keys: {'a': {'b': 1}, 'c': [{'d': 2}], 'e': [3, 4]} ->
+    {'prefix/a/b': 1, 'prefix/c/0/d': 2, 'prefix/e': '3, 4'} (a list of dicts by index, of scalars as text)."""
+    out: dict[str, Any] = {}
+    for k, v in record.items():
+        name = f"{prefix}/{k}"
+        if isinstance(v, dict):
+            out.update(flat(v, name))
+        elif isinstance(v, (list, tuple)) and any(isinstance(x, dict) for x in v):
+            out.update(flat({str(i): x for i, x in enumerate(v)}, name))
+        elif isinstance(v, (list, tuple)):
+            out[name] = ", ".join(map(str, v))
+        else:
+            out[name] = v
+    return out
 
 
 def _summarised_by_wandb(key: str, value: Any) -> bool:

@@ -98,12 +98,14 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
+            "kernels": state.kernels.record(),  # how it ran: each layer kind's path, compiled, every fallback
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
         }
         if tracker.enabled:  # rank 0 holds metrics.jsonl
             summary.update(M.convergence_metrics(RunDir(run_dir).metrics(), t.get("convergence_targets")))
+        tracker.describe("kernels", summary["kernels"])  # W&B's config and summary (summary.json: below)
         tracker.summary(summary)
         exit_code = 0
         return summary
@@ -169,6 +171,8 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
             tokens_before = state.tokens
             result = train_step(state, micro_batches(state))
             step = state.step
+            for fallback in state.kernels.unlogged():  # a kernel that fell back in this step: an event at it
+                tracker.event("kernels/fallback", fallback.as_dict(), step=step, tokens=state.tokens)
             rate.tokens += state.tokens - tokens_before
             progress.advance(step)
             at_log_step = step % t.log_interval == 0 or step == t.max_steps

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -20,16 +20,11 @@ from omegaconf import DictConfig
 from torch import Tensor, nn
 
 from posenc.data.batches import Batch
-from posenc.errors import warn_once
 from posenc.hardware import use_compile
-from posenc.nn import flex_kernels
-from posenc.nn.encodings import fla_attention
+from posenc.nn import failures
 from posenc.nn.encodings.base import GROUP_DEFAULTS
-from posenc.train import distributed
-
-#: attempts of one step: each failed compilation moves one kernel down a finite ladder (or the model
-#: to eager, or dynamo's recompile limit up), so a step that still fails after these is a bug to show
-MAX_ATTEMPTS = 16
+from posenc.nn.kernels import KernelPolicy
+from posenc.train import distributed, recovery
 
 
 class BatchSource(Protocol):
@@ -107,6 +102,7 @@ class TrainState:
     grad_clip: float                 # max global gradient norm
     step: int = 0                    # optimizer steps taken
     tokens: int = 0                  # training tokens seen, over all ranks
+    kernels: KernelPolicy = field(default_factory=KernelPolicy)  # the run's kernels (the model's own)
 
 
 @dataclass
@@ -127,15 +123,19 @@ def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, de
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(tcfg.warmup_steps, tcfg.max_steps, tcfg.min_lr_ratio))
     step_model = distributed.wrap(model, device)
-    if use_compile(tcfg.compile, device):
+    kernels = getattr(model, "kernels", None) or KernelPolicy()  # the bench's plain reference has none
+    kernels.compile_asked = use_compile(tcfg.compile, device)
+    if kernels.compile_asked:
         # a sweep's jobs (basic launcher) and a bench build many models in one process: past
         # dynamo's recompile limit later models would silently run eager, so posenc raises the
-        # limit and makes reaching it an error train_step handles. No reset here: it would make the
-        # models still in use (the bench's baselines) compile again inside their timed rounds
-        flex_kernels.loud_recompile_limit()
-        step_model = torch.compile(step_model)
+        # limit and makes reaching it an error train_step handles. No reset here (nor after a
+        # fallback, posenc/train/recovery.py): it would make the models still in use (the bench's
+        # baselines) compile again inside their timed rounds
+        failures.loud_recompile_limit()
+        step_model = torch.compile(step_model, backend=failures.compile_backend())
+        kernels.compiled = True
     return TrainState(model, step_model, optimizer, scheduler, batches, device, autocast,
-                      int(tcfg.grad_accum), float(tcfg.grad_clip))
+                      int(tcfg.grad_accum), float(tcfg.grad_clip), kernels=kernels)
 
 
 def micro_batches(state: TrainState) -> Iterator[Batch]:
@@ -150,67 +150,24 @@ def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
     synchronisation inside.
 
     Kernels are compiled on a step's first run, so a kernel that fails to compile fails a step:
-    the step is taken again, from the same micro-batches and no gradient, after ``recover``
-    chose what runs instead (one warning each); any other error ends the step as it would."""
+    the step is taken again, from the same micro-batches and no gradient, after the run's policy
+    chose what runs instead, recorded and said once (posenc/train/recovery.py); any other error
+    ends the step as it would."""
     batches = list(batches)  # kept: a step whose kernels failed to compile is taken again
-    for attempt in range(MAX_ATTEMPTS):
-        tokens = state.tokens
-        flex_kernels.active.clear()  # the FlexAttention kernels this attempt plans (posenc/nn/attention.py)
-        try:
-            result = take_step(state, batches)
-        except Exception as e:  # noqa: BLE001 - recover() takes failed compilations only, the rest re-raise
-            state.optimizer.zero_grad(set_to_none=True)
-            state.tokens = tokens
-            if attempt == MAX_ATTEMPTS - 1 or not recover(state, e):
-                raise
-            continue
-        flex_kernels.settled(flex_kernels.active, state.device)  # the kernels that compiled after stepping down
-        return result
-    raise AssertionError("unreachable")  # the last attempt returns or raises
+    return recovery.take(state, batches, lambda in_step: take_step(state, batches, in_step))
 
 
-def recover(state: TrainState, error: Exception) -> bool:
-    """After a failed step, what runs next time (said in one warning), or False to re-raise error:
-
-    - dynamo's recompile limit reached: raised (flex_kernels.raise_recompile_limit);
-    - flash-linear-attention refused inside an attention kernel's backward: its kernels are not used
-      again, the layers compute from their encodings' hooks (posenc/nn/encodings/fla_attention.py);
-    - a FlexAttention kernel failed to compile: each layer kind this step planned with one steps
-      down its ladder of kernel configurations, to the dense path at the end (posenc/nn/flex_kernels.py);
-    - any other compilation of a compiled model failed (inductor lowering, Triton): the model runs
-      uncompiled for the rest of the run."""
-    if flex_kernels.is_recompile_limit(error):
-        flex_kernels.raise_recompile_limit()
-        return True
-    if fla_attention.refuse_from(error):  # fla refused in a kernel's backward: those layers take the hooks
-        return True
-    if not flex_kernels.is_compile_error(error):
-        return False
-    compiled = hasattr(state.step_model, "_orig_mod")  # torch.compile's wrapper keeps the module here
-    keys = [key for key in flex_kernels.active if flex_kernels.options(key, state.device) != flex_kernels.DENSE]
-    if keys and flex_kernels.mentions_flex(error):
-        for key in keys:
-            flex_kernels.step_down(key, error, state.device)
-        if compiled:
-            torch._dynamo.reset()  # the compiled graphs hold the failed kernels' configuration
-        return True
-    if compiled:
-        warn_once(f"torch.compile failed ({flex_kernels.describe_error(error)}): the model trains uncompiled "
-                  f"(slower; set trainer.compile=false to skip the attempt)")
-        state.step_model = state.step_model._orig_mod
-        return True
-    return False
-
-
-def take_step(state: TrainState, batches: list[Batch]) -> StepResult:
-    """The optimizer step of ``train_step``, once."""
+def take_step(state: TrainState, batches: list[Batch], in_step: bool = False) -> StepResult:
+    """The optimizer step of ``train_step``, once. in_step (DDP, a step that compiles): every
+    micro-batch's backward stays local, and the gradients are averaged over ranks once every rank
+    succeeded (posenc/train/recovery.py)."""
     loss_sum = torch.zeros((), device=state.device)
     seen = 0
     for batch in batches:
         batch = batch.to(state.device)
         seen += 1
         # under DDP the gradients are all-reduced once, in the last micro-batch's backward
-        with distributed.no_sync(state.step_model, skip=seen < state.grad_accum):
+        with distributed.no_sync(state.step_model, skip=in_step or seen < state.grad_accum):
             with state.autocast():
                 _, loss = state.step_model(batch.x, batch.y, **batch.model_inputs())
             (loss / state.grad_accum).backward()
@@ -220,6 +177,8 @@ def take_step(state: TrainState, batches: list[Batch]) -> StepResult:
             break
     if seen != state.grad_accum:
         raise ValueError(f"train_step needs {state.grad_accum} micro-batches (trainer.grad_accum), got {seen}")
+    if in_step:
+        recovery.agreed(state)  # every rank succeeded: the gradients' mean, as DDP's all-reduce leaves it
     grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), state.grad_clip)
     lr = state.scheduler.get_last_lr()[0]
     state.optimizer.step()

@@ -12,9 +12,17 @@ posenc defines them (each adapter says how). tests/test_fla_attention.py runs th
 references in place of the Triton ops, against posenc's own path.
 
 Optional (``pip install 'posenc[fla]'``). On a CPU the encodings' hooks are the design; on CUDA a
-kernel is not taken, with one warning naming why, where fla is absent or refuses (an ImportError, a
-RuntimeError at import or when a kernel runs, as fla 0.6's refusal of some Triton versions on Hopper),
-or the layer is beyond it (dtype, head dim, a sliding window it does not take, attention dropout).
+kernel is not taken, with one warning per run naming why, where fla is absent or refuses (an
+ImportError, a RuntimeError at import or when a kernel runs, as fla 0.6's refusal of some Triton
+versions on Hopper), or the layer is beyond it (dtype, head dim, a sliding window it does not take,
+attention dropout).
+
+Only fla's own refusal counts as fla refusing: the adapters call fla's op through ``guarded``, which
+turns an error the op raises (``failures.refuses``: a RuntimeError, an assertion, a Triton error) into
+``KernelUnavailable``; an error of posenc's own code around the call (the reshapes of ``to_fla``, the
+gates) is raised as it is, a bug to see, never a permanent O(T²) path blamed on fla. The run's policy
+(posenc/nn/kernels.py) records a refusal and keeps the layer kind on its hooks from then on; a
+refusal inside a kernel's backward reaches it through the train step (posenc/train/recovery.py).
 """
 
 from __future__ import annotations
@@ -26,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.errors import warn_once
+from posenc.nn import failures, kernels
 from posenc.nn.encodings.context import Context, FusedAttention, KernelUnavailable
 from posenc.nn.fla_kernels import (
     cu_seqlens,  # the recurrent layers' offsets: the same convention
@@ -47,69 +55,51 @@ Gates = Callable[[Context, int], Tensor]
 #: PaTH's transforms of a block: w (B, H, T, d) and β (B, H, T)
 Transforms = Callable[[Context, int], tuple[Tensor, Tensor]]
 
+#: fla's ops as imported in this process (None: the import failed, ``_import_error`` says how): an import
+#: is the process's, whichever run asked first; each run says a failed one again
 _loaded: dict[tuple[str, tuple[str, ...]], tuple | None] = {}
+_import_error: dict[tuple[str, tuple[str, ...]], str] = {}
 
 
 def load(module: str, names: tuple[str, ...]) -> tuple | None:
-    """fla's ops ``names`` from ``module``, imported once; None, with one warning, where fla is not
-    installed or refuses (also from then on, once a kernel refused when it ran: ``refuse``)."""
+    """fla's ops ``names`` from ``module``, imported once; None, with one warning per run, where fla is
+    not installed or refuses at import."""
     key = (module, names)
     if key not in _loaded:
         try:
             found = importlib.import_module(module)
             _loaded[key] = tuple(getattr(found, name) for name in names)
         except (ImportError, AttributeError, RuntimeError) as e:
-            refuse(key, e)
+            _loaded[key], _import_error[key] = None, failures.first_line(e)
+    if _loaded[key] is None:
+        kernels.say(f"flash-linear-attention's {', '.join(names)} ({module}) cannot be used here "
+                    f"({_import_error[key]}): attention computes what it would have from the encoding's hooks, "
+                    f"O(H·T²) memory per layer (pip install 'posenc[fla]' for its kernels)")
     return _loaded[key]
 
 
-def refuse(key: tuple[str, tuple[str, ...]], error: BaseException) -> None:
-    """fla's ops ``key`` cannot be used in this process: said once, and not loaded again."""
-    _loaded[key] = None
-    module, names = key
-    warn_once(f"flash-linear-attention's {', '.join(names)} ({module}) cannot be used here "
-              f"({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}): attention computes "
-              f"what it would have from the encoding's hooks, O(H·T²) memory per layer "
-              f"(pip install 'posenc[fla]' for its kernels)")
+def guarded(key: tuple[str, tuple[str, ...]], op: Callable) -> Callable:
+    """fla's op, its own refusal (``failures.refuses``) raised as ``KernelUnavailable`` naming it; any
+    other error as it is."""
+
+    def call(*args: object, **kwargs: object) -> object:
+        try:
+            return op(*args, **kwargs)
+        except Exception as e:
+            if not failures.refuses(e):
+                raise
+            module, names = key
+            raise KernelUnavailable(
+                f"flash-linear-attention's {', '.join(names)} ({module}) cannot be used here ({failures.first_line(e)}): "
+                f"attention computes what it would have from the encoding's hooks, O(H·T²) memory per layer") from e
+
+    return call
 
 
-def refused(error: BaseException) -> bool:
-    """Whether an error from an fla kernel is fla refusing this device or version, not a bug to raise: a
-    RuntimeError other than running out of memory, an assertion on what its kernels take, a Triton error."""
-    if isinstance(error, torch.cuda.OutOfMemoryError):
-        return False
-    return isinstance(error, (RuntimeError, AssertionError)) or type(error).__module__.startswith("triton")
-
-
-def refuse_from(error: BaseException) -> bool:
-    """After a failed training step: whether ``error`` is fla refusing inside one of its kernels'
-    backwards (a frame of its traceback in fla's package; the forward's refusals ``run`` catches). Then
-    every fla attention kernel this process loaded is refused (one warning each), so that the step,
-    taken again, computes those layers from the encodings' hooks."""
-    import traceback
-
-    seen: BaseException | None = error
-    inside = False
-    while seen is not None and not inside:
-        inside = any("/fla/" in frame.filename.replace("\\", "/") for frame in traceback.extract_tb(seen.__traceback__))
-        seen = seen.__cause__ if seen.__cause__ is not seen else None
-    loaded = [key for key, ops in _loaded.items() if ops is not None]
-    if not (inside and refused(error) and loaded):
-        return False
-    for key in loaded:
-        refuse(key, error)
-    return True
-
-
-def run(key: tuple[str, tuple[str, ...]], adapter: Callable[..., Tensor], *args: object) -> Tensor:
-    """adapter(*args), an fla kernel's refusal made ``KernelUnavailable`` (the layer goes to the hooks)."""
-    try:
-        return adapter(*args)
-    except Exception as e:  # only a refusal is handled (``refused``), the rest re-raised
-        if not refused(e):
-            raise
-        refuse(key, e)
-        raise KernelUnavailable(str(e)) from e
+def offered(kernel: FusedAttention, key: tuple[str, tuple[str, ...]]) -> FusedAttention:
+    """kernel, named by its op for the run's record (``FusedPlan.op``)."""
+    kernel.op = key[1][0]  # type: ignore[attr-defined]
+    return kernel
 
 
 def ops_here(key: tuple[str, tuple[str, ...]], ctx: Context, layer: int, head_dim: int, name: str,
@@ -129,7 +119,7 @@ def ops_here(key: tuple[str, tuple[str, ...]], ctx: Context, layer: int, head_di
     elif window.limits(ctx.T) and not window.chunked and not sliding:
         why = f"takes no sliding window ({window.describe()})"
     if why is not None:
-        warn_once(f"encoding '{name}': flash-linear-attention's {key[1][0]} {why}: attention computes it from "
+        kernels.say(f"encoding '{name}': flash-linear-attention's {key[1][0]} {why}: attention computes it from "
                   f"the encoding's hooks (O(H·T²) memory per layer)")
         return None
     return load(*key)
@@ -144,6 +134,7 @@ def with_gates(kernel: FusedAttention | None, gates: Gates) -> FusedAttention | 
         g = gates(ctx, layer)
         return kernel(q, k, v, ctx, layer, g if log_gates is None else g + log_gates)
 
+    gated.op = getattr(kernel, "op", "fused_attention")  # type: ignore[attr-defined]
     return gated
 
 
@@ -156,16 +147,16 @@ def forgetting_kernel(ctx: Context, layer: int, head_dim: int, name: str, gates:
     (op,) = ops
     window = ctx.mask(layer).window
     if window.limits(ctx.T) and not window.chunked and "window_size" not in inspect.signature(op).parameters:
-        warn_once(f"encoding '{name}': this flash-linear-attention's forgetting attention takes no sliding window "
+        kernels.say(f"encoding '{name}': this flash-linear-attention's forgetting attention takes no sliding window "
                   f"(fla >= 0.5 does): attention computes it from the encoding's hooks")
         return None
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int, log_gates: Tensor | None = None) -> Tensor:
         g = gates(ctx, layer)
-        return run(FORGETTING, forgetting_attention, op, q, k, v, g if log_gates is None else g + log_gates,
-                   ctx.mask(layer))
+        return forgetting_attention(guarded(FORGETTING, op), q, k, v, g if log_gates is None else g + log_gates,
+                                    ctx.mask(layer))
 
-    return kernel
+    return offered(kernel, FORGETTING)
 
 
 def path_kernel(ctx: Context, layer: int, head_dim: int, name: str, transforms: Transforms) -> FusedAttention | None:
@@ -177,9 +168,9 @@ def path_kernel(ctx: Context, layer: int, head_dim: int, name: str, transforms: 
 
     def kernel(q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int, log_gates: Tensor | None = None) -> Tensor:
         w, beta = transforms(ctx, layer)
-        return run(PATH, path_attention, ops[0], q, k, v, w, beta, log_gates, ctx.mask(layer))
+        return path_attention(guarded(PATH, ops[0]), q, k, v, w, beta, log_gates, ctx.mask(layer))
 
-    return kernel
+    return offered(kernel, PATH)
 
 
 def stick_breaking_kernel(ctx: Context, layer: int, head_dim: int, name: str) -> FusedAttention | None:
@@ -191,9 +182,9 @@ def stick_breaking_kernel(ctx: Context, layer: int, head_dim: int, name: str) ->
     def kernel(q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int, log_gates: Tensor | None = None) -> Tensor:
         if log_gates is not None:
             raise ValueError("fla's stick-breaking attention takes no forget gates")
-        return run(STICK_BREAKING, stick_breaking_attention, ops[0], q, k, v, ctx.mask(layer))
+        return stick_breaking_attention(guarded(STICK_BREAKING, ops[0]), q, k, v, ctx.mask(layer))
 
-    return kernel
+    return offered(kernel, STICK_BREAKING)
 
 
 # --- the adapters: posenc's definitions in fla's arguments ------------------------------------------
