@@ -1,68 +1,65 @@
-"""A kernel that fails to compile never kills a run (issue 43): FlexAttention steps down a ladder of
-kernel configurations derived from the device's shared memory and the head dim, then falls back to
-the dense path, and a compiled model whose compilation fails trains uncompiled, each with one
-warning naming the error.
+"""A kernel that fails to compile never kills a run, and the run says how it ran (issues 43, 50).
 
-The failures are injected, as a GPU produced them (the errors' texts are the ones an H200 printed),
-so every fallback runs on a CPU: FlexAttention is chosen on the CPU by stubbing the kernel choice,
-and the compilation that fails is stubbed where torch raises it.
+FlexAttention steps down a ladder of kernel configurations derived from the device's shared memory
+and the head dim, then to the dense path; a compiled model whose compilation fails outside attention
+trains uncompiled; each is recorded in the run's kernel policy (the layer kind, the paths, the
+reason, the step) and said in one warning per run.
+
+The failures come from a real ``torch.compile``: dynamo backends that raise the errors an H200
+printed, at compile time or when the compiled code runs, forward or backward (tests/compile_failures.py),
+on a real model with FlexAttention planned on the CPU as on CUDA.
 """
 
 from __future__ import annotations
 
-import json
 import warnings
+from contextlib import nullcontext
 
 import pytest
 import torch
+from compile_failures import SCAN_ERROR, SEEN, SHARED_MEMORY_ERROR, flex_on_the_cpu
+from conftest import TINY
 
 import posenc.cli.app  # noqa: F401 - installs the CLI's warning format before a test records warnings
-from conftest import TINY, run_cli, run_dirs
 from posenc import errors
 from posenc.errors import PosencWarning
-from posenc.nn import attention, flex, flex_kernels
+from posenc.nn import failures, flex_kernels, kernels
 from posenc.nn.flex_kernels import CONFIGS, DENSE, KernelKey
+from posenc.nn.kernels import KernelPolicy
 
-#: what inductor raised for T5 at head_dim 64 on an H200 with torch's default kernel configuration
-SHARED_MEMORY_ERROR = ("No valid triton configs. OutOfMemoryError: out of resource: "
-                       "triton_tem_fused__unsafe_view_flex_attention_split_transpose_view_2 Required: 245760 "
-                       "Hardware limit: 232448")
 H100_SHARED_MEMORY = 232448  # bytes per block (sm_90's opt-in maximum)
-
-
-def inductor_error(text: str) -> Exception:
-    from torch._inductor.exc import InductorError
-
-    return InductorError(RuntimeError(text), None)
-
-
-#: dynamo's recompile-limit settings (named recompile_limit since torch 2.6, cache_size_limit before)
+#: a device whose shared memory holds only the smallest configuration at head_dim 16 in float32: a
+#: ladder of two rungs (torch's choice, then that one), so a test walks it in two compilations
+ONE_RUNG = 16 * 4 * (32 + 2 * 32)
 LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") else "cache_size_limit"
 
 
 @pytest.fixture(autouse=True)
-def fresh_kernel_state(monkeypatch: pytest.MonkeyPatch):
-    """Each test starts with no layer kind stepped down and no warning said, and leaves dynamo's
-    recompile limit as it found it (posenc raises it where it compiles a model)."""
-    monkeypatch.setattr(flex_kernels, "_LEVEL", {})
-    monkeypatch.setattr(flex_kernels, "_FAILURE", {})
-    monkeypatch.setattr(flex_kernels, "_PENDING", {})
+def fresh(monkeypatch: pytest.MonkeyPatch):
+    """No warning said and a fresh policy for plans outside a model; dynamo's recompile limit and
+    the graphs the test backends saw restored after the test."""
     monkeypatch.setattr(errors, "_WARNED", set())
+    monkeypatch.setattr(kernels, "OUTSIDE", KernelPolicy())
+    SEEN.clear()
     config = torch._dynamo.config
     with config.patch({LIMIT: getattr(config, LIMIT),
                        "fail_on_recompile_limit_hit": getattr(config, "fail_on_recompile_limit_hit", False)}):
         yield
 
 
-def flex_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Plan FlexAttention on the CPU, as attention plans it on CUDA."""
-    monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("flex", None))
+def failing(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
+    """FlexAttention on the CPU, compiled by the test backend ``backend`` (tests/compile_failures.py),
+    on a device with room for one smaller configuration."""
+    flex_on_the_cpu(monkeypatch)
+    monkeypatch.setenv(failures.BACKEND_VARIABLE, f"compile_failures:{backend}")
+    monkeypatch.setattr(flex_kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
 
 
 def posenc_warnings(record: list[warnings.WarningMessage]) -> list[str]:
     return [str(w.message) for w in record if issubclass(w.category, PosencWarning)]
 
 
+# --- the ladder ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_the_ladder_starts_with_torchs_choice_and_keeps_what_fits_the_shared_memory(head_dim, itemsize):
@@ -74,9 +71,8 @@ def test_the_ladder_starts_with_torchs_choice_and_keeps_what_fits_the_shared_mem
         assert flex_kernels.fits(config, head_dim, itemsize, H100_SHARED_MEMORY)
     # what T5 needed on sm_90 (num_stages=2) is the first step down at the shapes users train
     assert steps[1]["num_stages"] == 2
-    # shared memory used shrinks step by step
     need = [head_dim * itemsize * (o["BLOCK_M"] + 2 * o["num_stages"] * o["BLOCK_N"]) for o in steps[1:]]
-    assert need == sorted(need, reverse=True)
+    assert need == sorted(need, reverse=True)  # shared memory used shrinks step by step
 
 
 def test_a_small_shared_memory_skips_the_configurations_that_cannot_fit():
@@ -86,36 +82,99 @@ def test_a_small_shared_memory_skips_the_configurations_that_cannot_fit():
     assert len(flex_kernels.ladder(64, 2, 10**9)) == len(CONFIGS) + 1
 
 
-def test_a_layer_kind_steps_down_to_the_dense_path_and_says_so_once():
-    key = KernelKey("encoding 't5_bias' (T5Bias)", 64, "bfloat16")
+def test_a_layer_kind_steps_down_to_the_dense_path_records_it_and_says_so_once():
+    policy = KernelPolicy()
+    policy.step = 3
+    key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 64, "bfloat16")
     cpu = torch.device("cpu")
-    seen = [flex_kernels.options(key, cpu)]
+    seen = [policy.flex_options(key, cpu)]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         while seen[-1] != DENSE:
-            seen.append(flex_kernels.step_down(key, inductor_error(SHARED_MEMORY_ERROR), cpu))
+            seen.append(policy.flex_failed(key, f"InductorError: {SHARED_MEMORY_ERROR}", cpu))
     assert seen[0] is None and seen[1:-1] == flex_kernels.ladder(64, 2, flex_kernels.DEFAULT_SHARED_MEMORY)[1:]
     [said] = posenc_warnings(record)
     assert "t5_bias" in said and "head_dim 64" in said and "out of resource" in said and "SDPA" in said
-    assert "out of resource" in flex_kernels.failure(key)
+    [fallback] = policy.record()["fallbacks"]
+    assert fallback["layer_kind"] == "global" and (fallback["left"], fallback["took"], fallback["step"]) == ("flex", "dense", 3)
+    assert "out of resource" in policy.flex_failure(key)
 
 
-def test_a_configuration_that_compiles_after_a_failure_is_named_in_one_warning():
-    key = KernelKey("encoding 't5_bias' (T5Bias)", 64, "bfloat16")
+def test_a_configuration_that_compiles_after_a_failure_is_recorded_and_named_in_one_warning():
+    policy = KernelPolicy()
+    key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 64, "bfloat16")
     cpu = torch.device("cpu")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        flex_kernels.step_down(key, inductor_error(SHARED_MEMORY_ERROR), cpu)
-        flex_kernels.settled({key}, cpu)
-        flex_kernels.settled({key}, cpu)  # said once
+        policy.flex_failed(key, SHARED_MEMORY_ERROR, cpu)
+        policy.flex_settled({key}, cpu)
+        policy.flex_settled({key}, cpu)  # said once
     [said] = posenc_warnings(record)
     assert "did not compile with torch's default configuration" in said and "'num_stages': 2" in said
+    [fallback] = policy.fallbacks
+    assert fallback.left == "flex" and fallback.took.startswith("flex #1 (BLOCK_M=128 BLOCK_N=64 stages=2")
 
 
+def test_each_run_says_its_warning_again():
+    """A sweep's jobs and a bench's models share a process: each run's policy says its own warnings."""
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("default")  # Python's own filter: once per location, unless told otherwise
+        for _ in range(2):
+            run = KernelPolicy()
+            run.warn("FlexAttention for x did not compile")
+            run.warn("FlexAttention for x did not compile")
+    assert posenc_warnings(record) == ["FlexAttention for x did not compile"] * 2
+
+
+# --- what a failure is: real errors of a real torch.compile ----------------------------------------
+def test_the_classifier_tells_a_failed_compilation_from_a_bug_and_a_recompile_limit(monkeypatch):
+    """A backend's failure to build (inductor's errors: BackendCompilerFailed around them) is a
+    compilation to step around; a wrong backward formula that AOTAutograd wraps in the same
+    BackendCompilerFailed is a bug (re-raised, never trained around); dynamo refusing to compile once
+    more is its recompile limit."""
+    from compile_failures import flex_at_compile
+
+    x = torch.randn(4, 4, requires_grad=True)
+
+    def compiled_error(fn, backend, *args) -> failures.Failure:
+        torch._dynamo.reset()
+        with pytest.raises(Exception) as caught:
+            torch.compile(fn, backend=backend)(*args).sum().backward()
+        return failures.classify(caught.value)
+
+    @torch.library.custom_op("test50::double", mutates_args=())
+    def double(t: torch.Tensor) -> torch.Tensor:
+        return t * 2
+
+    double.register_fake(lambda t: t.new_empty(t.shape))
+    double.register_autograd(lambda ctx, grad: grad.sum(0) * 2)  # a bug: the gradient's shape is wrong
+    bug = compiled_error(lambda t: double(t) + 1, "aot_eager", x)
+    assert bug.kind == failures.BUG and "invalid gradient" in bug.reason
+    assert type(bug.error).__name__ == "BackendCompilerFailed"
+
+    flex_on_the_cpu(monkeypatch)
+    from torch.nn.attention.flex_attention import flex_attention
+
+    q = torch.randn(1, 1, 16, 16, requires_grad=True)
+    compile_failure = compiled_error(lambda q: flex_attention(q, q, q), flex_at_compile, q)
+    assert compile_failure.kind == failures.COMPILE and compile_failure.flex
+    assert compile_failure.reason == f"NoTritonConfigsError: {SHARED_MEMORY_ERROR}"
+
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch({LIMIT: 1, "fail_on_recompile_limit_hit": True}):
+        f = torch.compile(lambda t: t * 2, backend="eager", dynamic=False)
+        f(torch.ones(2))
+        with pytest.raises(Exception) as caught:
+            f(torch.ones(3))
+    assert failures.classify(caught.value).kind == failures.RECOMPILE_LIMIT
+    assert failures.classify(ValueError("a bug in a hook")).kind == failures.BUG
+
+
+# --- an eager forward ---------------------------------------------------------------------------------
 def test_a_forward_whose_flex_kernels_never_compile_equals_the_dense_path(monkeypatch):
-    """Eager FlexAttention (evaluation, `posenc check`): every configuration fails to compile, the
-    layer kind falls back to SDPA with an explicit mask in the same forward, with the dense path's
-    logits, and says so once."""
+    """Eager FlexAttention (evaluation): every configuration fails to compile, the layer kind falls
+    back to SDPA with an explicit mask in the same forward, with the dense path's logits, recorded and
+    said once."""
     from posenc.build import build_model
     from posenc.config import compose
 
@@ -125,72 +184,33 @@ def test_a_forward_whose_flex_kernels_never_compile_equals_the_dense_path(monkey
     for p in model.encoding.parameters():
         torch.nn.init.normal_(p, std=0.5)
     idx = torch.randint(64, (2, 64), generator=torch.Generator().manual_seed(0))
-    expected, _ = model(idx)  # the CPU's dense path
-    tried = []
-
-    def fails(*args, **kwargs):
-        tried.append(kwargs.get("kernel_options"))
-        raise inductor_error(SHARED_MEMORY_ERROR)
-
-    flex_on_the_cpu(monkeypatch)
-    monkeypatch.setattr(flex, "compiled_flex_attention", lambda: fails)
-    with warnings.catch_warnings(record=True) as record:
-        warnings.simplefilter("always")
-        logits, _ = model(idx)
-        again, _ = model(idx)  # the next forward plans the dense path directly, silently
+    with torch.no_grad():
+        expected, _ = model(idx)  # the CPU's dense path
+        failing(monkeypatch, "flex_at_compile")
+        with warnings.catch_warnings(record=True) as record:
+            warnings.simplefilter("always")
+            logits, _ = model(idx)
+            again, _ = model(idx)  # the next forward plans the dense path directly, silently
     torch.testing.assert_close(logits, expected)
     torch.testing.assert_close(again, expected)
-    assert tried == flex_kernels.ladder(16, 4, flex_kernels.DEFAULT_SHARED_MEMORY)  # every step once, in order
+    assert SEEN == [("dynamo", True)] * 2  # each rung once, in order, then no more compilation
     [said] = posenc_warnings(record)
     assert "t5_bias" in said and "SDPA with an explicit mask" in said
+    record = model.kernels.record()
+    assert record["layer_kinds"]["global"]["path"] == "dense" and record["fallbacks"][0]["step"] is None
 
 
-def test_a_run_whose_flex_kernels_never_compile_finishes_with_one_warning(workdir, monkeypatch, recwarn):
-    """`posenc train` with FlexAttention failing to compile at every configuration, forwards and
-    backwards: the run completes on the dense path, with one warning naming the error."""
-    flex_on_the_cpu(monkeypatch)
-
-    def fails(*args, **kwargs):
-        raise inductor_error(SHARED_MEMORY_ERROR)
-
-    monkeypatch.setattr(flex, "compiled_flex_attention", lambda: fails)
-    result = run_cli("train", *TINY, "encoding=alibi", "eval.at_end=true", "eval.lengths=[1,2]", cwd=workdir)
-    assert result.returncode == 0, result.stderr
-    [run_dir] = run_dirs(workdir)
-    assert json.loads((run_dir / "summary.json").read_text())["status"] == "completed"
-    [said] = [w for w in posenc_warnings(list(recwarn)) if "did not compile" in w]
-    assert "alibi" in said and "out of resource" in said
-
-
-class CompiledStub(torch.nn.Module):
-    """What torch.compile returns (the module it wraps as ``_orig_mod``), raising what a failed
-    compilation raises at the call: ``error(module)`` says which, or None once it would compile."""
-
-    def __init__(self, module: torch.nn.Module, error) -> None:
-        super().__init__()
-        self._orig_mod = module
-        self.error = error
-        self.calls = 0
-
-    def forward(self, *args, **kwargs):
-        self.calls += 1
-        out = self._orig_mod(*args, **kwargs)  # plans (and registers its FlexAttention kernels) as a trace would
-        failure = self.error(self)
-        if failure is not None:
-            raise failure
-        return out
-
-
-def compiled_state(monkeypatch: pytest.MonkeyPatch, encoding: str, error):
-    """A TrainState whose step model is a CompiledStub around a tiny model."""
+# --- a compiled training step --------------------------------------------------------------------------
+def compiled_state(encoding: str):
+    """A TrainState whose step model is torch.compile's (with the backend POSENC_COMPILE_BACKEND names)
+    around a tiny model, fed one fixed batch."""
     from posenc.build import build_model
     from posenc.config import compose
     from posenc.data.batches import Batch
-    from posenc.train import state as state_module
+    from posenc.train.state import new_train_state
 
-    monkeypatch.setattr(state_module, "use_compile", lambda setting, device: True)
-    monkeypatch.setattr(torch, "compile", lambda module, **kwargs: CompiledStub(module, error))
     cfg = compose([f"encoding={encoding}", *TINY, "trainer.compile=true"])
+    torch.manual_seed(0)
     model = build_model(cfg, vocab_size=64)
     idx = torch.randint(64, (4, 33), generator=torch.Generator().manual_seed(0))
     batch = Batch(idx[:, :-1], idx[:, 1:])
@@ -199,76 +219,92 @@ def compiled_state(monkeypatch: pytest.MonkeyPatch, encoding: str, error):
         def next(self) -> Batch:
             return batch
 
-    from contextlib import nullcontext
-
-    return state_module.new_train_state(model, cfg.trainer, Same(), torch.device("cpu"), nullcontext)
+    return new_train_state(model, cfg.trainer, Same(), torch.device("cpu"), nullcontext)
 
 
-def test_a_compiled_step_whose_flex_kernel_fails_steps_down_and_ends_on_the_dense_path(monkeypatch):
-    """The outer compile raises the FlexAttention kernel's error at the step: each attempt steps
-    the layer kinds it planned down their ladder, and the step is taken again, from the same
-    micro-batches with no gradient kept, until it runs (here: on the dense path)."""
+@pytest.mark.parametrize("backend", ["flex_forward_at_run", "flex_backward_at_run"])
+def test_a_compiled_step_whose_flex_kernel_fails_when_run_steps_that_layer_kind_down(backend, monkeypatch):
+    """The compiled model's FlexAttention kernel compiles and fails when it first runs, in its forward
+    (then the failing forward's own record of what it planned is lost) or its backward: the step is
+    taken again from the same micro-batches with no gradient kept, the attention layer kind stepping
+    down its ladder to the dense path, while the model stays compiled; the record names the layer kind,
+    its path and the step."""
     from posenc.train.state import micro_batches, train_step
 
-    flex_on_the_cpu(monkeypatch)
-    # planned with FlexAttention, the stub's compilation fails; on the dense path it compiles
-    state = compiled_state(monkeypatch, "alibi", lambda stub: inductor_error(SHARED_MEMORY_ERROR)
-                           if flex_kernels.active else None)
-    monkeypatch.setattr(flex.FlexPlan, "attend", lambda self, q, k, v, decay=None, sink=None:
-                        torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True))
+    failing(monkeypatch, backend)
+    state = compiled_state("t5_bias")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         result = train_step(state, micro_batches(state))
         train_step(state, micro_batches(state))
     assert state.step == 2 and state.tokens == 2 * 4 * 32 and torch.isfinite(result.loss)
-    assert state.step_model.calls == len(flex_kernels.ladder(16, 4, flex_kernels.DEFAULT_SHARED_MEMORY)) + 2
     assert hasattr(state.step_model, "_orig_mod")  # still compiled: only the layer kind fell back
+    failed = [i for i, (_, flex) in enumerate(SEEN) if flex]
+    assert failed and all(not flex for _, flex in SEEN[failed[-1] + 1:])  # then compiled, without it
+    assert {stage for stage, _ in SEEN[failed[-1] + 1:]} == {"fw", "bw"}
     [said] = posenc_warnings(record)
-    assert "alibi" in said and "SDPA with an explicit mask" in said
+    assert "t5_bias" in said and "SDPA with an explicit mask" in said
+    record = state.kernels.record()
+    assert record["compiled"] and record["layer_kinds"]["global"]["path"] == "dense"
+    [fallback] = record["fallbacks"]
+    assert (fallback["layer_kind"], fallback["encoding"], fallback["left"], fallback["took"], fallback["step"]) == \
+        ("global", "t5_bias", "flex", "dense", 1)
+    assert fallback["reason"] == f"NoTritonConfigsError: {SHARED_MEMORY_ERROR}"
 
 
 def test_a_compiled_model_whose_compilation_fails_elsewhere_trains_uncompiled(monkeypatch):
-    """A compile error that is not FlexAttention's (inductor's cumulative-sum codegen on an H200):
-    the model runs uncompiled from that step on, with one warning naming the error."""
+    """A compile error outside attention (inductor's cumulative-sum codegen on an H200): the model runs
+    uncompiled from that step on, recorded, with one warning naming the error."""
     from posenc.train.state import micro_batches, train_step
 
-    scan_error = "TypeError: list indices must be integers or slices, not NoneType"
-    state = compiled_state(monkeypatch, "rope", lambda stub: inductor_error(scan_error))
+    monkeypatch.setenv(failures.BACKEND_VARIABLE, "compile_failures:elsewhere")
+    state = compiled_state("rope")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         result = train_step(state, micro_batches(state))
     assert not hasattr(state.step_model, "_orig_mod") and state.step == 1 and torch.isfinite(result.loss)
     [said] = posenc_warnings(record)
-    assert "torch.compile failed" in said and "list indices must be integers" in said and "uncompiled" in said
+    assert "torch.compile failed" in said and SCAN_ERROR in said and "uncompiled" in said
+    record = state.kernels.record()
+    assert not record["compiled"] and record["compile_asked"]
+    assert [(f["layer_kind"], f["took"], f["step"]) for f in record["fallbacks"]] == [("model", "uncompiled", 1)]
 
 
 def test_an_error_that_is_no_failed_compilation_is_not_swallowed(monkeypatch):
     from posenc.train.state import micro_batches, train_step
 
-    state = compiled_state(monkeypatch, "rope", lambda stub: ValueError("a bug in a hook"))
-    with pytest.raises(ValueError, match="a bug in a hook"):
+    def a_bug(gm, inputs):
+        raise ValueError("a bug in a hook")
+
+    import compile_failures
+
+    monkeypatch.setattr(compile_failures, "a_bug", a_bug, raising=False)
+    monkeypatch.setenv(failures.BACKEND_VARIABLE, "compile_failures:a_bug")
+    state = compiled_state("rope")
+    with pytest.raises(Exception, match="a bug in a hook"):
         train_step(state, micro_batches(state))
-    assert state.step == 0 and hasattr(state.step_model, "_orig_mod")
+    assert state.step == 0 and hasattr(state.step_model, "_orig_mod") and not state.kernels.fallbacks
 
 
 def test_reaching_dynamos_recompile_limit_raises_it_and_says_so(monkeypatch):
-    """Many models or score_mods in one process: reaching the limit is an error posenc catches and
-    answers by raising the limit (never a silent fall to uncompiled FlexAttention)."""
-    from torch._dynamo.exc import FailOnRecompileLimitHit
-
+    """Many models or shapes in one process: reaching the limit is an error posenc catches and answers
+    by raising the limit (never a silent fall to uncompiled code)."""
+    from posenc.data.batches import Batch
     from posenc.train.state import micro_batches, train_step
 
-    config, name = torch._dynamo.config, LIMIT
-    setattr(config, name, 8)  # torch's default (the fixture restores what was set)
-    hits = iter([FailOnRecompileLimitHit("Hard failure due to fail_on_recompile_limit_hit")])
-    state = compiled_state(monkeypatch, "rope", lambda stub: next(hits, None))
-    assert getattr(config, name) == flex_kernels.RECOMPILE_LIMIT  # raised where posenc compiles a model
+    monkeypatch.setenv(failures.BACKEND_VARIABLE, "eager")
+    state = compiled_state("rope")
+    assert getattr(torch._dynamo.config, LIMIT) >= failures.RECOMPILE_LIMIT_VALUE  # raised where posenc compiles
+    train_step(state, micro_batches(state))
+    setattr(torch._dynamo.config, LIMIT, 1)  # the fixture restores what was set
+    idx = torch.randint(64, (4, 17), generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        train_step(state, micro_batches(state))
-    assert getattr(config, name) == 2 * flex_kernels.RECOMPILE_LIMIT
-    [said] = posenc_warnings(record)
-    assert f"{name} raised to {2 * flex_kernels.RECOMPILE_LIMIT}" in said
+        train_step(state, [Batch(idx[:, :-1], idx[:, 1:])])  # another length: dynamo compiles again
+    assert getattr(torch._dynamo.config, LIMIT) >= 2 and state.step == 2
+    said = posenc_warnings(record)  # once per doubling (the process's earlier models count too)
+    assert said and all(f"{LIMIT} raised to" in line for line in said)
+    assert any("raised to" in note for note in state.kernels.record()["process"])
 
 
 def test_posencs_warnings_print_as_one_warning_line(capsys):

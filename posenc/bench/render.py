@@ -6,6 +6,7 @@ import math
 
 from rich.table import Table
 
+from posenc.record import kernel_record
 from posenc.record.metrics import MACHINE_CPUS, MACHINE_LOAD
 
 #: "vs nope": the median of paired round-by-round ratios, their range, and nope's own tokens/s in
@@ -59,10 +60,22 @@ def cells(r: dict) -> list[str]:
     """One row's cells, in COLUMNS order (a failed row: its name, then dashes)."""
     if r.get("status") == "failed":
         return [r["name"], *["—"] * (len(COLUMNS) - 1)]
-    return [r["name"], _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["ms_per_step"], ".1f"),
+    return [name_cell(r), _fmt(r["tokens_per_s"], ",.0f"), _fmt(r["ms_per_step"], ".1f"),
             _fmt(r["mfu"] and 100 * r["mfu"], ".1f", "%"), _fmt(r["peak_mem_mb"], ",.0f", " MB"),
             _fmt(r.get("warmup_s"), ".1f", " s"), load_cell(r.get("load")), ratio(r, "vs_nope"),
             ratio(r, "vs_reference")]
+
+
+def name_cell(r: dict) -> str:
+    """The row's model and, where one of its kernels fell back, the path it took and the step: 't5_bias ↓dense@1'."""
+    marks = kernel_record.marks(r.get(kernel_record.KEY))
+    return f"{r['name']} {marks}" if marks else r["name"]
+
+
+def fallback_lines(result: dict) -> list[str]:
+    """One line per fallback of any row, for under the table: its figures are not the fast path's."""
+    return [f"{r['name']} fell back: {line}" for r in result["results"]
+            for line in kernel_record.lines(r.get(kernel_record.KEY))]
 
 
 def load_cell(load: dict | None) -> str:
@@ -108,4 +121,4 @@ def line(r: dict) -> str:
     parts = [f"{col} {cell}" for col, cell in zip(COLUMNS[1:], cells(r)[1:])]
     if "eval" in r:
         parts.append(f"long eval {long_eval_cell(r['eval'])}")
-    return "  ".join([r["name"], *parts])
+    return "  ".join([name_cell(r), *parts])

@@ -181,7 +181,8 @@ def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: Fixe
         row = {"name": name, "status": "ok", "options": subject.options,
                "params": sum(p.numel() for p in subject.state.model.parameters()),
                **rate(timing, b.steps, subject.flops_per_token, peak),
-               "flops_per_token": subject.flops_per_token, "peak_mem_mb": peak_bytes / 2**20}
+               "flops_per_token": subject.flops_per_token, "peak_mem_mb": peak_bytes / 2**20,
+               "kernels": subject.state.kernels.record()}  # how it ran: paths, compiled, fallbacks
         if b.eval_length_multiple and name != REFERENCE:
             listener.progress(f"{b.eval_length_multiple}x length eval of {name}")
             row["eval"] = long_eval(subject.state.model, device, autocast, vocab, int(b.seq_len * b.eval_length_multiple))

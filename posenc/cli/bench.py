@@ -110,6 +110,8 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
     except KeyboardInterrupt:
         interrupted(printer, json_to, json_file)
         raise
+    for line in render.fallback_lines(result):  # under the table: these rows did not run their fast path
+        out.print(line, highlight=False, soft_wrap=True)
     if json_to == "-":
         print(json.dumps(result, indent=2))
     elif json_file:

@@ -129,6 +129,10 @@ def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[s
                                                 "overrides": args, "versions": versions(), **row_to_json(row)})
     for error in row.errors:
         console.print(f"[bold red]failed:[/] {escape(error)}", highlight=False, soft_wrap=True)
+    for arm, entries in row.kernels.items():  # a run off its fast kernel path: its minutes are not that path's
+        for seed, entry in zip(protocol.seeds, entries):
+            if "↓" in entry:
+                console.print(f"kernels fell back: {arm} seed {seed}: {escape(entry)}", highlight=False, soft_wrap=True)
     placements = place(baselines.rows, row, list(protocol.metrics), protocol.seeds)
     console.print(placement_table(placements, protocol, label, {r.label: r.check for r in [*baselines.rows, row]}))
     console.print(versus_table(placements, protocol, label))

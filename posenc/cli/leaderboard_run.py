@@ -25,6 +25,7 @@ from posenc.cli.job_returns import outcome
 from posenc.errors import UserError
 from posenc.leaderboard.data import Row
 from posenc.leaderboard.protocol import Arm, Protocol, load_protocol
+from posenc.record import kernel_record
 from posenc.record.directory import write_json_atomic
 
 #: where the benchmark's runs land, under the working directory (as `posenc train`'s outputs/)
@@ -44,7 +45,8 @@ def arm_argv(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_
 
 def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_dir: str | None,
             sweep_dir: Path) -> dict:
-    """Train the arm's seeds; {"values": {metric: per-seed}, "wall_time_s": per-seed, "load_1m", "errors"}."""
+    """Train the arm's seeds; {"values": {metric: per-seed}, "wall_time_s": per-seed, "load_1m", "errors",
+    "kernels": per-seed paths and fallbacks}."""
 
     with one_torch_thread():
         returns = run_hydra(parse_args(arm_argv(arm, seeds, encoding_args, config_dir, sweep_dir)), check=check_run)
@@ -59,7 +61,8 @@ def run_arm(arm: Arm, seeds: tuple[int, ...], encoding_args: list[str], config_d
         summaries.append(summary)
     return {"values": {m: [s.get(m) for s in summaries] for m in arm.metrics},
             "wall_time_s": [s.get("wall_time_s") for s in summaries],
-            "load_1m": [s.get("machine/load_1m") for s in summaries], "errors": errors}
+            "load_1m": [s.get("machine/load_1m") for s in summaries], "errors": errors,
+            "kernels": [kernel_record.brief(s.get(kernel_record.KEY)) for s in summaries]}
 
 
 @contextmanager
@@ -94,7 +97,8 @@ def merge(label: str, parts: dict[str, dict]) -> Row:
     return Row(label, {m: v for part in parts.values() for m, v in part["values"].items()},
                {arm: part["wall_time_s"] for arm, part in parts.items()},
                [x for part in parts.values() for x in part["load_1m"]],
-               [e for part in parts.values() for e in part["errors"]])
+               [e for part in parts.values() for e in part["errors"]],
+               kernels={arm: part["kernels"] for arm, part in parts.items() if any(part.get("kernels", []))})
 
 
 def stamp() -> str:
@@ -116,7 +120,7 @@ def _worker(protocol_source: str, arm_name: str, encoding: str, seed: int, sweep
     except Exception as e:  # noqa: BLE001 - recorded in the row (and retried by the next regeneration)
 
         part = {"values": {m: [None] for m in arm.metrics}, "wall_time_s": [None], "load_1m": [None],
-                "errors": [f"{arm.name} seed {seed}: {explain(e)}"]}
+                "errors": [f"{arm.name} seed {seed}: {explain(e)}"], "kernels": [""]}
     write_json_atomic(Path(part_file), {"hash": hash_, "encoding": encoding, "arm": arm_name, "seed": seed, **part})
     return part_file
 
@@ -157,6 +161,7 @@ def join_seeds(parts: list[dict]) -> dict:
     """One arm's result from its single-seed parts, in seed order."""
     return {"values": {m: [p["values"][m][0] for p in parts] for m in parts[0]["values"]},
             "wall_time_s": [p["wall_time_s"][0] for p in parts], "load_1m": [p["load_1m"][0] for p in parts],
+            "kernels": [p.get("kernels", [""])[0] for p in parts],
             "errors": [e for p in parts for e in p["errors"]]}
 
 

@@ -20,7 +20,7 @@ from posenc.display.terminal import make_console
 from posenc.eval import evaluation, final
 from posenc.eval.progress import StageLines
 from posenc.hardware import setup_device
-from posenc.record import provenance
+from posenc.record import kernel_record, provenance
 from posenc.record.directory import plain_number, short_keys, write_json_atomic
 from posenc.record.rundir import RunDir, eval_file_name, load_run_config
 
@@ -72,6 +72,16 @@ def warn_code_changes(run: RunDir | Path) -> None:
                           f"these results come from today's code, not the run's", highlight=False, soft_wrap=True)
 
 
+def show_kernels(evaluated: dict, trained: dict | None) -> None:
+    """How the evaluation's kernels ran (each layer kind's path, every fallback), and the training's
+    fallbacks where it had any: numbers from unlike paths differ in speed and, at the last bits, in value."""
+    console.print(f"kernels: {kernel_record.signature(evaluated)}", highlight=False, soft_wrap=True)
+    for line in kernel_record.lines(evaluated):
+        console.print(f"  evaluation fell back: {line}", highlight=False, soft_wrap=True)
+    for line in kernel_record.lines(trained):
+        console.print(f"  training fell back: {line}", highlight=False, soft_wrap=True)
+
+
 def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
 
@@ -91,8 +101,9 @@ def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
     final.per_position_files(model, data, cfg, run.path, device, autocast, stem=run.per_position_stem(out),
                              progress=progress)
     result = evaluation.evaluate(data, model, cfg, device, autocast, progress=progress)
-    record = {**header, **result.summary}
+    record = {**header, **result.summary, kernel_record.KEY: model.kernels.record()}  # how this evaluation ran
     write_json_atomic(out, record)
     result.show(record)
+    show_kernels(record[kernel_record.KEY], (run.summary() or {}).get(kernel_record.KEY))
     console.print(f"wrote [bold]{out}[/]")
     return record, out

@@ -30,6 +30,7 @@ class Row:
     load_1m: list[float] = field(default_factory=list)                 # the machine's load when each run ended
     errors: list[str] = field(default_factory=list)
     check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...]}
+    kernels: dict[str, list[str]] = field(default_factory=dict)  # arm -> per-seed kernel paths and fallbacks
 
 
 def baselines_path(protocol: Protocol) -> Path:
@@ -73,6 +74,8 @@ def machine() -> dict[str, object]:
 
 def row_to_json(row: Row) -> dict:
     out = {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
+    if row.kernels:  # how each seed's runs ran (posenc/record/kernel_record.py: brief)
+        out["kernels"] = row.kernels
     return {**out, "check": row.check} if row.check is not None else out
 
 
@@ -99,6 +102,6 @@ def load_baselines(protocol: Protocol) -> Baselines:
         raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
                         f"run `posenc leaderboard --regenerate` to measure them")
     raw = json.loads(path.read_text())
-    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"))
-            for label, r in raw["rows"].items()]
+    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"),
+                r.get("kernels", {})) for label, r in raw["rows"].items()]
     return Baselines(raw["protocol"]["name"], raw["protocol"]["hash"], rows, raw)

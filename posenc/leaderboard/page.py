@@ -132,6 +132,14 @@ def tolerance_table(protocol: Protocol) -> list[str]:
     return lines
 
 
+def fallback_section(b: Baselines) -> list[str]:
+    """The rows whose runs left their fast kernel path (↓ the path taken @ its step): their minutes
+    are not those of the fast path; none where every run kept it (or no row recorded it)."""
+    fell = [f"- {r.label}, {arm}, seed #{i + 1}: {entry}" for r in b.rows for arm, entries in sorted(r.kernels.items())
+            for i, entry in enumerate(entries) if "↓" in entry]
+    return ["## Runs whose kernels fell back", "", *fell, ""] if fell else []
+
+
 def render(b: Baselines, protocol: Protocol) -> str:
     metrics, seeds = protocol.metrics, protocol.seeds
     minutes = [sum(t or 0 for ts in r.wall_time_s.values() for t in ts) / 60 for r in b.rows]
@@ -160,6 +168,7 @@ def render(b: Baselines, protocol: Protocol) -> str:
         "value is expected bit for bit, on another CPU within:", "",
         *tolerance_table(protocol), "",
         *(["## Runs that failed", "", *errors, ""] if errors else []),
+        *fallback_section(b),
         "## The protocol", "",
         *protocol.rationale.strip().splitlines(), ""]
     return "\n".join(lines)

@@ -113,8 +113,9 @@ class KernelPolicy:
     #: whether the next step compiles (the first, and the one after a fallback): taken in step with the
     #: other ranks under DDP, and its paths recorded once it ran (posenc/train/recovery.py)
     settling: bool = True
-    #: what this run found set by an earlier one in its process
+    #: what this run found set by an earlier one in its process, and what it set there itself
     inherited: list[str] = field(default_factory=list)
+    process: list[str] = field(default_factory=list)
     _said: set[str] = field(default_factory=set)
     _logged: int = 0
 
@@ -239,7 +240,7 @@ class KernelPolicy:
     def recompile_limit_raised(self, what: str) -> None:
         self.warn(f"this process compiled one function more often than dynamo's recompile limit allows (many models "
                   f"or score_mods in one process): {what} so that every kernel stays compiled")
-        self.inherited.append(f"{what} during this run")
+        self.process.append(f"{what} during this run")
 
     # --- what ran ---------------------------------------------------------------------------------
     def saw(self, kind: str, path: str, options: KernelOptions = None) -> None:
@@ -259,14 +260,16 @@ class KernelPolicy:
     def record(self) -> dict:
         """How the run ran, as JSON (module doc)."""
         kinds = {}
-        for name, kind in (self.kinds or {DEFAULT_KIND: None}).items():
+        for name in [*self.kinds, *(p for p in self.paths if p not in self.kinds)]:
+            kind = self.kinds.get(name)
             entry = {} if kind is None else {"layers": list(kind.layers), "encoding": kind.encoding, "mixer": kind.mixer}
             entry["path"] = self.paths.get(name)
             if name in self.options:
                 entry["options"] = self.options[name]
             kinds[name] = entry
         return {"compiled": self.compiled, "compile_asked": self.compile_asked, "layer_kinds": kinds,
-                "fallbacks": [f.as_dict() for f in self.fallbacks], "inherited": list(self.inherited)}
+                "fallbacks": [f.as_dict() for f in self.fallbacks], "inherited": list(self.inherited),
+                "process": list(self.process)}
 
 
 # --- the plan being made -----------------------------------------------------------------------------

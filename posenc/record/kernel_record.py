@@ -53,3 +53,9 @@ def signature(record: dict | None) -> str:
 
 def fell_back(record: dict | None) -> bool:
     return bool((record or {}).get("fallbacks"))
+
+
+def brief(record: dict | None) -> str:
+    """signature and marks: 'global=dense, compiled ↓dense@1' ('' for no record): a leaderboard row's
+    per-seed entry."""
+    return " ".join(p for p in (signature(record), marks(record)) if p)

@@ -39,6 +39,7 @@ from posenc.record.metrics import (
     val_curve,
 )
 from posenc.record.rundir import SUMMARY_FILE
+from posenc.report import kernel_paths
 from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
 from posenc.report.format import format_value
 from posenc.report.rank_tables import rank_text_tables, verdict_lines
@@ -217,6 +218,8 @@ def warning_lines(c: Comparison) -> list[str]:
         out.append(f"{len(loaded)} of {len(c.runs)} runs ended with the machine loaded (up to {worst:.1f}× its CPUs "
                    "busy): their tokens/s measures the other processes as much as the encoding — time encodings "
                    "with `posenc bench` on a quiet machine")
+    if any(col.cost for col in c.columns):
+        out += kernel_paths.warning_lines(c.runs)  # speed measured on unlike kernel paths
     if c.dropped_targets:
         out.append(f"convergence targets left out: {', '.join(map(str, c.dropped_targets))} — no run's loss came down "
                    "through them (each run was already below at its first evaluation, or never got there); "

@@ -20,6 +20,7 @@ from posenc.record.metrics import (
     TASK_ACCURACY,
     target_of,
 )
+from posenc.report import kernel_paths
 from posenc.report.comparison import Column, Comparison
 from posenc.report.document import TextTable
 from posenc.report.format import format_number, format_value
@@ -118,7 +119,8 @@ FAMILIES: tuple[tuple[str, Callable[[str], bool]], ...] = (
     ("perplexity at evaluation length (tokens)", lambda key: EXTRAPOLATION_PPL.match(key) is not None),
 )
 COST = ("cost — each run timed once while it trained, not a benchmark (`posenc bench` times encodings side "
-        "by side); machine load: 1-min load average when the run ended")
+        "by side); machine load: 1-min load average when the run ended; kernel path: each layer kind's path, "
+        "↓ a fallback (the path taken @ its step), ≠ paths unlike another run's of the same encoding")
 
 
 def family_table(c: Comparison, title: str, columns: list[Column], seeds: bool, compact: bool) -> TextTable:
@@ -135,9 +137,10 @@ def family_table(c: Comparison, title: str, columns: list[Column], seeds: bool, 
 
 
 def cost_table(c: Comparison, columns: list[Column], seeds: bool) -> TextTable:
-    header = [c.group_header, "n (seeds)", *[col.header for col in columns], "machine load"]
-    rows = [[g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns], load_cell(g.completed, seeds)]
-            for g in c.groups]
+    """Each group's timings beside the machine's load and the kernels' paths they ran (report/kernel_paths.py)."""
+    header = [c.group_header, "n (seeds)", *[col.header for col in columns], "machine load", kernel_paths.HEADER]
+    rows = [[g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns], load_cell(g.completed, seeds),
+             kernel_paths.cell(g, c.runs)] for g in c.groups]
     return TextTable(f"{COST} — {'per seed, in seed order' if seeds else INTERVAL}", header, rows)
 
 
