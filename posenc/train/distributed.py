@@ -54,7 +54,11 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    # no buffer broadcast: every buffer of posenc's models is a constant or a cache each rank computes from
+    # the config (RoPE's tables, ALiBi's slopes), never learned state, so a forward needs no collective, and
+    # a step that fails in one rank's forward leaves no broadcast for the others to wait in (train/recovery.py)
+    return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                   broadcast_buffers=False)
 
 
 def no_sync(step_model: torch.nn.Module, skip: bool) -> AbstractContextManager:

@@ -28,10 +28,11 @@ bench's baselines among them, which would then compile again inside their timed 
 Under DDP every rank must take the same decision, or the ranks train different kernels, or one
 rank waits in a collective the others never join. The attempts in which kernels compile (a run's
 first step, and the step after each fallback) are therefore taken in step with the other ranks:
-their micro-batches backward without DDP's all-reduce (``no_sync``), then every rank hands its
+their micro-batches backward without DDP's all-reduce (``no_sync``), and after each micro-batch (DDP's
+next forward broadcasts buffers, a collective a failed rank would not join) every rank hands its
 decision (or "ok") to every other (``all_gather_object``), the decisions are merged the same way on
-every rank (``merge``), and only when every rank succeeded are the gradients averaged, by one
-all-reduce, before the optimizer's step. One rank's failure thus makes every rank retake the step
+every rank (``merge``); only when every rank succeeded in every micro-batch are the gradients
+averaged, by one all-reduce, before the optimizer's step. One rank's failure thus makes every rank retake the step
 with the same choice. Other steps keep DDP's overlapped all-reduce and no collective of their own; a
 failure in one of them under DDP is raised, since the other ranks may be waiting in DDP's all-reduce.
 """
@@ -198,16 +199,15 @@ def settled(state: TrainState, batches: list[Batch]) -> None:
     policy.settling = False
 
 
-def agreed(state: TrainState) -> None:
-    """At the end of a step taken in step, its backward done on this rank: every rank says how its
-    step went; where every one succeeded, the gradients are averaged over ranks, else the step is
-    taken again as the failed ranks decided (``Retake``), or stopped (``PeerFailed``)."""
+def agreed() -> None:
+    """After each micro-batch of a step taken in step, its backward done on this rank: every rank says
+    how it went; where one failed, the step is taken again as the failed ranks decided (``Retake``),
+    or stopped (``PeerFailed``). A rank that failed answers from ``take``, once."""
     merged = merge(agree({"action": "ok"}))
     if merged["action"] == RAISE:
         raise PeerFailed(f"another rank's step failed: {merged['reason']}")
     if merged["action"] != "ok":
         raise Retake(merged)
-    average_gradients(state.model)
 
 
 def average_gradients(model: torch.nn.Module) -> None:

@@ -125,6 +125,9 @@ def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, de
     step_model = distributed.wrap(model, device)
     kernels = getattr(model, "kernels", None) or KernelPolicy()  # the bench's plain reference has none
     kernels.compile_asked = use_compile(tcfg.compile, device)
+    # the first step settles (posenc/train/recovery.py) where a kernel can fail in it: compiled, or on CUDA
+    # (fla's kernels); an eager CPU step runs nothing that falls back, and keeps DDP's overlapped all-reduce
+    kernels.settling = kernels.compile_asked or device.type == "cuda"
     if kernels.compile_asked:
         # a sweep's jobs (basic launcher) and a bench build many models in one process: past
         # dynamo's recompile limit later models would silently run eager, so posenc raises the
@@ -159,8 +162,8 @@ def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
 
 def take_step(state: TrainState, batches: list[Batch], in_step: bool = False) -> StepResult:
     """The optimizer step of ``train_step``, once. in_step (DDP, a step that compiles): every
-    micro-batch's backward stays local, and the gradients are averaged over ranks once every rank
-    succeeded (posenc/train/recovery.py)."""
+    micro-batch's backward stays local, the ranks agree after each, and the gradients are averaged
+    over ranks once every rank succeeded (posenc/train/recovery.py)."""
     loss_sum = torch.zeros((), device=state.device)
     seen = 0
     for batch in batches:
@@ -171,6 +174,8 @@ def take_step(state: TrainState, batches: list[Batch], in_step: bool = False) ->
             with state.autocast():
                 _, loss = state.step_model(batch.x, batch.y, **batch.model_inputs())
             (loss / state.grad_accum).backward()
+        if in_step:  # the ranks agree after each micro-batch: DDP's next forward syncs buffers, a collective
+            recovery.agreed()
         loss_sum += loss.detach()
         state.tokens += batch.tokens * distributed.world_size()  # shapes only: no sync
         if seen == state.grad_accum:
@@ -178,7 +183,7 @@ def take_step(state: TrainState, batches: list[Batch], in_step: bool = False) ->
     if seen != state.grad_accum:
         raise ValueError(f"train_step needs {state.grad_accum} micro-batches (trainer.grad_accum), got {seen}")
     if in_step:
-        recovery.agreed(state)  # every rank succeeded: the gradients' mean, as DDP's all-reduce leaves it
+        recovery.average_gradients(state.model)  # every rank succeeded: the mean, as DDP's all-reduce leaves it
     grad_norm = torch.nn.utils.clip_grad_norm_(state.model.parameters(), state.grad_clip)
     lr = state.scheduler.get_last_lr()[0]
     state.optimizer.step()
