@@ -98,6 +98,7 @@ def fresh(monkeypatch):
     """No fla ops loaded and no warning said yet in this process."""
     monkeypatch.setattr(errors, "_WARNED", set())
     monkeypatch.setattr(fla_attention, "_loaded", {})
+    monkeypatch.setattr(fla_attention, "_import_error", {})
 
 
 @pytest.fixture
@@ -316,4 +317,36 @@ def test_a_kernel_that_refuses_in_its_backward_costs_the_step_one_retry_not_the_
     [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
     assert "parallel_forgetting_attn" in fla and "Hopper" in fla
     assert state.step == 1 and torch.isfinite(result.loss)
-    assert fla_attention._loaded[fla_attention.FORGETTING] is None  # not tried again in this process
+    # not tried again in this run, and the run says so: the layer kind, its paths, the step
+    assert "global" in state.kernels.fused_refused
+    [fallback] = state.kernels.record()["fallbacks"]
+    assert (fallback["layer_kind"], fallback["left"], fallback["took"], fallback["step"]) == \
+        ("global", "fused:parallel_forgetting_attn", "hooks", 1)
+
+
+@pytest.mark.parametrize("name", ["fox", "path", "stick_breaking"])
+def test_a_bug_in_the_adapters_reshape_is_raised_not_blamed_on_fla(name, on_cuda, monkeypatch):
+    """Only fla's own refusal counts as fla refusing: an error of posenc's adapter around the call
+    (here its reshape to fla's flattened layout, broken) is raised as it is, never a permanent
+    O(T²) path with a warning that blames fla."""
+    encoding = encoding_of(name, torch.float32)
+    encoding.prepare(128)
+    q, k, v, x = inputs(128, seed=3, dtype=torch.float32)
+    on_cuda()
+
+    def broken(mask, *tensors):  # one token too many in the flattened sequence: the reshape fails
+        B, T = tensors[0].shape[0], tensors[0].shape[2]
+        return [t.transpose(1, 2).reshape(1, B * T + 1, *t.shape[1:2], -1) for t in tensors], None
+
+    monkeypatch.setattr(fla_attention, "to_fla", broken)
+    ctx = context(128, segments_of(128, 5), Window(), torch.float32)
+    chosen = attention.plan(encoding, ctx, 0, 0.0)
+    assert isinstance(chosen, attention.FusedPlan)
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(RuntimeError, match="shape"):
+            attention.attend_layer(q, k, v, encoding, ctx.with_input(x), 0, chosen)
+    assert not chosen.failed and not any("flash-linear-attention" in str(w.message) for w in said)
+    from posenc.nn import kernels
+
+    assert kernels.OUTSIDE.fused_refused == {} and kernels.OUTSIDE.fallbacks == []

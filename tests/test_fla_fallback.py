@@ -21,6 +21,7 @@ from conftest import TINY, run_cli, run_dirs
 from fla_reference import fla_naive, varlen
 
 from posenc.nn import fla_kernels
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.kda import chunked_kda
 from posenc.nn.recurrence import chunked_gated_delta_rule
 
@@ -37,13 +38,18 @@ def fla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """fla tried on the CPU, no kernel tried yet in this process, no fla module imported, and the
     warnings the module gives recorded (returned)."""
     monkeypatch.setattr(fla_kernels, "DEVICES", {"cpu"})
-    monkeypatch.setattr(fla_kernels, "_refused", {})
-    monkeypatch.setattr(fla_kernels, "_passed", set())
     monkeypatch.setattr(fla_kernels, "_imported", {})
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)
     warned: list[str] = []
-    monkeypatch.setattr(fla_kernels, "warn_once", warned.append)
+    say = KernelPolicy.warn
+
+    def heard(policy: KernelPolicy, message: str) -> None:  # what each run says about fla, as it says it
+        if message not in policy._said and "flash-linear-attention" in message:
+            warned.append(message)
+        say(policy, message)
+
+    monkeypatch.setattr(KernelPolicy, "warn", heard)
     return warned
 
 
@@ -84,7 +90,7 @@ def refusing_kernel():
 
 def losses(cwd: Path) -> list[tuple[float | None, float | None]]:
     rows = [json.loads(line) for line in (run_dirs(cwd)[0] / "metrics.jsonl").read_text().splitlines()]
-    return [(r["train/loss"], r.get("val/loss")) for r in rows]
+    return [(r["train/loss"], r.get("val/loss")) for r in rows if "event" not in r]  # a fallback is an event row
 
 
 @pytest.fixture(scope="module")
@@ -133,6 +139,10 @@ def test_a_run_without_a_usable_fla_is_the_chunked_run_with_one_warning(fla, fla
     assert len(fla_on_cpu) == 1, fla_on_cpu
     assert error in fla_on_cpu[0] and "chunk_gated_delta_rule" in fla_on_cpu[0]
     assert "use the chunked PyTorch recurrence" in fla_on_cpu[0]
+    [run_dir] = run_dirs(tmp_path)  # and the run's record says which layer kind left fla's kernel, and when
+    [fallback] = json.loads((run_dir / "summary.json").read_text())["kernels"]["fallbacks"]
+    assert (fallback["layer_kind"], fallback["left"], fallback["took"]) == \
+        ("recurrent", "fla:chunk_gated_delta_rule", "chunked")
 
 
 @pytest.mark.parametrize("rule", ["gated_delta", "kda"])
@@ -150,9 +160,10 @@ def test_a_working_fla_computes_the_layer_and_is_tried_once(rule, fla_on_cpu, mo
     k = torch.nn.functional.normalize(torch.randn(B, H, T, D, generator=gen), dim=-1)
     g, beta = -torch.rand(B, H, T, *((D,) if rule == "kda" else ()), generator=gen), torch.rand(B, H, T, generator=gen)
     seg = torch.tensor([[0] * 30 + [1] * 70, [0] * T])
+    policy = KernelPolicy()
     with torch.inference_mode():  # first used in an evaluation: the trial still runs a backward
-        assert fla_kernels.usable(rule, q, v)
-    assert fla_kernels.usable(rule, q, v)
+        assert fla_kernels.usable(rule, q, v, policy)
+    assert fla_kernels.usable(rule, q, v, policy)
     assert len(calls) == 1 and fla_on_cpu == []
     chunked = chunked_kda if rule == "kda" else chunked_gated_delta_rule
     torch.testing.assert_close(fla_kernels.mix(rule, q, k, v, g, beta, seg), chunked(q, k, v, g, beta, seg),

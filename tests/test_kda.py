@@ -23,6 +23,7 @@ from fla_reference import fla_naive, varlen
 from posenc.build import build_model
 from posenc.config import compose
 from posenc.nn import fla_kernels
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.fla_kernels import cu_seqlens
 from posenc.nn.kda import chunked_kda, recurrent_kda
 
@@ -167,8 +168,9 @@ def test_flas_chunk_kda_is_the_chunked_form_on_cuda():
     q, k, v, g, beta = (t.cuda() for t in inputs(6, (2, 4, 1024, 64, 64), torch.float32))
     q, g = q / 8, g * 0.1
     seg = torch.repeat_interleave(torch.arange(3), torch.tensor([300, 500, 224]))[None].expand(2, -1).cuda()
-    if not fla_kernels.usable("kda", q.bfloat16(), v.bfloat16()):
-        pytest.skip(f"fla's chunk_kda is not usable here: {fla_kernels._refused.get('kda', 'fla not installed')}")
+    policy = KernelPolicy()
+    if not fla_kernels.usable("kda", q.bfloat16(), v.bfloat16(), policy):
+        pytest.skip(f"fla's chunk_kda is not usable here: {policy.fla_refused.get('kda', 'fla not installed')}")
     leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)] + [g.requires_grad_(), beta.requires_grad_()]
     up = torch.randn(2, 4, 1024, 64, device="cuda")
     ours = chunked_kda(*leaves, seg)
