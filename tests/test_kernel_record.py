@@ -17,7 +17,9 @@ import pytest
 from compile_failures import FAIL_FIRST, SHARED_MEMORY_ERROR, flex_on_the_cpu
 from conftest import TINY, run_cli, run_dirs
 
+import posenc.cli.app  # noqa: F401 - installs the CLI's warning format before a test records warnings
 from posenc import errors
+from posenc.errors import PosencWarning
 from posenc.nn import failures, flex_kernels
 from posenc.record.tracking import Tracker
 
@@ -45,7 +47,8 @@ def events(run_dir: Path) -> list[dict]:
     return [r for r in rows if r.get("event")]
 
 
-def test_a_compiled_run_whose_flex_forward_fails_finishes_compiled_and_records_it(workdir, failing, monkeypatch):
+def test_a_compiled_run_whose_flex_forward_fails_finishes_compiled_and_records_it(workdir, failing, monkeypatch,
+                                                                                 recwarn):
     """`posenc train trainer.compile=true` with t5_bias's FlexAttention failing to compile: the run
     finishes, the rest of the model compiled, and summary.json, the W&B run (config and summary) and
     metrics.jsonl name t5_bias's layer kind, its path and the fallback's step."""
@@ -76,7 +79,16 @@ def test_a_compiled_run_whose_flex_forward_fails_finishes_compiled_and_records_i
     assert summary["kernels/layer_kinds/global/encoding"] == "t5_bias"
     assert summary["kernels/layer_kinds/global/path"] == "dense" and summary["kernels/fallbacks/0/step"] == 1
     assert summary["kernels/compiled"] is True and config["kernels"]["fallbacks"][0]["took"] == "dense"
-    assert result.stderr.count("warning: FlexAttention for the global layers (encoding 't5_bias'") == 1, result.stderr
+    said = [str(w.message) for w in recwarn if issubclass(w.category, PosencWarning)]
+    assert len([s for s in said if s.startswith("FlexAttention for the global layers (encoding 't5_bias'")]) == 1, said
+    evaluated = run_cli("eval", str(run_dir), "eval.lengths=[1]", cwd=workdir)  # eval.json and its output say it too
+    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
+    printed = " ".join(evaluated.stdout.split())
+    assert "kernels: global=dense, uncompiled" in printed  # the evaluation's own (eager; its FlexAttention fails too)
+    assert "evaluation fell back: global (t5_bias): flex → dense: NoTritonConfigsError" in printed
+    assert "training fell back: global (t5_bias): flex → dense at step 1" in printed
+    [written] = run_dir.glob("eval_*.json")
+    assert json.loads(written.read_text())["kernels"]["layer_kinds"]["global"]["path"] == "dense"
 
 
 def test_a_sweeps_second_job_starts_from_the_same_kernels_and_records_its_own_path(workdir, failing, monkeypatch):

@@ -137,9 +137,6 @@ class KernelPolicy:
             return self.layer_kind[layer]
         return encoding_name or DEFAULT_KIND
 
-    def encoding_of(self, kind: str) -> str | None:
-        return self.kinds[kind].encoding if kind in self.kinds else None
-
     # --- said once per run ------------------------------------------------------------------------
     def warn(self, message: str) -> None:
         """One ``warning:`` line per distinct message per run (a sweep's next job says it again)."""
@@ -152,7 +149,7 @@ class KernelPolicy:
 
     def fell_back(self, kind: str, left: str, took: str, reason: str, message: str | None = None) -> Fallback:
         """Record one fallback (and say it, when message)."""
-        event = Fallback(kind, self.encoding_of(kind) if kind in self.kinds else None, left, took, reason, self.step)
+        event = Fallback(kind, self.kinds[kind].encoding if kind in self.kinds else None, left, took, reason, self.step)
         self.fallbacks.append(event)
         if message:
             self.warn(message)

@@ -57,4 +57,4 @@ def warning_lines(runs: Sequence[Run]) -> list[str]:
     parts = ([f"{len(fell)} fell back from their fast path (↓: the path taken, @ the step)"] if fell else []) + \
         ([f"{len(differ)} ran other kernel paths than another run of their encoding ({DIFFERS})"] if differ else [])
     return [f"{' and '.join(parts)} of {len(finished)} runs: tokens/s and MFU are not comparable across unlike "
-            f"paths (the cost table's '{HEADER}'; each run's summary.json 'kernels' says how it ran)"]
+            f"paths (the cost table's '{HEADER}'; each run's summary says how it ran, under '{kernel_record.KEY}')"]
