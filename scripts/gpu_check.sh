@@ -21,7 +21,9 @@
 # The 8 files it writes into OUT_DIR (default ./outputs/gpu_check/<date-time>), and nothing else:
 #   report.json             every command with its exit code and seconds; the tests' summary line; each check's
 #                           verdict and failed rows; the bench rows; the 16x evaluation; the GPU's and the CPU's
-#                           validation loss after 300 steps, side by side; torch, Triton and the GPU
+#                           validation loss after 300 steps, side by side; how every run and bench row ran its
+#                           kernels (each layer kind's path, compiled or not: summary.json's and the rows'
+#                           "kernels") and every fallback in one list; torch, Triton and the GPU
 #   cuda_tests.txt          pytest's output (-ra: every skip, failure and error named)
 #   check.txt               posenc check's tables, one per encoding and hybrid layout
 #   bench.json              posenc bench --json: model=base, the 7 encodings
@@ -195,12 +197,26 @@ for f in sorted(scratch.glob("check-*.txt")):
     checks[target.group(1) if target else f.name] = {
         "verdict": verdict[-1] if verdict else None,
         "failed_rows": [" ".join(l.replace("│", " ").split()) for l in text.splitlines() if "✗" in l]}
-runs = {}
+runs, kernels, fallbacks = {}, {}, []
 for run in sorted(scratch.glob("run-*-*/")):
     _, device, encoding = run.name.split("-", 2)
     found = sorted(run.glob("outputs/**/summary.json"))
-    loss = (load(found[-1]) or {}).get("val/loss") if found else None
-    runs.setdefault(encoding, {})[device] = loss
+    written = (load(found[-1]) or {}) if found else {}
+    runs.setdefault(encoding, {})[device] = written.get("val/loss")
+    kernels.setdefault(encoding, {})[device] = written.get("kernels")  # posenc/nn/kernels.py's record
+
+def fell(where, record):  # every fallback of a record, one line each (posenc/record/kernel_record.py's line)
+    for f in (record or {}).get("fallbacks", []):
+        who = f["layer_kind"] + (f" ({f['encoding']})" if f.get("encoding") else "")
+        step = "" if f.get("step") is None else f" at step {f['step']}"
+        fallbacks.append(f"{where}: {who}: {f['left']} -> {f['took']}{step}: {f['reason']}")
+
+for encoding, by_device in kernels.items():
+    for device, record in by_device.items():
+        fell(f"train {encoding} on {device}", record)
+for name in ("bench", "bench_qwen3_next", "eval16"):
+    for row in (load(out / f"{name}.json") or {}).get("results", []):
+        fell(f"{name} {row['name']}", row.get("kernels"))
 for r in runs.values():
     if r.get("cuda") and r.get("cpu"):
         r["relative_difference"] = abs(r["cuda"] - r["cpu"]) / r["cpu"]
@@ -214,10 +230,12 @@ except ImportError:
     env["triton"] = None
 report = {"environment": env, "steps": steps, "cuda_tests": summary[-1] if summary else None, "checks": checks,
           "bench": load(out / "bench.json"), "bench_qwen3_next": load(out / "bench_qwen3_next.json"),
-          "eval16": load(out / "eval16.json"), "runs_val_loss": runs}
+          "eval16": load(out / "eval16.json"), "runs_val_loss": runs, "runs_kernels": kernels,
+          "kernel_fallbacks": fallbacks}
 (out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
 failed = [s["name"] for s in steps if s["exit_code"]]
 print(f"wrote {out / 'report.json'}; {len(steps) - len(failed)} of {len(steps)} commands succeeded"
-      + (f"; failed: {', '.join(failed)}" if failed else ""))
+      + (f"; failed: {', '.join(failed)}" if failed else "")
+      + (f"; {len(fallbacks)} kernel fallbacks (report.json: kernel_fallbacks)" if fallbacks else ""))
 sys.exit(1 if failed else 0)
 PY
