@@ -88,6 +88,8 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
         # perplexity at eval.lengths × seq_len (Press et al.) or task accuracy, and per-position loss
         evaluated = final.evaluate_run(model, data, cfg, run_dir, tracker, state.step, state.tokens, device, autocast) \
             if cfg.eval.at_end else {}
+        for fallback in state.kernels.unlogged():  # one in the last evaluations: at the last step
+            tracker.event("kernels/fallback", fallback.as_dict(), step=state.step, tokens=state.tokens)
         summary = {
             "status": "completed",
             **val,
