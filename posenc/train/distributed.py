@@ -21,7 +21,34 @@ import torch.distributed as dist
 
 def launched() -> bool:
     """Whether this process was started by torchrun (or another launcher) with WORLD_SIZE > 1."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return requested_world_size() > 1
+
+
+def requested_world_size() -> int:
+    """The processes the launcher started (WORLD_SIZE; 1 without one), known before the group is joined."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def requested_per_node() -> int:
+    """Processes per node (LOCAL_WORLD_SIZE, which torchrun and submitit's environment set; else all)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", requested_world_size()))
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID for its workers)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launch_command(world_size: int, per_node: int | None = None) -> str:
+    """What starts `posenc` on world_size processes, for a printed command: ``posenc`` alone, or
+    ``torchrun --standalone --nproc_per_node=N -m posenc`` on one node (``--nnodes=M`` across
+    nodes, where the user adds their rendezvous: torchrun's --rdzv-endpoint)."""
+    per_node = per_node or world_size
+    if world_size <= 1:
+        return "posenc"
+    if per_node >= world_size:
+        return f"torchrun --standalone --nproc_per_node={world_size} -m posenc"
+    return f"torchrun --nnodes={world_size // per_node} --nproc_per_node={per_node} -m posenc"
 
 
 def init() -> None:
@@ -74,6 +101,15 @@ def mean(value: torch.Tensor) -> torch.Tensor:
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / world_size()
+
+
+def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """A tensor summed element-wise over ranks (every rank gets the sum); itself without DDP."""
+    if not active():
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
 
 
 def any_rank(flag: bool) -> bool:

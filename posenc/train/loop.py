@@ -25,7 +25,7 @@ from posenc.build import (
 )
 from posenc.config import validate as validate_config
 from posenc.eval import final
-from posenc.eval.loss import validator
+from posenc.eval.loss import global_batch, validator
 from posenc.hardware import machine_load, peak_flops, setup_device
 from posenc.record import metrics as M
 from posenc.record import provenance
@@ -74,14 +74,16 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
                            world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
     resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
-    evaluate = validator(model, data, t, device, autocast)  # the same held-out batches at every evaluation
+    # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
+    evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
+                         world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
     try:
         if cfg.logger.name == "wandb":
             start_wandb(tracker, cfg, model.encoding.name, run_dir, resumed.wandb_id)
-        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss)
+        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss, resumed.reshapes)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
                                       checkpoints=checkpoints)
@@ -98,6 +100,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
+            "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
@@ -130,6 +133,10 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
         "device": str(device),
         "precision": precision,
+        # how the steps were taken: processes, and windows per optimizer step (the same at N processes
+        # as at one with N× trainer.batch_size: the same losses, the same validation)
+        "world_size": distributed.world_size(),
+        "global_batch": global_batch(cfg.trainer, distributed.world_size()),
     }
 
 
@@ -160,10 +167,11 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
     loop_start = rate.start - (M.elapsed_before(RunDir(run_dir).metrics(), state.step)
                                if state.step and tracker.enabled else 0.0)
-    if t.max_steps == 0 and distributed.is_main():  # nothing to train: evaluate and save the model as it starts
+    if t.max_steps == 0:  # nothing to train: evaluate (every rank its share) and save the model as it starts
         val = evaluate()
-        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
-        checkpoints.save(state, cfg, tracker.wandb_id, val)
+        if distributed.is_main():
+            checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
+            checkpoints.save(state, cfg, tracker.wandb_id, val)
     with TrainProgress(t.max_steps, enabled=distributed.is_main()) as progress, GracefulStop() as stop:
         while state.step < t.max_steps:
             tokens_before = state.tokens
@@ -214,7 +222,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
 # ``trainer.early_evals`` times per interval (default 4: steps 13, 25, 38, 50, 63, 75, 88, 100
 # for eval_interval=50), then every ``eval_interval`` steps, and always at the last step.
 # ``early_evals=1`` gives evenly spaced evaluations. Each evaluation scores the same
-# ``eval_batches·batch_size`` windows, so the extra early points cost
+# ``eval_batches`` × global-batch windows, so the extra early points cost
 # ``2·(early_evals-1)`` evaluations per run, whatever its length.
 
 
