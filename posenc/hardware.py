@@ -82,9 +82,11 @@ def enable_fast_matmul(device: torch.device) -> None:
 
 
 def process_device(device: torch.device) -> torch.device:
-    """Under torchrun (WORLD_SIZE > 1) each process takes its own GPU, LOCAL_RANK; CPU stays CPU."""
+    """Under torchrun or a submitit job of several tasks (WORLD_SIZE > 1) each process takes its own
+    GPU, LOCAL_RANK among those it sees (modulo them: a scheduler that binds one GPU to each task
+    shows each task its own as the only one); CPU stays CPU."""
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     return device
 

@@ -71,6 +71,7 @@ class RunInterrupted(UserError):
 
     def __init__(self, message: str, signum: int, exit_code: int | None = None, quiet: bool = False) -> None:
         super().__init__(message)
+        self.signum = signum
         # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM (0 for torchrun's workers: GracefulStop.stop)
         self.exit_code = 128 + signum if exit_code is None else exit_code
         self.quiet = quiet  # a DDP rank other than 0: rank 0 alone says it
