@@ -131,6 +131,7 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         "encoding": encoding,
         "layout": model.layout.describe(),
         "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
+        "corpus": data.counts() if hasattr(data, "counts") else None,  # its tokens and documents per split
         "device": str(device),
         "precision": precision,
         # how the steps were taken: processes, and windows per optimizer step (the same at N processes
