@@ -110,6 +110,7 @@ class LoggerConfig:
     group: Optional[str] = None
     job_type: str = "train"
     tags: List[str] = field(default_factory=list)
+    log_checkpoint: bool = False                # the final checkpoint as a W&B model artifact
 
 
 @dataclass

@@ -101,7 +101,8 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
             "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
-            "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
+            "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
+            if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
         }
@@ -115,13 +116,29 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
 
 
 def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
-    """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding."""
+    """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding,
+    in its group: logger.group (a study spanning sweeps), else its sweep's; the config W&B holds
+    names the group used, so a runs table filters and groups by logger.group too."""
     lc = cfg.logger
+    config = OmegaConf.to_container(cfg, resolve=True)  # W&B shows nested keys flat: encoding.base
+    group = wandb_group(lc.group)
+    config["logger"]["group"] = group
     tracker.start_wandb(
-        config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
-        project=lc.project, mode=lc.mode, group=wandb_group(lc.group), job_type=lc.job_type,
+        config=config, project=lc.project, mode=lc.mode, group=group, job_type=lc.job_type,
         tags=[encoding_name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity, run_id=run_id,
     )
+
+
+def share_checkpoint(tracker: Tracker, cfg: DictConfig, kept: dict, run_dir: Path, step: int) -> dict:
+    """logger.log_checkpoint=true: the checkpoint the run kept, logged to W&B as a model artifact
+    (``model-<W&B run id>``, aliases: the kind kept and ``step-<n>``); what summary.json says it kept."""
+    if not cfg.logger.get("log_checkpoint") or not kept.get("paths") or tracker.wandb_id is None:
+        return kept
+    metadata = {"encoding": cfg.encoding.get("name"), "step": step, "run_dir": run_dir.name,
+                "kind": kept["kind"], "config": OmegaConf.to_container(cfg, resolve=True)}
+    name = tracker.log_model([run_dir / p for p in kept["paths"]], f"model-{tracker.wandb_id}", metadata,
+                             aliases=[kept["kind"], f"step-{step}"])
+    return {**kept, "wandb_artifact": name}
 
 
 def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: str) -> dict:
