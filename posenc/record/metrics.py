@@ -148,6 +148,8 @@ TOKENS_SEEN = Metric(TOKENS, "tokens", False, None, "training tokens seen (every
 MACHINE_LOAD = Metric("machine/load_1m", "", False, None,
                       "os.getloadavg()'s 1-minute load average when the summary was written (runnable threads, all processes)")
 MACHINE_CPUS = Metric("machine/cpus", "", False, None, "CPUs this process could run on")
+MACHINE_THREADS = Metric("machine/threads", "", False, None,
+                         "torch threads each process computed with (posenc.hardware.choose_cpu_threads on a CPU)")
 #: timings are flagged when MACHINE_LOAD exceeded this many times MACHINE_CPUS: a run's own threads
 #: account for at most 1×, the rest were other processes competing for the CPUs
 LOADED_PER_CPU = 1.5
@@ -158,7 +160,7 @@ METRICS: tuple[Metric, ...] = (
     TASK_ACCURACY, TASK_LOW, TASK_HIGH, TASK_TOKEN_ACCURACY,
     TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, BEFORE_FIRST_EVAL_LOSS, BEFORE_FIRST_EVAL_BPB,
     VAL_LOSS_AUC,
-    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS,
+    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS, MACHINE_THREADS,
 )
 
 

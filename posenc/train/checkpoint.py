@@ -41,6 +41,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.build import restore_weights
 from posenc.errors import UserError
 from posenc.eval.loss import global_batch
+from posenc.hardware import keep_cpu_threads
 from posenc.record.rundir import RunDir
 from posenc.record.statefile import CHECKPOINT_VERSION, save_state
 from posenc.train import distributed
@@ -102,6 +103,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "per_node": distributed.requested_per_node() if distributed.active() else 1,
         "global_batch": global_batch(cfg.trainer, distributed.world_size()),
         "reshapes": list(reshapes or []),  # each resume that changed those (trainer.resume_reshape=true)
+        "threads": torch.get_num_threads(),  # a CPU step's sums change in their last bits with it: a resume keeps it
     }
     save_state(saved, path)
     return path
@@ -173,7 +175,7 @@ class Resumed:
 
 def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
     """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
-    for an exact resume."""
+    for an exact resume (on a CPU, the torch threads the run started with too)."""
     run = RunDir(run_dir)
     path = run.checkpoint()
     saved = run.load_checkpoint("last")
@@ -192,6 +194,7 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
     state.batches.load_state_dict(saved["sampler"])
     state.step, state.tokens = saved["step"], saved["tokens"]
     set_rng_state(saved["rng"])
+    keep_cpu_threads(saved.get("threads"), state.device)
     truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
     log.info("resumed at step %d (%s tokens) from %s", state.step, f"{state.tokens:,}", path)
     return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf), reshapes)

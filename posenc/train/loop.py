@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import (
@@ -26,7 +27,7 @@ from posenc.build import (
 from posenc.config import validate as validate_config
 from posenc.eval import final
 from posenc.eval.loss import global_batch, validator
-from posenc.hardware import machine_load, peak_flops, setup_device
+from posenc.hardware import choose_cpu_threads, machine_load, peak_flops, setup_device
 from posenc.record import metrics as M
 from posenc.record import provenance
 from posenc.record.directory import plain_numbers, wandb_group
@@ -61,6 +62,8 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     log.info("run dir: %s", run_dir)  # named first: a run stopped early is found without waiting for its end
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
+    if not t.get("resume"):  # a loaded machine's CPU run: as many threads as cores are free (a resume keeps its own)
+        choose_cpu_threads(device)
 
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size, encoding)
@@ -99,6 +102,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
+            M.MACHINE_THREADS.name: torch.get_num_threads(),
             **run_facts(cfg, model, data, encoding, device, precision),
             "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
             "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
