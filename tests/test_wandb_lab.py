@@ -47,7 +47,10 @@ def test_the_checkpoint_is_logged_as_a_model_artifact(lab_run: Path) -> None:
     md5 = base64.b64encode(hashlib.md5(checkpoint.read_bytes()).digest()).decode()
     run = offline_run(lab_run)
     [model] = [a for a in run["artifacts"] if a["type"] == "model"]
-    assert model["files"] == {"checkpoints/last.safetensors": md5}  # the very file the run kept
+    assert model["files"]["checkpoints/last.safetensors"] == md5  # the very file the run kept
+    # and what makes a folder a run dir: downloaded, `posenc eval` reads it
+    assert set(model["files"]) == {"checkpoints/last.safetensors", ".hydra/config.yaml", ".hydra/overrides.yaml",
+                                   ".hydra/hydra.yaml", "provenance.json"}
     summary = json.loads((lab_run / "summary.json").read_text())
     assert model["name"] == summary["checkpoint"]["wandb_artifact"] and model["name"].startswith("model-")
     assert {"last", "step-4", "latest"} <= set(model["aliases"])

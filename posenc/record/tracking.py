@@ -107,16 +107,18 @@ class Tracker:
         self.wandb_run.log({TOKENS: tokens, key: chart}, step=step)
 
     def log_model(self, paths: list[Path], name: str, metadata: dict, aliases: list[str]) -> str | None:
-        """Files (a run's checkpoint) as one W&B artifact of type ``model``, ``name`` with these
-        aliases: how a lab shares a model (``run.use_artifact("<name>:latest")``). Offline it is
-        kept in the offline run and uploads with ``wandb sync``. Its name, or None without W&B."""
+        """Files of the run dir (its checkpoint, and what makes a folder a run dir) as one W&B
+        artifact of type ``model``, ``name`` with these aliases, each under its path in the run dir:
+        how a lab shares a model (``run.use_artifact("<name>:latest").download()`` is a run dir
+        `posenc eval` reads). Offline it is kept in the offline run and uploads with ``wandb sync``.
+        Its name, or None without W&B."""
         if self.wandb_run is None or not paths:
             return None
         import wandb
 
         artifact = wandb.Artifact(name, type="model", metadata=metadata)
         for path in paths:
-            artifact.add_file(str(path), name=f"{path.parent.name}/{path.name}")  # checkpoints/last.safetensors
+            artifact.add_file(str(path), name=path.relative_to(self.run.path).as_posix())  # checkpoints/last.safetensors
         self.wandb_run.log_artifact(artifact, aliases=aliases)
         return name
 

@@ -186,7 +186,7 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
     reshapes = [*saved.get("reshapes", []), *([reshaped] if reshaped else [])]
     if reshaped:
         log.warning("resumed on %d process(es) at a global batch of %d windows; it trained on %d at %d until step %d "
-                    "(%s=true): recorded in the checkpoint and summary.json's reshapes", world, reshaped["to"]["global_batch"],
+                    "(%s=true): recorded in the checkpoint and the run's summary (reshapes)", world, reshaped["to"]["global_batch"],
                     reshaped["from"]["world_size"], reshaped["from"]["global_batch"], saved["step"], RESHAPE_KEY)
     restore_weights(state.model, saved, path)
     state.optimizer.load_state_dict(saved["optimizer"])

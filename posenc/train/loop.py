@@ -135,13 +135,17 @@ def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: 
 
 def share_checkpoint(tracker: Tracker, cfg: DictConfig, kept: dict, run_dir: Path, step: int) -> dict:
     """logger.log_checkpoint=true: the checkpoint the run kept, logged to W&B as a model artifact
-    (``model-<W&B run id>``, aliases: the kind kept and ``step-<n>``); what summary.json says it kept."""
+    (``model-<W&B run id>``, aliases: the kind kept and ``step-<n>``) with the files that make a
+    folder a run dir (its .hydra/ config, overrides and choices; its provenance; an init_from
+    parent), so the artifact downloaded is a run dir `posenc eval` reads; what summary.json says it kept."""
     if not cfg.logger.get("log_checkpoint") or not kept.get("paths") or tracker.wandb_id is None:
         return kept
+    run = RunDir(run_dir)
+    files = [run_dir / p for p in kept["paths"]] + [p for p in (run.config_file, run.overrides_file, run.hydra_file,
+                                                              run.provenance_file, run.parent_file) if p.is_file()]
     metadata = {"encoding": cfg.encoding.get("name"), "step": step, "run_dir": run_dir.name,
                 "kind": kept["kind"], "config": OmegaConf.to_container(cfg, resolve=True)}
-    name = tracker.log_model([run_dir / p for p in kept["paths"]], f"model-{tracker.wandb_id}", metadata,
-                             aliases=[kept["kind"], f"step-{step}"])
+    name = tracker.log_model(files, f"model-{tracker.wandb_id}", metadata, aliases=[kept["kind"], f"step-{step}"])
     return {**kept, "wandb_artifact": name}
 
 
