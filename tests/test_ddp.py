@@ -113,6 +113,17 @@ def test_a_resume_that_reshapes_on_request_is_recorded(two_ranks_and_one: tuple[
                                     "to": {"world_size": 1, "global_batch": 8}}]
     assert RunDir(run_dir).load_checkpoint("last", tensors=False)["reshapes"] == summary["reshapes"]
 
+    # where runs are compared, the reshaped one is named; and runs at different global batches are flagged
+    compared = run_cli("compare", str(run_dir), str(two_ranks_and_one[1]), cwd=tmp_path)
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    assert "1 run(s) resumed on another number of processes or global batch" in " ".join(compared.stdout.split())
+    from posenc.report.compare import batch_lines
+    from posenc.report.runs import Run
+
+    runs = [Run(Path(f"r{b}"), {}, {}, {"status": "completed", "global_batch": b}) for b in (8, 16)]
+    assert batch_lines(runs)[0].startswith("the runs trained at different global batches (8, 16 windows a step")
+    assert batch_lines(runs[:1]) == []
+
 
 def test_an_interrupted_two_rank_run_says_once_how_to_continue_and_continues_there(tmp_path: Path) -> None:
     """SIGINT to the ranks (a scheduler's signal, or a terminal's Ctrl-C as the ranks see it): the

@@ -217,10 +217,28 @@ def warning_lines(c: Comparison) -> list[str]:
         out.append(f"{len(loaded)} of {len(c.runs)} runs ended with the machine loaded (up to {worst:.1f}× its CPUs "
                    "busy): their tokens/s measures the other processes as much as the encoding — time encodings "
                    "with `posenc bench` on a quiet machine")
+    out += batch_lines([r for r in c.runs if r.ok])
     if c.dropped_targets:
         out.append(f"convergence targets left out: {', '.join(map(str, c.dropped_targets))} — no run's loss came down "
                    "through them (each run was already below at its first evaluation, or never got there); "
                    "give --target for others")
+    return out
+
+
+def batch_lines(runs: list[Run]) -> list[str]:
+    """How the runs took their steps, where that differs: runs at different global batches (windows
+    per optimizer step: trainer.batch_size × grad_accum × processes, summary.json's global_batch)
+    compare more than their encodings; a run resumed at another (trainer.resume_reshape) mixes two."""
+    out = []
+    batches = sorted({b for r in runs if (b := r.metric("global_batch")) is not None})
+    if len(batches) > 1:
+        out.append(f"the runs trained at different global batches ({', '.join(map(str, batches))} windows a step: "
+                   "trainer.batch_size × grad_accum × processes): their curves and budgets differ in more than "
+                   "what the table varies")
+    reshaped = [r for r in runs if r.metric("reshapes")]
+    if reshaped:
+        out.append(f"{len(reshaped)} run(s) resumed on another number of processes or global batch "
+                   f"(trainer.resume_reshape, summary.json's reshapes): {', '.join(r.path.name for r in reshaped)}")
     return out
 
 
