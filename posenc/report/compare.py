@@ -226,20 +226,16 @@ def warning_lines(c: Comparison) -> list[str]:
 
 
 def batch_lines(runs: list[Run]) -> list[str]:
-    """How the runs took their steps, where that differs: runs at different global batches (windows
-    per optimizer step: trainer.batch_size × grad_accum × processes, summary.json's global_batch)
-    compare more than their encodings; a run resumed at another (trainer.resume_reshape) mixes two."""
-    out = []
+    """How the runs took their steps, where that differs: at different global batches (windows a
+    step: trainer.batch_size × grad_accum × processes) they compare more than the table varies; a
+    run resumed at another (trainer.resume_reshape) mixes two."""
     batches = sorted({b for r in runs if (b := r.metric("global_batch")) is not None})
-    if len(batches) > 1:
-        out.append(f"the runs trained at different global batches ({', '.join(map(str, batches))} windows a step: "
-                   "trainer.batch_size × grad_accum × processes): their curves and budgets differ in more than "
-                   "what the table varies")
-    reshaped = [r for r in runs if r.metric("reshapes")]
-    if reshaped:
-        out.append(f"{len(reshaped)} run(s) resumed on another number of processes or global batch "
-                   f"(trainer.resume_reshape, summary.json's reshapes): {', '.join(r.path.name for r in reshaped)}")
-    return out
+    reshaped = [r.path.name for r in runs if r.metric("reshapes")]
+    return ([f"the runs trained at different global batches ({', '.join(map(str, batches))} windows a step: trainer."
+             "batch_size × grad_accum × processes): their curves and budgets differ in more than what the table varies"]
+            if len(batches) > 1 else []) + \
+        ([f"{len(reshaped)} run(s) resumed on another number of processes or global batch (trainer.resume_reshape, "
+          f"the reshapes in their summaries): {', '.join(reshaped)}"] if reshaped else [])
 
 
 def relative(path: Path, root: Path) -> str:

@@ -102,7 +102,6 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.WALL_TIME.name: time.time() - started,
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
-            M.MACHINE_THREADS.name: torch.get_num_threads(),
             **run_facts(cfg, model, data, encoding, device, precision),
             "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
             "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
@@ -163,6 +162,7 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         # as at one with N× trainer.batch_size: the same losses, the same validation)
         "world_size": distributed.world_size(),
         "global_batch": global_batch(cfg.trainer, distributed.world_size()),
+        M.MACHINE_THREADS.name: torch.get_num_threads(),  # a CPU step's sums change in their last bits with it
     }
 
 
