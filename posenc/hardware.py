@@ -7,6 +7,7 @@ with `posenc eval` or `posenc probe` therefore computes as its in-training evalu
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -17,6 +18,8 @@ import torch
 
 from posenc.errors import UserError
 from posenc.record.metrics import MACHINE_CPUS, MACHINE_LOAD
+
+log = logging.getLogger("posenc")
 
 #: dense bf16 peak FLOP/s by device name fragment (vendor datasheets, SXM parts)
 PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12, "4090": 165e12}
@@ -82,9 +85,11 @@ def enable_fast_matmul(device: torch.device) -> None:
 
 
 def process_device(device: torch.device) -> torch.device:
-    """Under torchrun (WORLD_SIZE > 1) each process takes its own GPU, LOCAL_RANK; CPU stays CPU."""
+    """Under torchrun or a submitit job of several tasks (WORLD_SIZE > 1) each process takes its own
+    GPU, LOCAL_RANK among those it sees (modulo them: a scheduler that binds one GPU to each task
+    shows each task its own as the only one); CPU stays CPU."""
     if device.type == "cuda" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")) % max(1, torch.cuda.device_count()))
         torch.cuda.set_device(device)
     return device
 
@@ -121,5 +126,45 @@ def machine_load() -> dict[str, float]:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # Windows: no load average
         return {}
-    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return {MACHINE_LOAD.name: round(load, 2), MACHINE_CPUS.name: cpus}
+    return {MACHINE_LOAD.name: round(load, 2), MACHINE_CPUS.name: cpu_count()}
+
+
+def cpu_count() -> int:
+    """The CPUs this process may run on (its affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def choose_cpu_threads(device: torch.device) -> int:
+    """The torch threads a new training run on the CPU computes with, set and returned.
+
+    ``OMP_NUM_THREADS`` decides where it is set (torchrun sets 1 for each of its ranks). Otherwise
+    the cores other processes leave free by the 1-minute load average (at least one; shared among
+    the node's ranks of a submitit job), at most torch's default of a thread per core. OpenMP's
+    threads spin waiting for a core they do not get: on 2 CPUs at load 5 to 9, the default model
+    trained at 1,600-2,000 tokens/s on 1 thread and 700-800 on 2, the tests' 1-layer model 20×
+    faster on 1 (docs/running.md). Said in the log when it lowers the count. The count is part of a
+    run (a resume keeps it: keep_cpu_threads), since the sums of a CPU step change in their last
+    bits with it."""
+    current = torch.get_num_threads()
+    if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
+        return current
+    cpus, ranks = cpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):  # no load average (Windows): torch's default
+        load = 0.0
+    free = max(1, round(cpus - load))
+    threads = min(current, max(1, free // ranks))
+    if threads < current:
+        torch.set_num_threads(threads)
+        log.warning("other processes keep the CPUs busy (1-minute load %.1f on %d CPUs): training on %d torch "
+                    "thread%s, not %d, which would wait for busy cores — set OMP_NUM_THREADS to choose",
+                    load, cpus, threads, "s" if threads > 1 else "", current)
+    return threads
+
+
+def keep_cpu_threads(threads: int | None, device: torch.device) -> None:
+    """A resumed CPU run computes on the thread count it started with (unless OMP_NUM_THREADS says
+    otherwise): a resume continues the same run, to the last bit."""
+    if threads and device.type == "cpu" and not os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(threads))

@@ -58,6 +58,10 @@ def _threads_per_worker() -> int:
 
 
 THREADS = _threads_per_worker()
+# every run of the suite, in this process or one it starts, on THREADS torch threads: posenc's own
+# choice on a loaded machine (posenc.hardware.choose_cpu_threads) would make two runs of one test
+# differ in their last bits with the load of the moment (its own test asks for it)
+os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 yaml_memo.install()  # Hydra's composes parse each config text once per test process (tests/yaml_memo.py)
 # in-process commands write to a stream that is no terminal; posenc's consoles are then wide
 # (posenc/terminal.py) unless COLUMNS is set, which pytest-xdist's workers find set to 80
@@ -82,8 +86,7 @@ def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.update(WANDB_MODE="offline", WANDB_SILENT="true", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1",
                COLUMNS="120", PYTHONUNBUFFERED="1")
-    if "PYTEST_XDIST_WORKER" in os.environ:
-        env.setdefault("OMP_NUM_THREADS", str(THREADS))  # the worker's share of the cores (above)
+    env.setdefault("OMP_NUM_THREADS", str(THREADS))  # the worker's share of the cores (above)
     env.pop("HYDRA_FULL_ERROR", None)
     return env
 

@@ -4,6 +4,7 @@ evaluated again computes as its in-training evaluation did."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -48,3 +49,43 @@ def test_cuda_asked_for_without_cuda_is_a_user_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(UserError, match="CUDA is not available here"):
         hardware.setup_device("cuda", "auto")
+
+
+@pytest.fixture
+def torch_threads():
+    """The test process's torch thread count, restored after the test."""
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("load, threads", [(0.2, 2), (1.4, 1), (7.5, 1)])
+def test_a_cpu_run_on_a_loaded_machine_trains_on_the_cores_left_free(monkeypatch, torch_threads, load, threads):
+    """Without OMP_NUM_THREADS, a CPU run takes the cores the load average leaves free (at least
+    one, at most torch's default), so it does not spin on busy cores; said when it lowers them."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "cpu_count", lambda: 2)
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (load, load, load))
+    torch.set_num_threads(2)
+    assert hardware.choose_cpu_threads(torch.device("cpu")) == threads == torch.get_num_threads()
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (or torchrun's) choice stands
+    torch.set_num_threads(2)
+    assert hardware.choose_cpu_threads(torch.device("cpu")) == 2
+
+
+def test_a_resumed_cpu_run_keeps_the_threads_it_started_with(monkeypatch, torch_threads, tmp_path: Path):
+    """The sums of a CPU step change in their last bits with the thread count: the checkpoint and
+    summary record it, and a resume computes on it, whatever the load or torch's count are now."""
+    import conftest
+    from posenc.record.rundir import RunDir
+
+    torch.set_num_threads(1)
+    assert conftest.run_cli("train", *TINY, cwd=tmp_path).returncode == 0  # in this process: its 1 thread
+    [run_dir] = conftest.run_dirs(tmp_path)
+    assert RunDir(run_dir).load_checkpoint("last", tensors=False)["threads"] == 1
+    torch.set_num_threads(2)
+    env = conftest.cli_env
+    monkeypatch.setattr(conftest, "cli_env", lambda: {k: v for k, v in env().items() if k != "OMP_NUM_THREADS"})
+    resumed = conftest.run_cli("train", f"trainer.resume={run_dir}", "trainer.max_steps=6", cwd=tmp_path)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert json.loads((run_dir / "summary.json").read_text())["machine/threads"] == torch.get_num_threads() == 1

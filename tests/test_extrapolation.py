@@ -72,7 +72,7 @@ def test_every_length_scores_the_same_tokens_and_learned_is_not_defined_beyond_m
 def test_perplexity_at_the_training_length_is_the_runs_validation_perplexity(tmp_path):
     """One evaluator: over the same validation tokens, the extrapolation at 1× and training's
     own val/ppl are the same number (batched differently: equal up to float rounding)."""
-    seq_len, windows = 32, 2 * 4  # TINY: eval_batches · batch_size validation windows
+    seq_len, windows = 32, 2 * 4  # TINY: eval_batches × the global batch (batch_size, one process) validation windows
     cfg = compose([*TINY, "eval.at_end=true", "eval.lengths=[1]", f"eval.tokens={windows * seq_len}"], bench=False)
     summary = train(cfg, tmp_path)
     assert summary[f"extrapolation/ppl@{seq_len}"] == pytest.approx(summary["val/ppl"], rel=1e-5)

@@ -7,6 +7,7 @@ RNG state, never code."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -147,3 +148,19 @@ def test_a_state_comes_back_as_saved_with_tied_weights_stored_once(tmp_path):
     with pytest.raises(TypeError, match="cannot be stored without pickle"):
         save_state({"sampler": Payload(tmp_path / "never")}, tmp_path / "refused.safetensors")
     assert not (tmp_path / "refused.safetensors").exists()
+
+
+def test_a_checkpoint_is_as_readable_as_the_run_files_beside_it(finished_run: Path, tmp_path: Path) -> None:
+    """Whoever may read a shared run dir may read its checkpoint: the mode a new file gets under the
+    umask (0644 under 0022, 0640 under 0027), as summary.json has, not 0600."""
+    from posenc.record.statefile import save_state
+
+    mode = lambda p: p.stat().st_mode & 0o777  # noqa: E731
+    assert mode(RunDir(finished_run).checkpoint()) == mode(finished_run / "summary.json")
+    for umask, expected in ((0o022, 0o644), (0o027, 0o640)):
+        previous = os.umask(umask)
+        try:
+            save_state({"w": torch.zeros(2)}, tmp_path / f"state_{umask:o}.safetensors")
+        finally:
+            os.umask(previous)
+        assert mode(tmp_path / f"state_{umask:o}.safetensors") == expected

@@ -8,6 +8,7 @@ import shlex
 from pathlib import Path
 
 from conftest import TINY, run_cli, run_dirs
+from wandb_records import offline_run
 
 from posenc.config import group_options
 from posenc.leaderboard.protocol import load_protocol
@@ -64,11 +65,11 @@ def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path)
     rel = sweep.relative_to(workdir)
     assert f"sweep: {rel} (2 runs)" in result.stdout
     assert f"posenc compare {rel} --by encoding.base\n" in result.stdout
-    # W&B's offline run log holds the run record: both jobs carry the sweep's group
-    group = sweep_group(sweep).encode()
+    # W&B's offline run log holds the run record: both jobs carry the sweep's group, which their
+    # config names too (logger.group as used, not the null the sweep was given)
     for run in runs:
-        [log] = run.glob("wandb/offline-run-*/run-*.wandb")
-        assert group in log.read_bytes()
+        wandb_run = offline_run(run)
+        assert wandb_run["group"] == wandb_run["config"]["logger"]["group"] == sweep_group(sweep)
 
     for run in runs:  # each run says how busy the machine was when its timings were taken
         summary = json.loads((run / "summary.json").read_text())

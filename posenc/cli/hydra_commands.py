@@ -50,14 +50,24 @@ def train(ctx: typer.Context) -> None:
     from posenc.cli.job_returns import failures
     from posenc.cli.launch import prepare
     from posenc.train import distributed
+    from posenc.train.checkpoint import RunInterrupted
 
     args = without_debug(ctx.args)
     if any(a in HELP_FLAGS for a in args):  # Typer's help, then Hydra's (its groups and config)
         console.print(ctx.get_help())
         console.print()
     finished = False
+
+    def run():
+        try:
+            return run_hydra(prepare(args), check=check_run)
+        except RunInterrupted as e:
+            if e.quiet:  # a DDP rank but 0: rank 0 alone prints the line that says how to continue
+                raise typer.Exit(e.exit_code) from None
+            raise
+
     try:  # resume and torchrun fix the run dir before Hydra picks one
-        returns = run_guarded(lambda: run_hydra(prepare(args), check=check_run), user_wants_traceback(ctx.args))
+        returns = run_guarded(run, user_wants_traceback(ctx.args))
         finished = True
     finally:
         distributed.shutdown(wait=finished)

@@ -78,27 +78,48 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     the others. checked: run_hydra's check already saw this very config (a single run), so
     training does not validate it again; a sweep's jobs each differ from the config checked."""
 
+    # a submitit job of several tasks (hydra.launcher.tasks_per_node > 1) is one run on that many ranks
+    with distributed.job_tasks_as_ranks() as ranks:
+        if ranks and not distributed.is_main():
+            quiet_rank()
+        return run_one_job(cfg, checked)
+
+
+def quiet_rank() -> None:
+    """A rank but 0 of a submitit job of several tasks: the job's log file (train.log) is rank 0's,
+    as under torchrun (Hydra, which opened it in every task, has no setting a task could differ in)."""
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if isinstance(h, logging.FileHandler)]:
+        root.removeHandler(handler)
+        handler.close()
+
+
+def run_one_job(cfg: DictConfig, checked: bool = False) -> dict:
+    """run_job's work, on every rank of the job."""
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     warn_shadowed(hc.runtime.choices)  # a sweep job's own choices (said once per process)
     if multirun:
-        SweepDir(hc.sweep.dir).record()
-        kept = prepare_job(cfg, run_dir)  # a resumed sweep: a completed job is kept, an interrupted one continues
+        if distributed.is_main():  # a job of several tasks: rank 0 writes
+            SweepDir(hc.sweep.dir).record()
+        # a resumed sweep: a completed job is kept, an interrupted one continues
+        kept = prepare_job(cfg, run_dir, write=distributed.is_main())
         if kept is not None:
             return kept
     try:
         summary = train(apply_choice_schemas(cfg), run_dir, checked=checked)
     except BaseException as e:
         if multirun and isinstance(e, RunInterrupted):  # its checkpoint is saved: the whole sweep stops
-            raise SweepStopped(e.exit_code - 128) from e
+            raise SweepStopped(e.signum) from e
         if not multirun or not isinstance(e, Exception):
             if not RunDir(run_dir).has_results() and not cfg.trainer.get("resume") and distributed.is_main():
                 remove_run_dir(run_dir)  # nothing worth keeping: leave no half-written run
             raise
         failure = {"status": "failed", "error": explain(e), "overrides": list(hc.overrides.task)}
         log.error("job %s failed: %s", hc.job.num, failure["error"])
-        write_json_atomic(RunDir(run_dir).summary_file, failure)
+        if distributed.is_main():
+            write_json_atomic(RunDir(run_dir).summary_file, failure)
         return failure
     if distributed.is_main():
         print_summary(summary, run_dir)

@@ -33,6 +33,7 @@ from posenc.errors import UserError
 from posenc.record import provenance
 from posenc.record.rundir import RunDir
 from posenc.train import distributed, init_from
+from posenc.train.checkpoint import RESHAPE_KEY, RESHAPE_KEYS, check_world
 
 RESUME_KEY = "trainer.resume"
 NO_RESUME = (False, None, "false", "none", "")
@@ -40,8 +41,8 @@ NO_RESUME = (False, None, "false", "none", "")
 #: what a resume may change (a key, or a group with all its keys): how long, how often it
 #: evaluates/logs/saves, where it runs, where it reports. Anything else would change the experiment.
 MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.early_evals", "trainer.log_interval",
-                        "trainer.checkpoint_interval", "trainer.checkpoint", "trainer.allow_code_change", "device",
-                        "logger", "eval")
+                        "trainer.checkpoint_interval", "trainer.checkpoint", "trainer.allow_code_change",
+                        "trainer.resume_reshape", "device", "logger", "eval")
 
 
 def _value(overrides: list[ParsedOverride], key: str):
@@ -114,12 +115,17 @@ def restore_run_overrides(run: RunDir | Path, argv_overrides: list[str]) -> list
     def run_value(key: str):
         return saved_values[key] if key in saved_values else _run_value(key, ckpt["config"], choices)
 
+    # trainer.resume_reshape=true: the processes and how the global batch is made may change too
+    reshape = _value(new_parsed, RESHAPE_KEY)
+    reshape = reshape is True or str(reshape).lower() == "true"
     changed = [f"{k}={v} (the run has {run_value(k)})" for k, v, _ in new_parsed
-               if not _is_own(k) and not _may_change(k) and v != run_value(k)]
+               if not _is_own(k) and not _may_change(k) and v != run_value(k) and not (reshape and k in RESHAPE_KEYS)]
     if changed:
         raise UserError(f"trainer.resume: {run_dir} was not run with {', '.join(changed)} — a resume continues "
                         f"the same experiment and may only change {', '.join(MAY_CHANGE_ON_RESUME)}; "
                         f"start a new run to change anything else")
+    # the number of processes is part of the run (training checks the global batch once composed)
+    check_world(ckpt, run_dir, distributed.requested_world_size(), reshape=reshape)
 
     max_steps = _value(new_parsed, "trainer.max_steps")
     if max_steps is None:

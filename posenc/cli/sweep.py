@@ -188,9 +188,10 @@ def display_path(path: Path) -> Path:
 
 
 # --- resuming a sweep in place -------------------------------------------------------------
-def prepare_job(cfg: DictConfig, run_dir: Path) -> dict | None:
+def prepare_job(cfg: DictConfig, run_dir: Path, write: bool = True) -> dict | None:
     """A sweep job whose directory exists already (a resumed sweep): its summary if it completed
-    (not re-run); else cfg set to resume from its checkpoint, or its leftovers cleared to start over."""
+    (not re-run); else cfg set to resume from its checkpoint, or its leftovers cleared to start over
+    (where ``write``: rank 0 of a job of several tasks; the others decide alike, from what they read)."""
     run = RunDir(run_dir)
     summary = run.summary()
     if summary is not None and summary.get("status") == "completed":
@@ -199,7 +200,7 @@ def prepare_job(cfg: DictConfig, run_dir: Path) -> dict | None:
     if run.checkpoint().is_file():
         with open_dict(cfg):
             cfg.trainer.resume = True  # training continues from its last checkpoint
-    else:  # a job that stopped before its first checkpoint, or failed before one: it starts over
+    elif write:  # a job that stopped before its first checkpoint, or failed before one: it starts over
         run.discard_results()
     return None
 

@@ -51,6 +51,9 @@ class TrainerConfig:
     # resume a run whose encoding code changed since it started (posenc/record/provenance.py); a default
     # here so run directories written before the key load
     allow_code_change: bool = False
+    # resume on another number of processes or at another global batch (train/checkpoint.py check_world),
+    # recorded in the run; a default here so run directories written before the key load
+    resume_reshape: bool = False
 
 
 @dataclass
@@ -107,6 +110,7 @@ class LoggerConfig:
     group: Optional[str] = None
     job_type: str = "train"
     tags: List[str] = field(default_factory=list)
+    log_checkpoint: bool = False                # the final checkpoint as a W&B model artifact
 
 
 @dataclass

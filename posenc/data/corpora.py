@@ -43,6 +43,20 @@ class Corpus:
     def fingerprint(self) -> str:
         raise NotImplementedError
 
+    def in_validation(self, source: str) -> bool:
+        """Whether the document named ``source`` is a validation document: a stable hash of its
+        name, so the split is the same on every machine and in every read of the corpus (a stream's too)."""
+        return zlib.crc32(source.encode()) % 10_000 < int(self.val_fraction * 10_000)
+
+    #: whether the corpus is read as a stream (stream_documents), too large to hold, rather than
+    #: whole (documents)
+    streams: bool = False
+
+    def stream_documents(self):  # -> Iterator[tuple[str, str]]
+        """(split, text) of every document as it is read, for a corpus too large to hold
+        (posenc.data.packing tokenizes it as it streams)."""
+        raise NotImplementedError
+
     def split(self, docs) -> "datasets.DatasetDict":  # noqa: F821
         """Deterministic split by document: a stable hash of the source picks validation."""
         import datasets
@@ -54,8 +68,7 @@ class Corpus:
                 f"dataset '{self.name}' has {len(docs)} document(s); it needs at least two to "
                 f"split into train and validation — add more text"
             )
-        threshold = int(self.val_fraction * 10_000)
-        is_val = [zlib.crc32(s.encode()) % 10_000 < threshold for s in docs["source"]]
+        is_val = [self.in_validation(s) for s in docs["source"]]
         if all(is_val) or not any(is_val):  # few documents: fall back to the last one(s), and say so
             n_val = max(1, round(self.val_fraction * len(docs)))
             is_val = [i >= len(docs) - n_val for i in range(len(docs))]

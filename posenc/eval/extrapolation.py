@@ -31,7 +31,7 @@ from posenc.errors import UserError
 from posenc.eval.loss import score_windows
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.nn.model import GPT
-from posenc.record.metrics import EXTRAPOLATION_PPL
+from posenc.record.metrics import EXTRAPOLATION_PPL, EXTRAPOLATION_PPL_MULTIPLE
 
 
 @dataclass
@@ -125,8 +125,12 @@ def evaluate_extrapolation(
 
 
 def metrics(results: list[LengthResult]) -> dict[str, float]:
-    """The defined perplexities as ``extrapolation/ppl@<len>`` (for metrics.jsonl and W&B)."""
-    return {r.metric: r.ppl for r in results if r.ppl is not None}
+    """The defined perplexities as ``extrapolation/ppl@<len>`` and ``extrapolation/ppl@<multiple>x``
+    (for metrics.jsonl and W&B: the first names the tokens, the second is one key in runs of any
+    training length)."""
+    defined = [r for r in results if r.ppl is not None]
+    return {**{r.metric: r.ppl for r in defined},
+            **{EXTRAPOLATION_PPL_MULTIPLE.key(multiple=float(r.multiple)): r.ppl for r in defined}}
 
 
 def summary(results: list[LengthResult], stride: int | None, packing: str = "concat") -> dict:

@@ -19,6 +19,7 @@ of different runs, comparable.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from contextlib import nullcontext
@@ -89,10 +90,13 @@ def score_windows(
 @torch.no_grad()
 def score_batches(model: nn.Module, batches: Iterable[tuple[Batch, int]], device: torch.device,
                   autocast=nullcontext, bytes_per_token: float | None = None, windows: int | None = None,
-                  on_batch: Callable[[int, int | None], None] | None = None) -> WindowLoss:
+                  on_batch: Callable[[int, int | None], None] | None = None,
+                  reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> WindowLoss:
     """Mean cross-entropy over the scored targets of (batch, first scored position) pairs: every
     target from ``first`` on that is not IGNORE_INDEX (a task scores its answers only). The
-    model is evaluated in eval mode and handed back in the mode it came in."""
+    model is evaluated in eval mode and handed back in the mode it came in. ``reduce`` sums
+    (summed loss, scored targets, windows) over the processes that each scored a share of the
+    windows (training's validation under DDP), before the one division."""
     was_training = model.training
     model.eval()
     total = torch.zeros((), dtype=torch.float64, device=device)
@@ -111,19 +115,41 @@ def score_batches(model: nn.Module, batches: Iterable[tuple[Batch, int]], device
                 on_batch(y.shape[0], windows)
     finally:
         model.train(was_training)
-    scored_tokens = int(count)
-    return WindowLoss(float(total) / max(scored_tokens, 1), scored_tokens, n if windows is None else windows,
+    # (3,) float64: token counts and windows are exact in a double far beyond any split's size
+    sums = torch.stack([total, count.double(), torch.tensor(float(n), dtype=torch.float64, device=device)])
+    if reduce is not None:
+        sums = reduce(sums)
+    total_loss, scored_tokens, n = float(sums[0]), int(sums[1]), int(sums[2])
+    return WindowLoss(total_loss / max(scored_tokens, 1), scored_tokens, n if windows is None else windows,
                       bytes_per_token)
 
 
-def validator(model: nn.Module, data, tcfg, device: torch.device, autocast=nullcontext) -> Callable[[], dict]:
-    """Training's periodic val/*: the same held-out batches at the training length at every
+def global_batch(tcfg, world_size: int = 1) -> int:
+    """Training windows per optimizer step: trainer.batch_size × trainer.grad_accum × processes."""
+    return int(tcfg.batch_size) * int(tcfg.grad_accum) * int(world_size)
+
+
+def validation_windows(tcfg, world_size: int = 1) -> int:
+    """How many windows training's periodic validation scores: trainer.eval_batches × the global
+    batch, so a run on N processes scores the windows one process scores at the same global batch."""
+    return int(tcfg.eval_batches) * global_batch(tcfg, world_size)
+
+
+def validator(model: nn.Module, data, tcfg, device: torch.device, autocast=nullcontext, rank: int = 0,
+              world_size: int = 1, reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> Callable[[], dict]:
+    """Training's periodic val/*: the same held-out windows at the training length at every
     evaluation and in every run (a corpus's first validation windows, a task's held-out
-    instances), each data object providing its own."""
+    instances, each data object providing its own), ``validation_windows`` of them. Under DDP the
+    windows are cut into batches of trainer.batch_size, process ``rank`` scores every
+    ``world_size``-th batch, and ``reduce`` (a sum over the processes) adds up their losses and
+    token counts: val/loss is the mean over the same targets as one process's, whatever the
+    number of processes."""
     bytes_per_token = data.bytes_per_token("validation")
+    n = validation_windows(tcfg, world_size)
 
     def evaluate() -> dict[str, float]:
-        batches = data.validation_batches(tcfg.seq_len, tcfg.eval_batches * tcfg.batch_size, tcfg.batch_size)
-        return score_batches(model, batches, device, autocast, bytes_per_token).metrics()
+        batches = data.validation_batches(tcfg.seq_len, n, tcfg.batch_size)
+        mine = itertools.islice(batches, rank, None, world_size)  # this process's share
+        return score_batches(model, mine, device, autocast, bytes_per_token, reduce=reduce).metrics()
 
     return evaluate

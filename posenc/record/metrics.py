@@ -73,8 +73,9 @@ class Metric:
 
     @property
     def wandb_name(self) -> str:
-        """The name for W&B's define_metric: a family becomes a glob."""
-        return re.sub(r"\{\w+\}", "*", self.name)
+        """The name for W&B's define_metric: a family becomes a glob of what precedes its first
+        placeholder (W&B takes a trailing ``*`` only: ``extrapolation/ppl@*`` for ``…@{multiple}x`` too)."""
+        return re.sub(r"\{\w+\}.*$", "*", self.name)
 
     @property
     def wandb_summary(self) -> str | None:
@@ -104,6 +105,10 @@ VAL_PPL = Metric("val/ppl", "", True, "lower", "perplexity e^val/loss", "log")
 VAL_BPB = Metric("val/bpb", "bits/byte", True, "lower", "bits per byte: val/loss / ln 2 / bytes per token", bounds=(0, None))
 EXTRAPOLATION_PPL = Metric("extrapolation/ppl@{length}", "", True, "lower",
                            "perplexity at an evaluation length (tokens), the same validation tokens at every length", "log")
+# the same perplexities keyed by the multiple of trainer.seq_len (metrics.jsonl and W&B only): a key that
+# means the same in runs of any training length, for a dashboard's chart across them
+EXTRAPOLATION_PPL_MULTIPLE = Metric("extrapolation/ppl@{multiple}x", "", True, "lower",
+                                    "perplexity at an evaluation length given as a multiple of the training length", "log")
 # --- synthetic tasks (dataset=synthetic; summary: once, at the end of training) ------------------
 TASK_ACCURACY = Metric("tasks/{task}/accuracy@{length}", "", False, "higher",
                        "exact-match accuracy on the task's evaluation instances at a length (tokens); null: not applicable",
@@ -143,17 +148,19 @@ TOKENS_SEEN = Metric(TOKENS, "tokens", False, None, "training tokens seen (every
 MACHINE_LOAD = Metric("machine/load_1m", "", False, None,
                       "os.getloadavg()'s 1-minute load average when the summary was written (runnable threads, all processes)")
 MACHINE_CPUS = Metric("machine/cpus", "", False, None, "CPUs this process could run on")
+MACHINE_THREADS = Metric("machine/threads", "", False, None,
+                         "torch threads each process computed with (posenc.hardware.choose_cpu_threads on a CPU)")
 #: timings are flagged when MACHINE_LOAD exceeded this many times MACHINE_CPUS: a run's own threads
 #: account for at most 1×, the rest were other processes competing for the CPUs
 LOADED_PER_CPU = 1.5
 
 METRICS: tuple[Metric, ...] = (
     TRAIN_LOSS, TRAIN_LR, TRAIN_GRAD_NORM, TRAIN_TOKENS_PER_S, TRAIN_MFU, ELAPSED,
-    VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL,
+    VAL_LOSS, VAL_PPL, VAL_BPB, EXTRAPOLATION_PPL_MULTIPLE, EXTRAPOLATION_PPL,
     TASK_ACCURACY, TASK_LOW, TASK_HIGH, TASK_TOKEN_ACCURACY,
     TOKENS_TO_LOSS, SECONDS_TO_LOSS, TOKENS_TO_BPB, SECONDS_TO_BPB, BEFORE_FIRST_EVAL_LOSS, BEFORE_FIRST_EVAL_BPB,
     VAL_LOSS_AUC,
-    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS,
+    TOKENS_PER_S, WALL_TIME, PARAMS, STEPS, TOKENS_SEEN, MACHINE_LOAD, MACHINE_CPUS, MACHINE_THREADS,
 )
 
 

@@ -111,7 +111,29 @@ def save_state(state: dict, path: Path) -> None:
     tree = encoder.encode(state)
     tmp = path.with_name(path.name + ".tmp")
     save_file(encoder.tensors, str(tmp), metadata={"format": FORMAT, "state": json.dumps(tree)})
+    # safetensors writes through a temp file of its own, created 0600; a checkpoint is a run file like
+    # the others, readable by whoever may read the run dir: the mode open() gives (0644 under umask 0022)
+    os.chmod(tmp, new_file_mode())
     os.replace(tmp, path)
+
+
+def new_file_mode() -> int:
+    """0o666 less the process's umask: the mode ``open(path, "w")`` gives a new file."""
+    return 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it where the OS says (Linux: /proc/self/status);
+    elsewhere set and restored at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 class _NoTensors(dict):

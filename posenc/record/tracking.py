@@ -114,15 +114,32 @@ class Tracker:
     def log_curve(self, key: str, columns: list[str], rows: list[list], x: str, y: str, step: int, tokens: int,
                   stroke: str | None = None, title: str = "") -> None:
         """A curve that is not a history (accuracy against length, loss against position): a
-        W&B table (``<key>/table``) and its line chart (``<key>``), one line per ``stroke``
-        value. The run's own files hold it as JSON already, so only W&B gets it."""
+        line chart (``<key>``), one line per ``stroke`` value, whose table W&B logs once with it
+        (``<key>_table``: W&B stores a chart's data as a table of that name). The run's own files
+        hold it as JSON already, so only W&B gets it."""
         if self.wandb_run is None or not rows:
             return
         import wandb
 
         table = wandb.Table(columns=columns, data=rows)
         chart = wandb.plot.line(table, x, y, stroke=stroke, title=title or key)
-        self.wandb_run.log({TOKENS: tokens, key: chart, f"{key}/table": table}, step=step)
+        self.wandb_run.log({TOKENS: tokens, key: chart}, step=step)
+
+    def log_model(self, paths: list[Path], name: str, metadata: dict, aliases: list[str]) -> str | None:
+        """Files of the run dir (its checkpoint, and what makes a folder a run dir) as one W&B
+        artifact of type ``model``, ``name`` with these aliases, each under its path in the run dir:
+        how a lab shares a model (``run.use_artifact("<name>:latest").download()`` is a run dir
+        `posenc eval` reads). Offline it is kept in the offline run and uploads with ``wandb sync``.
+        Its name, or None without W&B."""
+        if self.wandb_run is None or not paths:
+            return None
+        import wandb
+
+        artifact = wandb.Artifact(name, type="model", metadata=metadata)
+        for path in paths:
+            artifact.add_file(str(path), name=path.relative_to(self.run.path).as_posix())  # checkpoints/last.safetensors
+        self.wandb_run.log_artifact(artifact, aliases=aliases)
+        return name
 
     def log_images(self, images: dict[str, Path], step: int | None, tokens: int) -> None:
         """PNG figures the run wrote (per-position loss, probes) as W&B images under their keys;

@@ -220,11 +220,25 @@ def warning_lines(c: Comparison) -> list[str]:
                    "with `posenc bench` on a quiet machine")
     if any(col.cost for col in c.columns):
         out += kernel_paths.warning_lines(c.runs)  # speed measured on unlike kernel paths
+    out += batch_lines([r for r in c.runs if r.ok])
     if c.dropped_targets:
         out.append(f"convergence targets left out: {', '.join(map(str, c.dropped_targets))} — no run's loss came down "
                    "through them (each run was already below at its first evaluation, or never got there); "
                    "give --target for others")
     return out
+
+
+def batch_lines(runs: list[Run]) -> list[str]:
+    """How the runs took their steps, where that differs: at different global batches (windows a
+    step: trainer.batch_size × grad_accum × processes) they compare more than the table varies; a
+    run resumed at another (trainer.resume_reshape) mixes two."""
+    batches = sorted({b for r in runs if (b := r.metric("global_batch")) is not None})
+    reshaped = [r.path.name for r in runs if r.metric("reshapes")]
+    return ([f"the runs trained at different global batches ({', '.join(map(str, batches))} windows a step: trainer."
+             "batch_size × grad_accum × processes): their curves and budgets differ in more than what the table varies"]
+            if len(batches) > 1 else []) + \
+        ([f"{len(reshaped)} run(s) resumed on another number of processes or global batch (trainer.resume_reshape, "
+          f"the reshapes in their summaries): {', '.join(reshaped)}"] if reshaped else [])
 
 
 def relative(path: Path, root: Path) -> str:

@@ -87,7 +87,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         table.add_row("machine load (1 min)", f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded: tokens/s is noise" if busy else ""))
     console.print(table)
     if lengths:  # two perplexities at the training length: say what each scores
-        console.print(f"val/*: the last in-training evaluation (trainer.eval_batches·batch_size windows of "
+        console.print(f"val/*: the last in-training evaluation (trainer.eval_batches × the global batch windows of "
                       f"seq_len={seq_len}, validation split); ppl @ L: the extrapolation evaluator (eval.tokens of "
                       f"the validation split in windows of L), so ppl @ 1× scores other tokens than val/ppl.",
                       style="dim", highlight=False)

@@ -17,6 +17,13 @@ written to a temp file and renamed, so a crash mid-write leaves the previous goo
   too, so an interrupted run resumes exactly; it is deleted when the run completes, leaving the
   best alone (a completed ``best`` run cannot be extended).
 - ``none``: nothing is saved; the run cannot be resumed or evaluated later.
+
+The number of processes is part of a run: a checkpoint records it (``world_size``, ``per_node``)
+with the global batch (windows per optimizer step), and a resume on another number of processes
+or at another global batch is refused with the command that resumes it as it ran (``torchrun
+--standalone --nproc_per_node=N -m posenc train trainer.resume=…``), unless
+``trainer.resume_reshape=true`` asks for the change, which every later checkpoint and the summary
+then carry (``reshapes``: at which step, from what, to what).
 """
 
 from __future__ import annotations
@@ -24,8 +31,6 @@ from __future__ import annotations
 import logging
 import math
 import random
-import signal
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,30 +39,28 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import restore_weights
-from posenc.display.commands import command, override
 from posenc.errors import UserError
+from posenc.eval.loss import global_batch
+from posenc.hardware import keep_cpu_threads
 from posenc.record.rundir import RunDir
 from posenc.record.statefile import CHECKPOINT_VERSION, save_state
-from posenc.train.progress import to_log_files
+from posenc.train import distributed
 from posenc.train.state import TrainState
+from posenc.train.stop import GracefulStop, RunInterrupted, resume_command  # noqa: F401 - the loop's and CLI's
 
 log = logging.getLogger("posenc")
 
 #: config sections that must equal the checkpoint's for the weights and batches to make sense
 MUST_MATCH = ("model", "encoding", "tokenizer", "dataset", "seed", "trainer.seq_len", "trainer.batch_size",
               "trainer.grad_accum")
+#: what trainer.resume_reshape=true lets a resume change besides the number of processes: how the
+#: global batch is made
+RESHAPE_KEYS = ("trainer.batch_size", "trainer.grad_accum")
+RESHAPE_KEY = "trainer.resume_reshape"
 
 
 class TrainingDiverged(UserError, RuntimeError):
     """The loss became NaN or infinite; the last good checkpoint is kept."""
-
-
-class RunInterrupted(UserError):
-    """SIGTERM or Ctrl-C: a checkpoint was saved and the run can be resumed."""
-
-    def __init__(self, message: str, signum: int) -> None:
-        super().__init__(message)
-        self.exit_code = 128 + signum  # the shell's convention: 130 after Ctrl-C, 143 after SIGTERM
 
 
 def rng_state() -> dict:
@@ -74,7 +77,8 @@ def set_rng_state(state: dict) -> None:
 
 
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
-                    val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf) -> Path:
+                    val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf,
+                    reshapes: list[dict] | None = None) -> Path:
     """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives."""
     run = RunDir(run_dir)
     path = run.checkpoint(kind)
@@ -94,6 +98,12 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "config": OmegaConf.to_container(cfg, resolve=True),
         "wandb_id": wandb_id,
         "best_val_loss": best_val_loss,  # trainer.checkpoint=best: the val/loss best checkpoint holds, for resume
+        # the processes it trained on and the windows per optimizer step: a resume must match them
+        "world_size": distributed.world_size(),
+        "per_node": distributed.requested_per_node() if distributed.active() else 1,
+        "global_batch": global_batch(cfg.trainer, distributed.world_size()),
+        "reshapes": list(reshapes or []),  # each resume that changed those (trainer.resume_reshape=true)
+        "threads": torch.get_num_threads(),  # a CPU step's sums change in their last bits with it: a resume keeps it
     }
     save_state(saved, path)
     return path
@@ -108,13 +118,41 @@ def _select(container: dict, key: str):
 
 
 def check_compatible(state: dict, cfg: DictConfig, path: Path) -> None:
-    """Refuse to resume a checkpoint whose model, data or batch shape differ from cfg's."""
+    """Refuse to resume a checkpoint whose model, data or batch shape differ from cfg's (the batch
+    may change under trainer.resume_reshape=true: check_world)."""
     current = OmegaConf.to_container(cfg, resolve=True)
+    reshape = bool(cfg.trainer.get("resume_reshape"))
     for key in MUST_MATCH:
+        if reshape and key in RESHAPE_KEYS:
+            continue
         was, now = _select(state["config"], key), _select(current, key)
         if was != now:
             raise UserError(f"checkpoint '{path}' was trained with {key}={was}, but this run has {key}={now} — "
                             f"resume with the run's own settings, or start a new run")
+
+
+def check_world(saved: dict, run_dir: Path, world_size: int, batch: int | None = None,
+                reshape: bool = False) -> dict | None:
+    """A resume on world_size processes at ``batch`` windows per optimizer step (None: not known
+    yet, the CLI's check before composing) of a run whose checkpoint header is ``saved``. The same:
+    None. Otherwise refused, with the command that resumes the run as it ran, unless ``reshape``
+    (trainer.resume_reshape=true): then the record of the change, for ``reshapes``. A checkpoint
+    from before world sizes were recorded is not checked."""
+    was = saved.get("world_size")
+    if was is None:
+        return None
+    was_batch = saved.get("global_batch")
+    if was == world_size and (batch is None or batch == was_batch):
+        return None
+    if not reshape:
+        procs = lambda n: f"{n} process{'es' if n != 1 else ''}"  # noqa: E731
+        now = procs(world_size) + (f" at a global batch of {batch}" if batch is not None and batch != was_batch else "")
+        raise UserError(f"trainer.resume: {run_dir} trained on {procs(was)} at a global batch of {was_batch} windows, "
+                        f"this resume runs {now} — resume it as it ran: "
+                        f"`{resume_command(run_dir, was, saved.get('per_node'))}`, or add "
+                        f"{RESHAPE_KEY}=true to change it (recorded in the run)")
+    return {"step": saved["step"], "tokens": saved["tokens"], "from": {"world_size": was, "global_batch": was_batch},
+            "to": {"world_size": world_size, "global_batch": batch}}
 
 
 def truncate_metrics(run_dir: Path, size: int) -> None:
@@ -132,43 +170,55 @@ class Resumed:
     val: dict = field(default_factory=dict)
     wandb_id: str | None = None
     best_val_loss: float = math.inf
+    reshapes: list[dict] = field(default_factory=list)  # changes of world size or global batch (check_world)
 
 
 def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
     """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
-    for an exact resume."""
+    for an exact resume (on a CPU, the torch threads the run started with too)."""
     run = RunDir(run_dir)
     path = run.checkpoint()
     saved = run.load_checkpoint("last")
     check_compatible(saved, cfg, path)
+    world = distributed.world_size()
+    reshaped = check_world(saved, run_dir, world, global_batch(cfg.trainer, world),
+                           reshape=bool(cfg.trainer.get("resume_reshape")))
+    reshapes = [*saved.get("reshapes", []), *([reshaped] if reshaped else [])]
+    if reshaped:
+        log.warning("resumed on %d process(es) at a global batch of %d windows; it trained on %d at %d until step %d "
+                    "(%s=true): recorded in the checkpoint and the run's summary (reshapes)", world, reshaped["to"]["global_batch"],
+                    reshaped["from"]["world_size"], reshaped["from"]["global_batch"], saved["step"], RESHAPE_KEY)
     restore_weights(state.model, saved, path)
     state.optimizer.load_state_dict(saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     state.batches.load_state_dict(saved["sampler"])
     state.step, state.tokens = saved["step"], saved["tokens"]
     set_rng_state(saved["rng"])
+    keep_cpu_threads(saved.get("threads"), state.device)
     truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
     log.info("resumed at step %d (%s tokens) from %s", state.step, f"{state.tokens:,}", path)
-    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf))
+    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf), reshapes)
 
 
 class Checkpoints:
     """What trainer.checkpoint keeps (last | best | none; see the module docstring)."""
 
-    def __init__(self, run_dir: Path, kind: str, best_val_loss: float = math.inf) -> None:
+    def __init__(self, run_dir: Path, kind: str, best_val_loss: float = math.inf,
+                 reshapes: list[dict] | None = None) -> None:
         self.run_dir, self.kind, self.best_val_loss = Path(run_dir), kind, best_val_loss
+        self.reshapes = list(reshapes or [])  # carried by every checkpoint (check_world)
 
     def evaluated(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """After an evaluation: checkpoints/best.safetensors when val/loss is the lowest yet (kind best)."""
         loss = val.get("val/loss")
         if self.kind == "best" and loss is not None and loss < self.best_val_loss:
             self.best_val_loss = loss
-            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss)
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss, self.reshapes)
 
     def save(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """At a checkpoint step or a stop: checkpoints/last.safetensors, what resume continues from (kinds last, best)."""
         if self.kind != "none":
-            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss)
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss, self.reshapes)
 
     def finish(self) -> dict:
         """At the end of a completed run: drop the last checkpoint if only the best is kept; return what is
@@ -191,43 +241,3 @@ def check_finite(loss: torch.Tensor | float, step: int, run_dir: Path) -> float:
         raise TrainingDiverged(f"loss is {value} at step {step}; {where} — lower trainer.lr or raise "
                                f"trainer.warmup_steps, then start again")
     return value
-
-
-class GracefulStop:
-    """While active, SIGTERM and the first Ctrl-C only set ``requested``: the loop finishes its
-    step, saves a checkpoint and stops. A second Ctrl-C interrupts at once."""
-
-    SIGNALS = (signal.SIGTERM, signal.SIGINT)
-
-    def __init__(self) -> None:
-        self.received: int | None = None
-        self._previous: dict = {}
-
-    def _handle(self, signum, frame) -> None:
-        if self.received is not None and signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        self.received = signum
-
-    @property
-    def name(self) -> str:
-        return signal.Signals(self.received).name if self.received else ""
-
-    def __enter__(self) -> "GracefulStop":
-        if threading.current_thread() is threading.main_thread():
-            self._previous = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-    def stop(self, run_dir: Path, step: int, saved: bool = True) -> None:
-        if not saved:
-            raise RunInterrupted(f"stopped by {self.name} at step {step}; trainer.checkpoint=none kept no checkpoint, "
-                                 f"so it cannot be resumed — start a new run (with trainer.checkpoint=last to resume)",
-                                 self.received or signal.SIGINT)
-        resume = command("posenc train", override("trainer.resume", run_dir))  # the run's overrides are restored
-        message = (f"stopped by {self.name} at step {step}; checkpoint saved in {RunDir(run_dir).checkpoint()} — "
-                   f"continue with `{resume}`")
-        to_log_files(f"interrupted: {message}")  # train.log says why it ends here (the console gets the error line)
-        raise RunInterrupted(message, self.received or signal.SIGINT)

@@ -1,6 +1,7 @@
 """Multi-GPU data parallelism with torch DDP, launched by torchrun.
 
-``torchrun --nproc_per_node=N -m posenc train ...`` starts N copies of the CLI; each reads
+``torchrun --nproc_per_node=N -m posenc train ...`` starts N copies of the CLI (a submitit job
+of N tasks runs N copies of its Hydra job: job_tasks_as_ranks); each reads
 RANK / WORLD_SIZE / LOCAL_RANK from the environment, joins one process group (gloo on CPU,
 NCCL for CUDA tensors) and trains a DDP-wrapped model on its shard of every global batch.
 Rank 0 alone writes the run dir's files (metrics, checkpoints, W&B); the global batch is
@@ -12,7 +13,8 @@ micro-batch (``no_sync`` before it), not once per micro-batch.
 from __future__ import annotations
 
 import os
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from datetime import timedelta
 
 import torch
@@ -21,7 +23,34 @@ import torch.distributed as dist
 
 def launched() -> bool:
     """Whether this process was started by torchrun (or another launcher) with WORLD_SIZE > 1."""
-    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return requested_world_size() > 1
+
+
+def requested_world_size() -> int:
+    """The processes the launcher started (WORLD_SIZE; 1 without one), known before the group is joined."""
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def requested_per_node() -> int:
+    """Processes per node (LOCAL_WORLD_SIZE, which torchrun and submitit's environment set; else all)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", requested_world_size()))
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun's elastic agent started this process (it sets TORCHELASTIC_RUN_ID for its workers)."""
+    return "TORCHELASTIC_RUN_ID" in os.environ
+
+
+def launch_command(world_size: int, per_node: int | None = None) -> str:
+    """What starts `posenc` on world_size processes, for a printed command: ``posenc`` alone, or
+    ``torchrun --standalone --nproc_per_node=N -m posenc`` on one node (``--nnodes=M`` across
+    nodes, where the user adds their rendezvous: torchrun's --rdzv-endpoint)."""
+    per_node = per_node or world_size
+    if world_size <= 1:
+        return "posenc"
+    if per_node >= world_size:
+        return f"torchrun --standalone --nproc_per_node={world_size} -m posenc"
+    return f"torchrun --nnodes={world_size // per_node} --nproc_per_node={per_node} -m posenc"
 
 
 def init() -> None:
@@ -30,6 +59,40 @@ def init() -> None:
         return
     backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(minutes=30))
+
+
+def in_job_of_tasks() -> bool:
+    """Whether this process is one task of a submitit job of several (Hydra's submitit launchers
+    with ``hydra.launcher.tasks_per_node`` × ``nodes`` > 1)."""
+    if "SUBMITIT_EXECUTOR" not in os.environ:  # submitit sets it in every job it starts
+        return False
+    import submitit  # the slurm extra: hydra-submitit-launcher's dependency
+
+    return submitit.JobEnvironment().num_tasks > 1
+
+
+@contextmanager
+def job_tasks_as_ranks() -> Iterator[bool]:
+    """Inside a submitit job of several tasks, the tasks as one DDP run for the block (True);
+    elsewhere nothing (False). Each task runs the same Hydra job; it joins one process group
+    through torch's env:// rendezvous, exported from the job's environment by submitit's
+    ``TorchDistributedEnvironment`` (on SLURM: SLURM_PROCID, SLURM_LOCALID, SLURM_NTASKS and the
+    first host of the job's node list, a port drawn from the job id; the local executor's own
+    variables), and leaves it after. Each task keeps every GPU the job has and takes its own by
+    LOCAL_RANK (posenc.hardware.process_device)."""
+    if not in_job_of_tasks() or dist.is_initialized():
+        yield False
+        return
+    import submitit
+
+    submitit.helpers.TorchDistributedEnvironment().export(set_cuda_visible_devices=False, overwrite=True)
+    init()
+    finished = False
+    try:
+        yield True
+        finished = True
+    finally:
+        shutdown(wait=finished)
 
 
 def active() -> bool:
@@ -78,6 +141,15 @@ def mean(value: torch.Tensor) -> torch.Tensor:
     value = value.detach().clone()
     dist.all_reduce(value, op=dist.ReduceOp.SUM)
     return value / world_size()
+
+
+def sum_over_ranks(value: torch.Tensor) -> torch.Tensor:
+    """A tensor summed element-wise over ranks (every rank gets the sum); itself without DDP."""
+    if not active():
+        return value
+    value = value.detach().clone()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value
 
 
 def any_rank(flag: bool) -> bool:

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import (
@@ -25,8 +26,8 @@ from posenc.build import (
 )
 from posenc.config import validate as validate_config
 from posenc.eval import final
-from posenc.eval.loss import validator
-from posenc.hardware import machine_load, peak_flops, setup_device
+from posenc.eval.loss import global_batch, validator
+from posenc.hardware import choose_cpu_threads, machine_load, peak_flops, setup_device
 from posenc.record import metrics as M
 from posenc.record import provenance
 from posenc.record.directory import plain_numbers, wandb_group
@@ -61,6 +62,8 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
     log.info("run dir: %s", run_dir)  # named first: a run stopped early is found without waiting for its end
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as eval, probe, bench
     t = cfg.trainer
+    if not t.get("resume"):  # a loaded machine's CPU run: as many threads as cores are free (a resume keeps its own)
+        choose_cpu_threads(device)
 
     data = build_data(cfg)
     model = build_model(cfg, data.vocab_size, encoding)
@@ -74,14 +77,16 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
                            world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
     resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
-    evaluate = validator(model, data, t, device, autocast)  # the same held-out batches at every evaluation
+    # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
+    evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
+                         world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
     try:
         if cfg.logger.name == "wandb":
             start_wandb(tracker, cfg, model.encoding.name, run_dir, resumed.wandb_id)
-        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss)
+        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss, resumed.reshapes)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
                                       checkpoints=checkpoints)
@@ -101,7 +106,9 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
             "kernels": state.kernels.record(),  # how it ran: each layer kind's path, compiled, every fallback
-            "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
+            "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
+            "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
+            if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
         }
@@ -116,13 +123,33 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
 
 
 def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
-    """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding."""
+    """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding,
+    in its group: logger.group (a study spanning sweeps), else its sweep's; the config W&B holds
+    names the group used, so a runs table filters and groups by logger.group too."""
     lc = cfg.logger
+    config = OmegaConf.to_container(cfg, resolve=True)  # W&B shows nested keys flat: encoding.base
+    group = wandb_group(lc.group)
+    config["logger"]["group"] = group
     tracker.start_wandb(
-        config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
-        project=lc.project, mode=lc.mode, group=wandb_group(lc.group), job_type=lc.job_type,
+        config=config, project=lc.project, mode=lc.mode, group=group, job_type=lc.job_type,
         tags=[encoding_name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity, run_id=run_id,
     )
+
+
+def share_checkpoint(tracker: Tracker, cfg: DictConfig, kept: dict, run_dir: Path, step: int) -> dict:
+    """logger.log_checkpoint=true: the checkpoint the run kept, logged to W&B as a model artifact
+    (``model-<W&B run id>``, aliases: the kind kept and ``step-<n>``) with the files that make a
+    folder a run dir (its .hydra/ config, overrides and choices; its provenance; an init_from
+    parent), so the artifact downloaded is a run dir `posenc eval` reads; what summary.json says it kept."""
+    if not cfg.logger.get("log_checkpoint") or not kept.get("paths") or tracker.wandb_id is None:
+        return kept
+    run = RunDir(run_dir)
+    files = [run_dir / p for p in kept["paths"]] + [p for p in (run.config_file, run.overrides_file, run.hydra_file,
+                                                              run.provenance_file, run.parent_file) if p.is_file()]
+    metadata = {"encoding": cfg.encoding.get("name"), "step": step, "run_dir": run_dir.name,
+                "kind": kept["kind"], "config": OmegaConf.to_container(cfg, resolve=True)}
+    name = tracker.log_model(files, f"model-{tracker.wandb_id}", metadata, aliases=[kept["kind"], f"step-{step}"])
+    return {**kept, "wandb_artifact": name}
 
 
 def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: str) -> dict:
@@ -132,8 +159,14 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         "encoding": encoding,
         "layout": model.layout.describe(),
         "packing": getattr(data, "packing", None),  # how the training windows were cut (a corpus)
+        "corpus": data.counts() if hasattr(data, "counts") else None,  # its tokens and documents per split
         "device": str(device),
         "precision": precision,
+        # how the steps were taken: processes, and windows per optimizer step (the same at N processes
+        # as at one with N× trainer.batch_size: the same losses, the same validation)
+        "world_size": distributed.world_size(),
+        "global_batch": global_batch(cfg.trainer, distributed.world_size()),
+        M.MACHINE_THREADS.name: torch.get_num_threads(),  # a CPU step's sums change in their last bits with it
     }
 
 
@@ -164,10 +197,11 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     # elapsed_s in every row: seconds of training (a resumed run continues its clock), for convergence
     loop_start = rate.start - (M.elapsed_before(RunDir(run_dir).metrics(), state.step)
                                if state.step and tracker.enabled else 0.0)
-    if t.max_steps == 0 and distributed.is_main():  # nothing to train: evaluate and save the model as it starts
+    if t.max_steps == 0:  # nothing to train: evaluate (every rank its share) and save the model as it starts
         val = evaluate()
-        checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
-        checkpoints.save(state, cfg, tracker.wandb_id, val)
+        if distributed.is_main():
+            checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
+            checkpoints.save(state, cfg, tracker.wandb_id, val)
     with TrainProgress(t.max_steps, enabled=distributed.is_main()) as progress, GracefulStop() as stop:
         while state.step < t.max_steps:
             tokens_before = state.tokens
@@ -220,7 +254,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
 # ``trainer.early_evals`` times per interval (default 4: steps 13, 25, 38, 50, 63, 75, 88, 100
 # for eval_interval=50), then every ``eval_interval`` steps, and always at the last step.
 # ``early_evals=1`` gives evenly spaced evaluations. Each evaluation scores the same
-# ``eval_batches·batch_size`` windows, so the extra early points cost
+# ``eval_batches`` × global-batch windows, so the extra early points cost
 # ``2·(early_evals-1)`` evaluations per run, whatever its length.
 
 
