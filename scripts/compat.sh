@@ -13,71 +13,31 @@
 # by a constraints file while posenc's requirements are installed, so nothing moves them.
 #
 # The suite runs as .ci/run runs it (the same environment, `python -m pytest -q` from the repository root);
-# the last lines give pytest's counts and the wall time, also appended to results.log in the compat folder.
-# Not called by .ci/run, which stays on the pinned CPU build. Exit status: pytest's.
+# the last line gives pytest's counts and the wall time, also appended to results.log in the compat folder
+# (pytest's whole output beside it, NAME.pytest.log; pip's, NAME.install.log). Not called by .ci/run, which
+# stays on the pinned CPU build. Exit status: pytest's.
 set -euo pipefail
 
 usage() {
     echo "usage: scripts/compat.sh TORCH_VERSION [--pin PKG==VERSION]... [--fresh] [PYTEST_ARGS...]" >&2
     exit 2
 }
-[[ $# -ge 1 ]] || usage
-torch_version=$1
-shift
-[[ $torch_version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "error: TORCH_VERSION is X.Y.Z (e.g. 2.15.0), got '$torch_version'" >&2; exit 2; }
-pins=()
-fresh=0
-while [[ $# -gt 0 ]]; do
-    case $1 in
-        --pin) [[ $# -ge 2 ]] || usage; pins+=("$2"); shift 2 ;;
-        --pin=*) pins+=("${1#--pin=}"); shift ;;
-        --fresh) fresh=1; shift ;;
-        --) shift; break ;;
-        *) break ;;
-    esac
-done
-name="torch-$torch_version"
-for pin in ${pins[@]+"${pins[@]}"}; do
-    [[ $pin =~ ^[A-Za-z0-9._-]+==[A-Za-z0-9.+_-]+$ ]] || { echo "error: --pin takes PKG==VERSION, got '$pin'" >&2; exit 2; }
-    name+="+${pin/==/-}"
-done
 
-repo=$(cd "$(dirname "$0")/.." && pwd)
-root=${POSENC_COMPAT_DIR:-$HOME/.cache/posenc-compat}
-venv=$root/$name
-python=$venv/bin/python
-mkdir -p "$root"
-
-# what pip must not move: torch and the pins. Given as PIP_CONSTRAINT, this file also replaces a constraints
-# file named in pip's own configuration (some machines cap torch there)
-constraints=$root/$name.constraints.txt
-printf '%s\n' "torch==$torch_version" ${pins[@]+"${pins[@]}"} > "$constraints"
-export PIP_CONSTRAINT=$constraints PIP_DISABLE_PIP_VERSION_CHECK=1
-
-install_log=$root/$name.install.log
-pip_install() {  # pip's output to the install log, shown only when it fails
-    "$python" -m pip install "$@" >> "$install_log" 2>&1 || { tail -n 30 "$install_log" >&2; echo "error: pip install $* failed (the whole log: $install_log)" >&2; exit 1; }
+# pip's output goes to the install log, shown only when it fails
+pip_install() {
+    "$python" -m pip install "$@" >> "$install_log" 2>&1 || {
+        tail -n 30 "$install_log" >&2
+        echo "error: pip install $* failed (the whole log: $install_log)" >&2
+        exit 1
+    }
 }
 
 installed_torch() {
     "$python" -c 'import torch; print(torch.__version__.split("+")[0])' 2>/dev/null || true
 }
 
-if [[ $fresh == 1 || ! -x $python || $(installed_torch) != "$torch_version" ]]; then
-    echo "compat: building $venv (torch $torch_version${pins[*]+ with ${pins[*]}})"
-    rm -rf "$venv"
-    : > "$install_log"
-    python3 -m venv "$venv"
-    pip_install --upgrade pip
-    # torch first, alone, so that nothing else picks its build; not cached (several GB per version)
-    pip_install --no-cache-dir "torch==$torch_version"
-    [[ $(installed_torch) == "$torch_version" ]] || { echo "error: torch $torch_version did not install into $venv" >&2; exit 1; }
-else
-    echo "compat: reusing $venv"
-fi
-# posenc from this checkout (editable: the tests import it from here), its requirements and the pins
-pip_install -e "$repo[test]" ${pins[@]+"${pins[@]}"}
-"$python" - <<'EOF'
+show_versions() {
+    "$python" - <<'EOF'
 import importlib.metadata as md
 names = ["torch", "numpy", "triton", "hydra-core", "datasets", "wandb", "scipy", "matplotlib", "safetensors",
          "tokenizers", "transformers", "fla-core"]
@@ -88,18 +48,81 @@ def version(name):
         return "-"
 print("compat:", ", ".join(f"{n} {version(n)}" for n in names))
 EOF
+}
 
-cd "$repo"
-export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1  # as .ci/run
-log=$root/$name.pytest.log
-start=$(date +%s)
-set +e
-"$python" -m pytest -q "$@" 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
-set -e
-wall=$(( $(date +%s) - start ))
-summary=$(grep -E '^=*.*[0-9]+ (passed|failed|error|errors|skipped|deselected|no tests ran)' "$log" | tail -n 1 | sed -E 's/^=+ //; s/ =+$//')
-line="torch $torch_version${pins[*]+ (${pins[*]})}: ${summary:-no summary (pytest exit $status)}; wall ${wall}s; $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%FT%TZ)"
-echo "compat: $line"
-echo "$line" >> "$root/results.log"
-exit "$status"
+# all of it in functions, read whole before anything runs: editing this file during a run (the suite
+# takes minutes) cannot change the run
+main() {
+    [[ $# -ge 1 ]] || usage
+    torch_version=$1
+    shift
+    [[ $torch_version =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || {
+        echo "error: TORCH_VERSION is X.Y.Z (e.g. 2.15.0), got '$torch_version'" >&2
+        exit 2
+    }
+    pins=()
+    fresh=0
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+            --pin) [[ $# -ge 2 ]] || usage; pins+=("$2"); shift 2 ;;
+            --pin=*) pins+=("${1#--pin=}"); shift ;;
+            --fresh) fresh=1; shift ;;
+            --) shift; break ;;
+            *) break ;;
+        esac
+    done
+    name="torch-$torch_version"
+    for pin in ${pins[@]+"${pins[@]}"}; do
+        [[ $pin =~ ^[A-Za-z0-9._-]+==[A-Za-z0-9.+_-]+$ ]] || { echo "error: --pin takes PKG==VERSION, got '$pin'" >&2; exit 2; }
+        name+="+${pin/==/-}"
+    done
+
+    repo=$(cd "$(dirname "$0")/.." && pwd)
+    root=${POSENC_COMPAT_DIR:-$HOME/.cache/posenc-compat}
+    venv=$root/$name
+    python=$venv/bin/python
+    install_log=$root/$name.install.log
+    mkdir -p "$root"
+
+    # what pip must not move: torch and the pins. Given as PIP_CONSTRAINT, this file also replaces a
+    # constraints file named in pip's own configuration (some machines cap torch there)
+    constraints=$root/$name.constraints.txt
+    printf '%s\n' "torch==$torch_version" ${pins[@]+"${pins[@]}"} > "$constraints"
+    export PIP_CONSTRAINT=$constraints PIP_DISABLE_PIP_VERSION_CHECK=1
+
+    if [[ $fresh == 1 || ! -x $python || $(installed_torch) != "$torch_version" ]]; then
+        echo "compat: building $venv (torch $torch_version${pins[*]+ with ${pins[*]}})"
+        rm -rf "$venv"
+        : > "$install_log"
+        python3 -m venv "$venv"
+        pip_install --upgrade pip
+        # torch first, alone, so that nothing else picks its build; not cached (several GB per version)
+        pip_install --no-cache-dir "torch==$torch_version"
+        [[ $(installed_torch) == "$torch_version" ]] || { echo "error: torch $torch_version did not install into $venv" >&2; exit 1; }
+    else
+        echo "compat: reusing $venv"
+    fi
+    # posenc from this checkout (editable: the tests import it from here), its requirements and the pins
+    pip_install -e "$repo[test]" ${pins[@]+"${pins[@]}"}
+    show_versions
+
+    cd "$repo"
+    export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1  # as .ci/run
+    local log=$root/$name.pytest.log start status wall summary line
+    start=$(date +%s)
+    set +e
+    "$python" -m pytest -q "$@" 2>&1 | tee "$log"
+    status=${PIPESTATUS[0]}
+    set -e
+    wall=$(( $(date +%s) - start ))
+    summary=$(grep -E '^=*.*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed)|no tests ran' "$log" | tail -n 1 \
+              | sed -E 's/^=+ //; s/ =+$//')
+    line="torch $torch_version${pins[*]+ (${pins[*]})}: ${summary:-no summary (pytest exit $status)}; wall ${wall}s;"
+    line+=" $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%FT%TZ)"
+    echo "compat: $line"
+    echo "$line" >> "$root/results.log"
+    return "$status"
+}
+
+main "$@"
+exit
