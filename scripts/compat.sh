@@ -107,7 +107,9 @@ main() {
     show_versions
 
     cd "$repo"
-    export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1  # as .ci/run
+    # as .ci/run: the venv active (tests run scripts that call python3) and the same environment
+    export VIRTUAL_ENV=$venv PATH=$venv/bin:$PATH
+    export WANDB_MODE=offline WANDB_SILENT=true HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
     local log=$root/$name.pytest.log start status wall summary line
     start=$(date +%s)
     set +e
