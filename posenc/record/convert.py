@@ -25,11 +25,10 @@ from posenc.record.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_stat
 _reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
 #: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as: the reconstructor
 #: under either name (a file written by numpy 1.x names numpy.core, by numpy 2 numpy._core), the array,
-#: its dtype and, from numpy 1.25 on, the dtype's class
-NUMPY_RNG_STATE = [np.ndarray, np.dtype,
+#: its dtype and the dtype's class (np.dtypes.UInt32DType, named so only from numpy 1.25 on)
+NUMPY_RNG_STATE = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
                    (_reconstruct, "numpy._core.multiarray._reconstruct"),
-                   (_reconstruct, "numpy.core.multiarray._reconstruct"),
-                   *([np.dtypes.UInt32DType] if hasattr(np, "dtypes") else [])]
+                   (_reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 def read_pickled(path: Path) -> dict:
