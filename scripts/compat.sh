@@ -120,11 +120,10 @@ main() {
     summary=$(grep -E '^=*.*[0-9]+ (passed|failed|errors?|skipped|deselected|xfailed)|no tests ran' "$log" | tail -n 1 \
               | sed -E 's/^=+ //; s/ =+$//')
     line="torch $torch_version${pins[*]+ (${pins[*]})}: ${summary:-no summary (pytest exit $status)}; wall ${wall}s;"
-    line+=" $(git rev-parse --short HEAD 2>/dev/null || echo '?') $(date -u +%FT%TZ)"
+    line+=" $(git describe --always --dirty 2>/dev/null || echo '?') $(date -u +%FT%TZ)"
     echo "compat: $line"
     echo "$line" >> "$root/results.log"
     return "$status"
 }
 
-main "$@"
-exit
+main "$@"; exit  # one line: bash reads no further, whatever this file becomes during the run
