@@ -354,10 +354,41 @@ def test_pope_scores_depend_on_positions_only_through_m_minus_n(pope):
     assert not torch.allclose(pope_scores(pope, q, k, pos * 2), pope_scores(pope, q, k, pos))
 
 
-def test_pope_keeps_its_phase_offset_in_its_range(pope):
+def test_pope_keeps_its_phase_offset_in_its_range_as_the_same_phase(pope):
+    """δ lies in the paper's [-2π, 0] whatever the parameter's value, and the scores are those of the
+    parameter's own value: δ is a phase, wrapped into the range rather than clamped to it."""
+    q, k, _ = qkv(5)
+    pos = torch.arange(T)
+    for raw in (0.0, 3.0, -9.0, 20.0):
+        with torch.no_grad():
+            pope.delta.uniform_(-1.0, 1.0).add_(raw)
+        offset = pope.phase_offset()
+        assert ((offset > -2 * math.pi) & (offset <= 0)).all(), raw
+        torch.testing.assert_close(offset.cos(), pope.delta.cos())
+        torch.testing.assert_close(offset.sin(), pope.delta.sin())
+    assert (build_encoding(config("encoding=pope")).phase_offset() == 0).all()  # the zero-offset start
+
+
+@pytest.mark.parametrize("start", ["init", "above 0", "below -2pi"])
+def test_pope_phase_offset_learns_from_its_start_and_past_either_end(start):
+    """Every phase offset receives the scores' gradient with respect to it: at its zero start (the
+    end of its range: a clamp there gives 0 on torch >= 2.15, 1 before) and after a step has carried it
+    past either end (a clamp gives 0 there on every torch, so the offset would never move again)."""
+    encoding = build_encoding(config("encoding=pope", "model.d_model=512", "model.n_head=4")).double()  # head_dim 128
+    shift = {"init": 0.0, "above 0": 0.3, "below -2pi": -2 * math.pi - 0.3}[start]
     with torch.no_grad():
-        pope.delta.fill_(3.0)
-    assert (pope.phase_offset() == 0).all()
-    with torch.no_grad():
-        pope.delta.fill_(-9.0)
-    assert torch.allclose(pope.phase_offset(), torch.tensor(-2 * math.pi, dtype=torch.float64))
+        encoding.delta.add_(shift)
+    g = torch.Generator().manual_seed(6)
+    q, k = (torch.randn(1, 4, 64, 128, generator=g, dtype=torch.float64) for _ in range(2))
+    weights = torch.randn(1, 4, 64, 64, generator=g, dtype=torch.float64)
+    pos = torch.arange(64)
+    (pope_scores(encoding, q, k, pos) * weights).sum().backward()
+
+    # the same scores with the offset a plain leaf at the parameter's value: its gradient is the score's
+    delta = encoding.delta.detach().clone().requires_grad_()
+    encoding.phase_offset = lambda: delta
+    (pope_scores(encoding, q, k, pos) * weights).sum().backward()
+    assert delta.grad.abs().min() > 0
+    torch.testing.assert_close(encoding.delta.grad, delta.grad)
+
+

@@ -108,16 +108,26 @@ def and_masks(*mods: MaskMod) -> MaskMod:
 
 
 # --- one layer's mask in one forward ----------------------------------------------------
-@dataclass(frozen=True, eq=False)
+@dataclass(frozen=True, eq=False, init=False)
 class AttentionMask:
     """causal ∧ same document (when ``doc`` is given) ∧ the window, for a sequence of T tokens.
 
-    doc: (B, T) long document ids within each window, or None (one document per window).
+    doc: (B, T) long document ids within each window, or None (one document per window);
+    window: the layer's span, None for GLOBAL.
     """
 
     T: int
-    doc: Tensor | None = None
-    window: Window = GLOBAL
+    doc: Tensor | None
+    window: Window
+
+    def __init__(self, T: int, doc: Tensor | None = None, window: Window | None = None) -> None:
+        # written out so that no default is a Window: the model builds its masks inside the compiled
+        # forward, where torch 2.11's dynamo wraps every default of the __init__ it inlines, given or
+        # not, and cannot wrap a Window that way ("Unexpected type in sourceless builder"): one graph
+        # break in every forward. None it can (torch 2.13 does not wrap the defaults it is not given)
+        object.__setattr__(self, "T", T)
+        object.__setattr__(self, "doc", doc)
+        object.__setattr__(self, "window", GLOBAL if window is None else window)
 
     @property
     def causal_only(self) -> bool:

@@ -223,8 +223,11 @@ class GPT(nn.Module):
             pos, length = document_positions(doc), length or T  # positions restart in every document
         masks: tuple[AttentionMask, ...] = ()
         if doc is not None or self.layout.limited:
-            shared = {w: AttentionMask(T, doc, w) for w in dict.fromkeys(self.layout.windows.values())}
-            masks = tuple(shared[self.layout.window(layer)] for layer in range(self.n_layer))
+            # one mask per distinct window, keyed by its fields: a Window as a key (or dict.fromkeys) is a
+            # graph break in torch 2.6 and 2.7's dynamo
+            shared = {(w.size, w.chunked): AttentionMask(T, doc, w) for w in self.layout.windows.values()}
+            windows = [self.layout.window(layer) for layer in range(self.n_layer)]
+            masks = tuple(shared[w.size, w.chunked] for w in windows)
         if pos is None:
             return Context.arange(T, idx.device, dtype, doc, masks)
         # explicit positions without a known bound cost one host sync, by request

@@ -20,10 +20,15 @@ from posenc.errors import UserError
 from posenc.record.rundir import LEGACY_CHECKPOINTS, LEGACY_SUFFIX, RunDir
 from posenc.record.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_state
 
-#: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as; numpy 1.x
-#: wrote the reconstructor under numpy.core
-NUMPY_RNG_STATE = [np._core.multiarray._reconstruct, np.ndarray, np.dtype, np.dtypes.UInt32DType,
-                   (np._core.multiarray._reconstruct, "numpy.core.multiarray._reconstruct")]
+#: numpy's array reconstructor, which numpy 2 keeps in numpy._core and numpy 1.x in numpy.core (2's
+#: numpy.core is a deprecated alias: not touched where _core exists)
+_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+#: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as: the reconstructor
+#: under either name (a file written by numpy 1.x names numpy.core, by numpy 2 numpy._core), the array,
+#: its dtype and the dtype's class (np.dtypes.UInt32DType, named so only from numpy 1.25 on)
+NUMPY_RNG_STATE = [np.ndarray, np.dtype, type(np.dtype(np.uint32)),
+                   (_reconstruct, "numpy._core.multiarray._reconstruct"),
+                   (_reconstruct, "numpy.core.multiarray._reconstruct")]
 
 
 def read_pickled(path: Path) -> dict:
@@ -46,7 +51,6 @@ def _unsafe_globals(path: Path) -> list[str]:
     except Exception:  # noqa: BLE001 - not a torch zip file at all
         return []
     allowed = {f"{g.__module__}.{g.__qualname__}" if not isinstance(g, tuple) else g[1] for g in NUMPY_RNG_STATE}
-    allowed.add("numpy._core.multiarray._reconstruct")
     return [n for n in names if n not in allowed]
 
 

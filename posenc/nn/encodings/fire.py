@@ -152,7 +152,8 @@ class FIRE(PositionalEncoding):
             x = torch.log1p(c * n) / (torch.log1p(c * torch.maximum(qi.to(c.dtype), L)) + eps)
             out = b2[h]
             for u in range(width):  # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u)
-                out = out + w2[h, u] * torch.relu(w1[u] * x + b1[u])
+                # w2[:, u][h], not w2[h, u]: torch 2.6 and 2.7 trace that mixed index as a .item() (a data-dependent op)
+                out = out + w2[:, u][h] * torch.relu(w1[u] * x + b1[u])
             return score + out
 
         return mod

@@ -84,8 +84,9 @@ class PathScores:
         self.T = q.shape[-2]
         self.C = C = min(chunk or CHUNK, self.T)
         pad = (-self.T) % C  # zero w and β at the end: H = I there, and nothing earlier sees them
-        q, k, w = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, w))
-        beta = torch.nn.functional.pad(beta, (0, pad))
+        if pad:  # (no pad of 0: torch 2.7's compiled pad of 0 returns its strided input where it promised a copy)
+            q, k, w = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (q, k, w))
+            beta = torch.nn.functional.pad(beta, (0, pad))
         *lead, Tp, d = q.shape
         q, k, w = (t.reshape(*lead, Tp // C, C, d) for t in (q, k, w))  # (B, H, N, C, d)
         beta = beta.reshape(*lead, Tp // C, C)  # (B, H, N, C)

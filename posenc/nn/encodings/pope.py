@@ -11,7 +11,7 @@ alone:
     φ^q_c = m·θ_c,  φ^k_c = n·θ_c + δ_hc,  θ_c = base^(-c/d)       d frequencies (RoPE has d/2)
     a_mn = Re[q̃_m^H k̃_n] = Σ_c μ^q_c μ^k_c cos((n - m)·θ_c + δ_hc)
 
-with δ a learned per-head, per-frequency phase offset clamped to [-2π, 0] (zero at the start, as
+with δ a learned per-head, per-frequency phase offset in [-2π, 0] (zero at the start, as
 x-transformers and the paper's length-generalisation runs). The score depends on positions only
 through n - m. As a ``transform_qk`` hook, q̃ and k̃ are the real 2d-vectors (μ cos φ, μ sin φ), whose
 dot product is exactly a_mn; q̃ is multiplied by √2 so that attention's 1/√(2d) scaling of the
@@ -24,6 +24,16 @@ q/k and v of different widths (SDPA, FlexAttention).
 PolarEmbedding shares it, used unscaled: an Adam step moves a phase by about lr radians, 0.8 rad
 over 400 steps at lr 2e-3 against its range of 2π; posenc's short runs therefore test PoPE near
 its zero-offset start, as the paper's length-generalisation setting starts it.
+
+**δ's range, by wrapping rather than clamping.** The reference code (x-transformers' PolarEmbedding,
+PoPE-pytorch) keeps δ in [-2π, 0] by ``clamp(δ, -2π, 0)`` of a parameter that starts at 0, on the
+clamp's upper bound. A clamp's gradient there is torch's choice: 1 up to torch 2.14, 0 from 2.15
+(0.5 for a tensor bound), so on 2.15 δ never leaves 0. And on any torch the bound is a trap: an
+offset pushed above 0 stays clamped, its gradient 0 from then on (23 of 32 offsets of a tiny model
+after 50 AdamW steps on 2.13). δ is a phase, 2π-periodic in every score, so posenc maps the parameter
+onto the same range by wrapping it, δ = -((-δ_raw) mod 2π) ∈ (-2π, 0]: the same start (0), the same
+range and the same scores as the raw value, and the gradient of the raw value everywhere (that of
+``remainder`` is 1), so an offset moving past 0 continues from -2π, as its phase does.
 """
 
 from __future__ import annotations
@@ -61,8 +71,9 @@ class PoPE(PositionalEncoding):
         self.delta = nn.Parameter(torch.zeros(n_head, self.head_dim))  # δ_hc
 
     def phase_offset(self) -> Tensor:
-        """δ clamped to [-2π, 0]: (H, d)."""
-        return self.delta.clamp(-2 * math.pi, 0.0)
+        """δ wrapped into (-2π, 0]: (H, d), the raw parameter's phase with its gradient (not a clamp,
+        whose bound, δ's start, would hold the gradient at 0 on torch >= 2.15: module docstring)."""
+        return -torch.remainder(-self.delta, 2 * math.pi)
 
     def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int = 0) -> tuple[Tensor, Tensor]:
         """q, k: (B, H, T, d) -> (B, H, T, 2d) each, computed in (at least) fp32 and cast back."""
