@@ -46,9 +46,10 @@ from posenc.train.state import TrainState, micro_batches, new_train_state, train
 log = logging.getLogger("posenc")
 
 
-def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
+def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict | None = None) -> dict:
     """Train one model as cfg says, writing everything into run_dir; return the summary.
-    checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config."""
+    checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config;
+    verdict: `posenc check`'s on the encoding (posenc/check/verdict.py), recorded in the summary."""
     if not checked:
         validate_config(cfg)
     started = time.time()
@@ -98,6 +99,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
+            **verdict_facts(verdict),
             "checkpoint": checkpoints.finish() if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
             **evaluated,
@@ -131,6 +133,13 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         "device": str(device),
         "precision": precision,
     }
+
+
+def verdict_facts(verdict: dict | None) -> dict:
+    """`posenc check`'s verdict as the summary records it, and as one string W&B's summary takes."""
+    if verdict is None:
+        return {}
+    return {"check": verdict, "check/failed": "; ".join(verdict["failed"]) if verdict["holds"] is not None else None}
 
 
 class Throughput:
