@@ -2,7 +2,9 @@
 with every seed's value of every protocol metric, the resolved protocol and its hash, the versions
 and the machine that measured them, and what `posenc check` found of the encoding (which version of
 the checks, which properties fail). Written only by `posenc leaderboard --regenerate` (everything)
-and `--recheck` (the check records alone: the checks take seconds, the runs hours).
+and `--recheck` (the check records alone: the checks take seconds, the runs hours), but a row's ``note``:
+written by hand where the code changed since the row was measured in a way its numbers do not show
+(kept by --recheck, dropped by --regenerate, which measures the code as it is).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Row:
     load_1m: list[float] = field(default_factory=list)                 # the machine's load when each run ended
     errors: list[str] = field(default_factory=list)
     check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...]}
+    note: str = ""             # what a reader of the row must know that its numbers do not say (shown beside it)
 
 
 def baselines_path(protocol: Protocol) -> Path:
@@ -73,7 +76,8 @@ def machine() -> dict[str, object]:
 
 def row_to_json(row: Row) -> dict:
     out = {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
-    return {**out, "check": row.check} if row.check is not None else out
+    out = {**out, "check": row.check} if row.check is not None else out
+    return {**out, "note": row.note} if row.note else out
 
 
 def document(protocol_config: dict, protocol_hash: str, description: str, rows: list[Row], command: str) -> dict:
@@ -99,6 +103,6 @@ def load_baselines(protocol: Protocol) -> Baselines:
         raise UserError(f"no shipped baselines for protocol '{protocol.name}' at {path} — "
                         f"run `posenc leaderboard --regenerate` to measure them")
     raw = json.loads(path.read_text())
-    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"))
-            for label, r in raw["rows"].items()]
+    rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"),
+                r.get("note", "")) for label, r in raw["rows"].items()]
     return Baselines(raw["protocol"]["name"], raw["protocol"]["hash"], rows, raw)
