@@ -234,7 +234,9 @@ def measure(cfg: DictConfig, key: str) -> tuple[Verdict, list[dict]]:
 
     started = time.perf_counter()
     with isolated():
-        rows = run_checks(Subject(subject_config(cfg)), only={what for what, _ in CHECKS if what not in LEFT_OUT})
+        subject = Subject(subject_config(cfg))
+        subject.model()  # a config the check cannot build a model from is no verdict on the encoding: it raises
+        rows = run_checks(subject, only={what for what, _ in CHECKS if what not in LEFT_OUT})
     seconds = time.perf_counter() - started
     failed = tuple(r.name for r in rows if r.failed)
     return Verdict(key, failed, "measured", seconds), [

@@ -18,7 +18,7 @@ def verdict_lookup(no_check: bool):
     fails (posenc/check/verdict.py); None with --no-check."""
     if no_check:
         return None
-    from posenc.check.verdict import carried  # start-up: the checks import torch
+    from posenc.check.verdict import announce, lookup  # start-up: the checks import torch
 
     return carried
 
@@ -81,12 +81,12 @@ def compare(
 def run_verdict(path: Path) -> dict | None:
     """`posenc check`'s verdict for a run that recorded none (made before runs recorded it), from its
     config, where its encoding's code is still the code it was trained with (else None: today's
-    verdict would be about other code)."""
-    from posenc.check.verdict import carried  # start-up: the checks import torch
+    verdict would be about other code), and where one can be had (a run whose config cannot be read
+    or checked has none: its arm is left unmarked, without a warning)."""
+    from posenc.check.verdict import announce, lookup  # start-up: the checks import torch
+    from posenc.errors import UserError
     from posenc.record import provenance
     from posenc.record.rundir import load_run_config
-
-    from posenc.errors import UserError
 
     run = RunDir(path)
     try:
@@ -94,7 +94,12 @@ def run_verdict(path: Path) -> dict | None:
             return None
     except UserError:  # its module cannot be imported now: nothing to check
         return None
-    return carried(load_run_config(run, []))
+    try:
+        cfg = load_run_config(run, [])
+    except Exception:  # noqa: BLE001 - an unreadable config: no verdict, as for a run that cannot say
+        return None
+    verdict = lookup(cfg)
+    return None if verdict.source == "error" else announce(verdict, str(cfg.encoding.get("name", "?")))
 
 
 def convert(
