@@ -1,9 +1,18 @@
-"""An encoding that breaks the contract on purpose, as a researcher's plug-in might: a bias that reads
-the window's length. tests/test_check.py holds `posenc check` to catching it (the prefix row),
-tests/test_leaderboard.py holds `posenc leaderboard` to refusing it. Module text, written into a
-plug-in directory by each test."""
+"""Encodings that break the contract on purpose, as a researcher's plug-in might, and one that keeps it
+while behaving otherwise in training. Module text, written into a plug-in directory by each test:
 
-IMPORTS = """import torch
+- WINDOW_LENGTH: a bias that reads the window's length. tests/test_check.py holds `posenc check` to
+  catching it (the prefix row), tests/test_leaderboard.py holds `posenc leaderboard` to refusing it;
+- TRAINING_LEAK: the mean of the whole window added to the embeddings in training only (the causal
+  row fails, naming training);
+- RANDOM_POSITIONS: RoPE at random positions in training (Ruoss et al., 2023), which passes;
+- KERNEL_ALIBI: a learned-slope ALiBi with a kernel of its own (fused_attention); kernel_factor=2 is a
+  kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it).
+"""
+
+IMPORTS = """import math
+
+import torch
 from torch import nn
 
 from posenc.nn.encodings.base import PositionalEncoding
@@ -22,4 +31,81 @@ class WindowLength(PositionalEncoding):
         T = q_pos.shape[-1]
         n = (q_pos[..., :, None] - k_pos[..., None, :]).clamp(min=0).to(self.slope.dtype)
         return -self.slope[:, None, None] * (n * (T - q_pos[..., :, None]).to(self.slope.dtype) / T).unsqueeze(-3)
+'''
+
+TRAINING_LEAK = '''
+class TrainingLeak(PositionalEncoding):
+    """A learned absolute table that, in training only, adds the mean of the whole window's embeddings:
+    every token then sees its future while the model trains, and never while it is evaluated."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "training_leak", max_len: int = 1024) -> None:
+        super().__init__(d_model, n_head, name)
+        self.table = nn.Parameter(0.02 * torch.randn(max_len, d_model))
+
+    def embed(self, x, ctx):
+        x = x + self.table[ctx.pos]
+        return x + x.mean(dim=1, keepdim=True) if self.training else x  # (B, 1, C): the future, in training
+'''
+
+RANDOM_POSITIONS = '''
+import dataclasses
+
+from posenc.nn.encodings.rope import RoPE
+
+
+class RandomPositionsRoPE(RoPE):
+    """RoPE at randomised positions (Ruoss et al., 2023, "Randomized Positional Encodings Boost Length
+    Generalization of Transformers"): in training, the positions 0..n-1 of a forward are mapped to a
+    sorted random subset of [0, max_position), drawn once per forward (in prepare); in evaluation the
+    positions are themselves. A legitimate difference between training and evaluation."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "random_rope", max_position: int = 256,
+                 subset_seed: int = 0, **kwargs) -> None:
+        super().__init__(d_model, n_head, name, **kwargs)
+        self.max_position = max_position
+        self.subset_seed = subset_seed  # an option of the subclass, recorded with RoPE's own
+        self.sampled = torch.arange(max_position)
+
+    def prepare(self, length: int) -> None:
+        super().prepare(self.max_position if self.training else length)
+        if self.training:  # a sorted random subset of [0, L_max): one draw per forward
+            self.sampled = torch.randperm(self.max_position)[:length].sort().values
+
+    def transform_qk(self, q, k, ctx, layer=0):
+        if self.training:
+            ctx = dataclasses.replace(ctx, pos=self.sampled.to(ctx.pos.device)[ctx.pos],
+                                      n_positions=self.max_position, default_positions=False)
+        return super().transform_qk(q, k, ctx, layer)
+'''
+
+KERNEL_ALIBI = '''
+import torch.nn.functional as F
+
+
+class KernelALiBi(PositionalEncoding):
+    """b_h(n) = -m_h·n with learned slopes m_h, and a kernel of its own (fused_attention): SDPA with the
+    bias folded into a float mask. kernel_factor 2 is a broken kernel: its slopes are twice distance_bias's."""
+
+    def __init__(self, d_model: int, n_head: int, name: str = "kernel_alibi", kernel_factor: float = 1.0) -> None:
+        super().__init__(d_model, n_head, name)
+        self.log_slope = nn.Parameter(-8.0 * torch.arange(1, n_head + 1) / n_head * math.log(2.0))  # 2^(-8h/H)
+        self.kernel_factor = kernel_factor
+
+    def distance_bias(self, distance):  # (R,) -> (H, R)
+        return -self.log_slope.exp()[:, None] * distance.to(self.log_slope.dtype)[None, :]
+
+    def fused_attention(self, ctx, layer=0, log_gates=False):
+        if log_gates:
+            return None  # it adds no forget gates
+
+        def kernel(q, k, v, ctx, layer, log_gates):
+            T = q.shape[-2]
+            i = torch.arange(T, device=q.device)
+            n = (i[:, None] - i[None, :]).clamp(min=0)  # window indices: i - j inside a document
+            slopes = self.kernel_factor * self.log_slope.exp()
+            bias = -slopes[:, None, None] * n.to(q.dtype)  # (H, T, T)
+            visible = ctx.mask(layer).visible(0, T, 0, T, device=q.device)  # (B|1, 1, T, T)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~visible, float("-inf")))
+
+        return kernel
 '''

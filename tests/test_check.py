@@ -13,7 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from broken_encodings import WINDOW_LENGTH
+from broken_encodings import KERNEL_ALIBI, RANDOM_POSITIONS, TRAINING_LEAK, WINDOW_LENGTH
 
 from posenc.check import Status, compose_subject, run_checks
 from posenc.config import group_options
@@ -28,12 +28,12 @@ COMBINATIONS = [
     ["encoding=fox", "encoding@encoding.inner=alibi"],
     ["encoding=sink", "encoding@encoding.inner=ssmax"],
 ]
-#: shipped parameters the checker finds unable to learn (left for a decision: see the report)
-KNOWN_STUCK = {"fire": "FIRE's MLP ends in a per-head bias added to every logit: softmax cancels it"}
 
 PLUGIN = '''
 """An additive log-distance bias b_h(n) = -softplus(a_h)·log(1 + n), a researcher's own encoding;
 with ``offset`` it also adds a learned per-head constant c_h, which softmax cancels."""
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -52,7 +52,7 @@ class LogDistance(PositionalEncoding):
         return b + self.offset[:, None] if self.offset is not None else b
 
 
-''' + WINDOW_LENGTH
+''' + WINDOW_LENGTH + TRAINING_LEAK + RANDOM_POSITIONS + KERNEL_ALIBI
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +68,11 @@ def plugin(tmp_path_factory) -> Path:
             name: {name}
             offset: {offset}
             """))
-    (root / "conf" / "encoding" / "window_length.yaml").write_text(
-        "# a bias that reads the window's length\n_target_: logdist_plugin.WindowLength\nname: window_length\n")
+    for name, target, extra in (("window_length", "WindowLength", ""), ("training_leak", "TrainingLeak", ""),
+                                ("random_rope", "RandomPositionsRoPE", ""), ("kernel_alibi", "KernelALiBi", ""),
+                                ("kernel_alibi_doubled", "KernelALiBi", "kernel_factor: 2.0\n")):
+        (root / "conf" / "encoding" / f"{name}.yaml").write_text(
+            f"# a test encoding (tests/broken_encodings.py)\n_target_: logdist_plugin.{target}\nname: {name}\n{extra}")
     return root
 
 
@@ -81,11 +84,8 @@ def failures(overrides: list[str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("name", ENCODINGS)
 def test_every_shipped_encoding_keeps_the_contract(name):
-    failed = failures([f"encoding={name}"])
-    if name in KNOWN_STUCK:
-        assert list(failed) == ["every parameter can learn"], failed
-        pytest.xfail(KNOWN_STUCK[name])
-    assert not failed, failed
+    """FIRE's included: its MLP's output bias, a per-head constant softmax cancels, is gone."""
+    assert not failures([f"encoding={name}"])
 
 
 @pytest.mark.parametrize("overrides", COMBINATIONS, ids=lambda o: " ".join(o))
@@ -121,9 +121,11 @@ def test_a_bias_that_reads_the_window_length_fails_the_prefix_row_and_every_note
     failed = failures(["encoding=window_length"])
     assert set(failed) == {"prefix: first t tokens = them alone", "documents: B after A = B alone",
                            "chunked (long eval) = reference"}, failed
-    assert "change with the window's length: position_bias reads it" in failed["prefix: first t tokens = them alone"]
-    assert "no document sees another, but the logits depend on the window's length (position_bias reads it)" in \
-        failed["documents: B after A = B alone"]
+    assert "position_bias reads the window's length — its output for the first 12 positions differs between a " \
+        "window of 24 and one of 12, and not when only the inputs after them change" in failed[
+            "prefix: first t tokens = them alone"]
+    assert "though no document sees another" in failed["documents: B after A = B alone"]
+    assert "position_bias reads the window's length" in failed["documents: B after A = B alone"]
     assert "it reads how many positions it is given" in failed["chunked (long eval) = reference"]
 
 
@@ -142,6 +144,46 @@ def test_a_hook_that_breaks_causality_fails_that_row(plugin, monkeypatch):
     failed = failures(["encoding=logdist"])
     assert "a token sees the tokens after it" in failed["causal: the future reaches no past logit"]
     assert "a document sees another" in failed["documents: B after A = B alone"]
+
+
+def test_a_future_leak_in_training_only_fails_naming_training_and_the_hook(plugin, monkeypatch):
+    """The embedding adds the window's mean only while training: evaluation keeps every property, and
+    the causal, documents and windows rows fail in training, the causal note naming the hook."""
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    failed = failures(["encoding=training_leak"])
+    assert set(failed) == {"causal: the future reaches no past logit", "documents: B after A = B alone",
+                           "windows: nothing beyond L·(w−1) = 6"}, failed
+    assert all("in training (model.train()): " in note and "evaluation" not in note for note in failed.values())
+    assert failed["causal: the future reaches no past logit"].startswith("eval max |Δ| 0.0e+00; train max |Δ| ")
+    assert "a token sees the tokens after it" in failed["causal: the future reaches no past logit"]
+    assert "embed reads later tokens" in failed["causal: the future reaches no past logit"]
+
+
+def test_random_positions_in_training_keep_the_contract(plugin, monkeypatch):
+    """Ruoss et al. (2023): a sorted random subset of [0, L_max) as the positions in training, 0..T-1 in
+    evaluation. A legitimate difference: every property holds in both modes."""
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    rows = {r.name: r for r in run_checks(compose_subject(["encoding=random_rope"]))}
+    assert not [r for r in rows.values() if r.failed], [r for r in rows.values() if r.failed]
+    assert "train max |Δ| 0.0e+00" in rows["causal: the future reaches no past logit"].measured
+
+
+def test_an_own_kernel_is_held_to_its_hooks_and_a_disagreeing_one_fails_naming_the_hook(plugin, monkeypatch):
+    """A learned-slope ALiBi with a kernel of its own (SDPA over its bias as a float mask) keeps the
+    contract, its kernel compared (✓, not —); the same kernel with its slopes doubled fails the
+    fused-kernel row alone, in both modes, the note naming distance_bias."""
+    from posenc.check.kernel import NAME
+
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    rows = {r.name: r for r in run_checks(compose_subject(["encoding=kernel_alibi"]))}
+    assert rows[NAME].status is Status.PASS and "5 masks" in rows[NAME].measured
+    assert not [r for r in rows.values() if r.failed]
+    [row] = run_checks(compose_subject(["encoding=kernel_alibi_doubled"]), only={"fused kernel"})
+    assert row.failed and row.note.startswith("in evaluation (model.eval()) and in training (model.train()): ")
+    assert "a term of the head and i − j alone" in row.note and "disagrees with distance_bias" in row.note
 
 
 def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, monkeypatch):

@@ -19,7 +19,6 @@ def linear_fire(c: float, L: float, n_head: int = 2) -> FIRE:
         enc.mlp[0].weight.fill_(1.0)
         enc.mlp[0].bias.zero_()
         enc.mlp[2].weight.copy_(torch.arange(1.0, n_head + 1)[:, None])
-        enc.mlp[2].bias.zero_()
     return enc
 
 
@@ -149,3 +148,23 @@ def test_without_gradients_the_score_mod_holds_nothing_that_grows_with_the_lengt
     with torch.no_grad():
         torch.testing.assert_close(scores_from(mod, 4, 40).float(), enc.position_bias(torch.arange(40), torch.arange(40)),
                                    rtol=1e-5, atol=1e-5)
+
+
+def test_its_mlp_adds_no_per_head_constant_and_older_checkpoints_still_load():
+    """f_θ's output layer has no bias (softmax cancels a per-head constant on every logit of a row,
+    so it never learns): the parameters are the paper's but that one; the weights draw the same
+    initial values as with it (the model's own after them too); a state dict that holds the bias loads,
+    computing the same attention (the constant only shifts every logit of a row)."""
+    torch.manual_seed(0)
+    enc = FIRE(d_model=32, n_head=4)
+    assert enc.mlp[2].bias is None and "mlp.2.bias" not in dict(enc.named_parameters())
+    after = torch.rand(3)
+    torch.manual_seed(0)
+    with_bias = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    torch.testing.assert_close(torch.rand(3), after)  # as many draws as before: what follows is unchanged
+    torch.testing.assert_close(enc.mlp[2].weight, with_bias[2].weight)
+    old = {**enc.state_dict(), "mlp.2.bias": torch.ones(4)}
+    fresh = FIRE(d_model=32, n_head=4)
+    fresh.load_state_dict(old)
+    pos = torch.arange(12)
+    torch.testing.assert_close(fresh.position_bias(pos, pos), enc.position_bias(pos, pos))

@@ -176,8 +176,11 @@ def test_the_run_records_its_encoding_code_and_config_dir(trained, plugin):
     code = record["code"]["myplug.encodings.LogDistanceBias"]
     assert code["module"] == "myplug.encodings" and code["import_root"] == str(plugin[0].resolve())
     assert code["file"] == str((plugin[0] / "myplug" / "encodings.py").resolve())
-    # what importing it runs: the module and the helper it imports (the empty __init__.py runs nothing)
-    assert set(code["sources"]) == {"myplug/encodings.py", "myplug/distances.py"}
+    # what importing it runs: the module and the helper it imports (the empty __init__.py runs nothing), and
+    # the modules of posenc it imports (base.py, rope.py for apply_rotary) and theirs
+    assert {f for f in code["sources"] if not f.startswith("posenc/")} == {"myplug/encodings.py", "myplug/distances.py"}
+    assert {"posenc/nn/encodings/base.py", "posenc/nn/encodings/rope.py"} <= set(code["sources"])
+    assert "LogDistanceBias.distance_bias" in code["definitions"]["myplug/encodings.py"]
     assert len(code["sha256"]) == 64 and record["posenc_version"]
     assert record["config_dirs"][0] == f"file://{plugin[1].resolve()}"
     summary = json.loads((trained / "summary.json").read_text())
@@ -196,9 +199,16 @@ def test_eval_and_probe_from_another_directory(trained, on_search_path, tmp_path
     from posenc.eval.probe_run import probe_run
     from posenc.eval.run import eval_run
 
+    from posenc.check.verdict import carried
+
     monkeypatch.chdir(tmp_path)
-    record, path = eval_run(trained, ["eval.lengths=[1,2]"])
+    record, path = eval_run(trained, ["eval.lengths=[1,2]"], verdict_of=carried)
     assert path.is_file() and record["encoding"]["name"] == "logdist"
+    assert record["code_changes"] == []  # the code it was trained with
+    # measured once, by the sweep's job (another process), and found here by its key
+    assert record["check"]["holds"] is True and record["check"]["from"] == "cache"
+    summary = json.loads((trained / "summary.json").read_text())
+    assert summary["check"]["key"] == record["check"]["key"] and summary["check"]["from"] == "measured"
     assert all(math.isfinite(v) for k, v in record.items() if k.startswith("extrapolation/ppl@"))
     written = {p.name for p in probe_run(trained, [], multiples=(1,), windows=1)}
     assert "bias.png" in written and "rotary_pairs.png" not in written  # a bias, drawn as one
@@ -370,7 +380,7 @@ def test_changed_code_eval_warns_resume_refuses_unless_allowed(trained, plugin, 
         warn_code_changes(trained)
         warning = capsys.readouterr().err
         assert "warning: the encoding code changed" in warning and "myplug.encodings.LogDistanceBias" in warning
-        assert "myplug/encodings.py changed" in warning and "distances.py" not in warning
+        assert "myplug/encodings.py: LogDistanceBias.distance_bias changed" in warning and "distances.py" not in warning
         with pytest.raises(UserError, match=r"trainer.allow_code_change=true"):
             prepare([f"trainer.resume='{trained}'", "trainer.max_steps=6"])
         result = run_cli("train", f"trainer.resume='{trained}'", "trainer.max_steps=6", "trainer.allow_code_change=true",
@@ -400,8 +410,7 @@ def test_provenance_is_the_code_the_encoding_imports_and_names_each_changed_file
         assert provenance.changes(trained) == []
         helper.write_text(original + "\n\ndef unused():\n    return 0\n")
         [line] = provenance.changes(trained)
-        assert line.startswith("myplug.encodings.LogDistanceBias (myplug/distances.py changed under ")
-        assert "encodings.py" not in line.split("(", 1)[1]
+        assert line == "myplug.encodings.LogDistanceBias (myplug/distances.py: unused (new))"
     finally:
         helper.write_text(original)
         for path in added:

@@ -9,6 +9,9 @@ One module per group of properties, each property a function ``(Subject) -> list
   window's length);
 - paths.py: every attention path equal to a float64 reference built from the encoding's own
   hooks (reference.py), score_mod = position_bias = distance_bias, shift invariance;
+- kernel.py: an encoding's own kernel (``fused_attention``) equal to its hooks' explicit-mask path,
+  output and gradients;
+- hooks.py: which hook, where a property fails (a second measurement, on each hook alone);
 - flex_backward.py: FlexAttention's compiled backward accepts every score_mod (inductor's rule:
   each captured tensor that needs a gradient indexed once), traced on a CPU;
 - learning.py: every parameter receives a gradient that is not negligible;
@@ -16,8 +19,9 @@ One module per group of properties, each property a function ``(Subject) -> list
 - cuda.py: at head_dim 64 and 128, T = 1024: the CUDA kernels forward and backward against
   float64, and compiled bf16 training steps (not offered without CUDA).
 
+Every property that can differ between evaluation and training is measured in both (subject.MODES).
 runner.py runs them and returns typed results (results.py), and names the set (``check_version``);
-posenc/cli/check.py prints them.
+posenc/cli/check.py prints them; verdict.py keeps each encoding's verdict for the other commands.
 What each property means and why: docs/check.md.
 """
 

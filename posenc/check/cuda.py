@@ -31,7 +31,7 @@ import torch
 from omegaconf import DictConfig
 
 from posenc.check.results import CheckResult, holds, not_offered, raised
-from posenc.check.subject import Subject
+from posenc.check.subject import Subject, seeded
 from posenc.data.batches import Batch
 from posenc.hardware import autocast_context
 from posenc.nn.attention import plans
@@ -147,7 +147,8 @@ def documents(T: int) -> torch.Tensor:
 
 def loss_and_grads(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, doc: torch.Tensor | None):
     model.zero_grad(set_to_none=True)
-    _, loss = model(x, y, doc=doc)
+    with seeded():  # the CPU reference and the device draw an encoding's random numbers alike (random positions)
+        _, loss = model(x, y, doc=doc)
     loss.backward()
     return float(loss.detach()), {n: p.grad.detach().to("cpu", torch.float64, copy=True)
                                   for n, p in model.named_parameters() if p.grad is not None}

@@ -30,7 +30,8 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.check.paths import flex_offered, layer_encodings
+from posenc.check.hooks import layer_encodings
+from posenc.check.paths import flex_offered
 from posenc.check.results import CheckResult, holds, not_offered
 from posenc.check.subject import Subject
 from posenc.nn import flex
@@ -164,12 +165,12 @@ def name_of(tensor: Tensor | None, score_mod: ScoreMod) -> str:
 
 def training_score_mods(s: Subject) -> tuple[list[tuple[str, ScoreMod, tuple[int, ...]]], str]:
     """(where, score_mod, the q, k, v shape) for each layer kind's FlexAttention score_mod as training
-    builds it (the encoding's parameters requiring grad; FoX's decays from a random block input,
+    builds it (the encodings in training mode, their parameters requiring grad; FoX's decays from a random block input,
     joined by flex.with_decay); and why there are none, where there are none."""
     T, doc = s.T, s.documents()
     mods, why_not = [], "no position bias or decay"
     g = torch.Generator().manual_seed(3)
-    for layer, encoding in layer_encodings(s):
+    for layer, encoding in layer_encodings(s, "train"):  # as training builds them
         if not (encoding.offers("position_bias") or encoding.offers("decay")):
             continue
         contexts = {"positions 0..T-1": Context.arange(T, dtype=torch.float64)}

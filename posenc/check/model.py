@@ -1,6 +1,11 @@
 """Properties of the whole model around the encoding: what a causal LM must do whatever its
 encoding is (causality, a sane loss at init, positions 0..T-1 by default), what document packing
-and sliding windows promise, and what happens past the training length."""
+and sliding windows promise, and what happens past the training length.
+
+Each is measured in evaluation and in training (subject.MODES) but the last, which only evaluation
+asks. Documents in training: what must hold is that no document sees another; the positions a
+packed document is given may depend on the window in training (random positions), so the equality
+with the document alone is evaluation's property."""
 
 from __future__ import annotations
 
@@ -8,9 +13,10 @@ import math
 
 import torch
 
-from posenc.check.length import length_readers, prefix_gaps
-from posenc.check.results import EXACT, CheckResult, Status, holds, max_abs, not_offered
-from posenc.check.subject import VOCAB, Subject
+from posenc.check.hooks import hooks_reading, which
+from posenc.check.length import length_cause, prefix_gaps
+from posenc.check.results import EXACT, CheckResult, Measured, Status, holds, in_modes, max_abs, not_offered
+from posenc.check.subject import MODE_NAMES, MODES, VOCAB, Subject, forward
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionOutOfRange
 
@@ -21,37 +27,56 @@ INIT_LOSS_TOLERANCE = 0.5
 
 
 def causality(s: Subject) -> list[CheckResult]:
-    """The logits at t do not change when tokens t+1.. change (and the later ones do)."""
-    model, x = s.model(), s.tokens()
-    t = s.T // 2
+    """The logits at t do not change when tokens t+1.. change (and the later ones do), in each mode."""
+    x, t = s.tokens(), s.T // 2
     changed = x.clone()
     changed[:, t + 1:] = (changed[:, t + 1:] + 1) % VOCAB
-    with torch.no_grad():
-        a, b = model(x)[0], model(changed)[0]
-    past, future = max_abs(a[:, : t + 1], b[:, : t + 1]), max_abs(a[:, t + 1:], b[:, t + 1:])
-    return [holds("causal: the future reaches no past logit", past <= EXACT and future > REACHES,
-                  f"max |Δ| {past:.1e}", "a token sees the tokens after it" if past > EXACT else
-                  "changing the tokens after t changes nothing at all")]
+    found = {}
+    for mode in MODES:
+        model = s.model(mode=mode)
+        a, b = forward(model, x), forward(model, changed)
+        past, future = max_abs(a[:, : t + 1], b[:, : t + 1]), max_abs(a[:, t + 1:], b[:, t + 1:])
+        note = (f"a token sees the tokens after it: the logits at positions 0..{t} move by {past:.1e} when tokens "
+                f"{t + 1}.. change; {future_cause(s, mode)}" if past > EXACT else
+                "changing the tokens after t changes nothing at all")
+        found[mode] = Measured(past <= EXACT and future > REACHES, f"max |Δ| {past:.1e}", note)
+    return [in_modes("causal: the future reaches no past logit", found, MODE_NAMES)]
+
+
+def future_cause(s: Subject, mode: str) -> str:
+    """Which hook lets later tokens reach earlier positions, as measured on each hook alone."""
+    readers = hooks_reading(s, "future", mode)
+    if readers:
+        return (f"{which(readers)} later tokens (its output for positions 0..{s.T // 2 - 1} changes when the inputs "
+                f"after them change)")
+    return ("no hook's output for earlier positions changes when later inputs do, so the leak is outside the hooks "
+            "measured alone (a fused kernel, or a module around the encoding)")
 
 
 def loss_at_init(s: Subject) -> list[CheckResult]:
     """Random tokens at init cost about ln V nats: the encoding does not blow up the logits."""
-    model = s.model(visible=False)
     x, y = s.tokens(1, batch=4), s.tokens(2, batch=4)
-    with torch.no_grad():
-        loss = float(model(x, y)[1])
-    gap = loss - math.log(VOCAB)
-    return [holds(f"loss at init ≈ ln V ± {INIT_LOSS_TOLERANCE}", abs(gap) <= INIT_LOSS_TOLERANCE,
-                  f"{loss:.3f} vs {math.log(VOCAB):.3f}", "the logits at init are far from uniform")]
+    found = {}
+    for mode in MODES:
+        with torch.no_grad():
+            loss = float(s.model(visible=False, mode=mode)(x, y)[1])
+        found[mode] = Measured(abs(loss - math.log(VOCAB)) <= INIT_LOSS_TOLERANCE, f"{loss:.3f}",
+                               f"the loss at init is {loss:.3f}, far from ln V = {math.log(VOCAB):.3f}: the logits "
+                               f"are far from uniform")
+    name = f"loss at init ≈ ln V ± {INIT_LOSS_TOLERANCE}"
+    row = in_modes(name, found, MODE_NAMES)
+    return [CheckResult(name, row.status, f"{row.measured} vs {math.log(VOCAB):.3f}", row.note)]
 
 
 def default_positions(s: Subject) -> list[CheckResult]:
-    """model(x) equals model(x, pos=arange(T)): the default is positions 0..T-1."""
-    model, x = s.model(), s.tokens()
-    with torch.no_grad():
-        diff = max_abs(model(x)[0], model(x, pos=torch.arange(s.T))[0])
-    return [holds("default positions = 0..T−1", diff <= EXACT, f"max |Δ| {diff:.1e}",
-                  "model(x) differs from model(x, pos=arange(T))")]
+    """model(x) equals model(x, pos=arange(T)): the default is positions 0..T-1, in each mode."""
+    x, found = s.tokens(), {}
+    for mode in MODES:
+        model = s.model(mode=mode)
+        diff = max_abs(forward(model, x), forward(model, x, pos=torch.arange(s.T)))
+        found[mode] = Measured(diff <= EXACT, f"max |Δ| {diff:.1e}",
+                               f"model(x) differs from model(x, pos=arange(T)) by {diff:.1e}")
+    return [in_modes("default positions = 0..T−1", found, MODE_NAMES)]
 
 
 def spans(doc: torch.Tensor) -> list[tuple[int, int, int]]:
@@ -64,44 +89,52 @@ def spans(doc: torch.Tensor) -> list[tuple[int, int, int]]:
 
 
 def documents(s: Subject) -> list[CheckResult]:
-    """dataset.packing=documents: a document packed after others gives the same logits as alone.
-    A chunked layer (Llama 4) cuts its chunks at window indices, which a packed document does not
-    share with the document alone: it is checked as a sliding window of the same size here."""
+    """dataset.packing=documents: a document packed after others gives the same logits as alone
+    (evaluation), and no document sees another (both modes). A chunked layer (Llama 4) cuts its
+    chunks at window indices, which a packed document does not share with the document alone: it is
+    checked as a sliding window of the same size here."""
     name = "documents: B after A = B alone"
     if not s.softmax:
         return [not_offered(name, "linear attention has no mask to keep documents apart")]
     sliding = {f"layout.kinds.{k}.chunked": False for k, kind in s.cfg.layout.kinds.items() if kind.chunked}
-    model, x, doc = s.model(cfg=s.with_changes(**sliding) if sliding else None), s.tokens(), s.documents()
-    worst = 0.0
-    with torch.no_grad():
-        packed = model(x, doc=doc)[0]
-        for row, a, b in spans(doc):
-            alone = model(x[row:row + 1, a:b])[0]
-            worst = max(worst, max_abs(packed[row:row + 1, a:b], alone))
-    note = "" if worst <= EXACT else documents_cause(s, model, x, doc, packed)
-    return [holds(name, worst <= EXACT, f"max |Δ| {worst:.1e}", note)]
+    cfg, x, doc = s.with_changes(**sliding) if sliding else None, s.tokens(), s.documents()
+    found = {}
+    for mode in MODES:
+        model = s.model(cfg=cfg, mode=mode)
+        packed = forward(model, x, doc=doc)
+        leak = document_leak(model, x, doc, packed)
+        if leak > EXACT:
+            found[mode] = Measured(False, f"across documents {leak:.1e}", f"a document sees another: changing each "
+                                   f"row's first document moves the later ones' logits by {leak:.1e}")
+        elif mode == "train":
+            found[mode] = Measured(True, f"across documents {leak:.1e}")
+        else:
+            worst = max(max_abs(packed[row:row + 1, a:b], forward(model, x[row:row + 1, a:b]))
+                        for row, a, b in spans(doc))
+            found[mode] = Measured(worst <= EXACT, f"max |Δ| {worst:.1e}",
+                                   "" if worst <= EXACT else documents_cause(s, worst))
+    return [in_modes(name, found, MODE_NAMES)]
 
 
-def documents_cause(s: Subject, model, x: torch.Tensor, doc: torch.Tensor, packed: torch.Tensor) -> str:
-    """Why a packed document's logits differ from the document's alone, from what is measured: a
-    change to each row's first document reaching the others (a leak across documents), else the
-    window's length reaching the logits (the prefix row: a packed document sits in a longer
-    window than alone), else positions that do not restart at 0."""
+def document_leak(model, x: torch.Tensor, doc: torch.Tensor, packed: torch.Tensor) -> float:
+    """max |Δ| of the later documents' logits when every row's first document changes."""
     changed = x.clone()
-    changed[doc == doc[:, :1]] = (changed[doc == doc[:, :1]] + 1) % VOCAB  # every row's first document
-    with torch.no_grad():
-        after = model(changed, doc=doc)[0]
-    later = doc != doc[:, :1]
-    leak = max_abs(packed[later], after[later])
-    if leak > EXACT:
-        return f"a document sees another: changing each row's first document moves the later ones' logits by {leak:.1e}"
+    first = doc == doc[:, :1]
+    changed[first] = (changed[first] + 1) % VOCAB
+    later = ~first
+    return max_abs(packed[later], forward(model, changed, doc=doc)[later])
+
+
+def documents_cause(s: Subject, worst: float) -> str:
+    """Why a packed document's logits differ from the document's alone when none sees another, from
+    what is measured: the window's length reaching the logits (the prefix row: a packed document sits
+    in a longer window than alone), else positions that do not restart at 0."""
+    where = f"a packed document's logits differ from the document's alone by {worst:.1e}, though no document sees another"
     if max(prefix_gaps(s).values()) > EXACT:
-        readers = length_readers(s)
-        reader = f" ({', '.join(readers)} {'reads' if len(readers) == 1 else 'read'} it)" if readers else ""
-        return (f"no document sees another, but the logits depend on the window's length{reader}, and a packed "
-                f"document sits in a longer window than alone: see the prefix row")
-    return ("no document sees another and the window's length reaches no logit, so a document's positions differ "
-            "from its own: they must restart at 0 in every document (use ctx.pos, not window indices)")
+        return f"{where}; the logits depend on the rest of the window, and a packed document sits in a longer one: " \
+               f"{length_cause(s)} (see the prefix row)"
+    return (f"{where}, and the window's length reaches no logit, so a document's positions differ from its own: they "
+            f"must restart at 0 in every document (use ctx.pos, not window indices)")
 
 
 def windows(s: Subject, window: int = 4) -> list[CheckResult]:
@@ -116,22 +149,26 @@ def windows(s: Subject, window: int = 4) -> list[CheckResult]:
                             "holds the whole past, no window applies")]
     kinds = {f"layout.kinds.{k}.window": window for k in s.cfg.layout.kinds}
     chunks = {f"layout.kinds.{k}.chunked": False for k in s.cfg.layout.kinds}
-    model = s.model(cfg=s.with_changes(**kinds, **chunks))
-    L, reach = int(s.cfg.model.n_layer), model.encoding.reach
+    cfg = s.with_changes(**kinds, **chunks)
+    L, reach = int(s.cfg.model.n_layer), s.model(cfg=cfg).encoding.reach
     span = L * (window - 1 + reach)
     name = f"windows: nothing beyond L·(w−1{f'+{reach}' if reach else ''}) = {span}"
     x, i = s.tokens(), s.T - 1
     edge = i - span
-    diffs = []
-    for where in (edge - 1, edge):
-        changed = x.clone()
-        changed[:, where] = (changed[:, where] + 1) % VOCAB
-        with torch.no_grad():
-            diffs.append(max_abs(model(x)[0][:, i], model(changed)[0][:, i]))
-    beyond, inside = diffs
-    return [holds(name, beyond <= EXACT and inside > REACHES, f"beyond {beyond:.1e}, edge {inside:.1e}",
-                  "a token beyond the windows reaches the logit" if beyond > EXACT else
-                  "the oldest token the windows reach changes nothing")]
+    found = {}
+    for mode in MODES:
+        model = s.model(cfg=cfg, mode=mode)
+        diffs = []
+        for where in (edge - 1, edge):
+            changed = x.clone()
+            changed[:, where] = (changed[:, where] + 1) % VOCAB
+            diffs.append(max_abs(forward(model, x)[:, i], forward(model, changed)[:, i]))
+        beyond, inside = diffs
+        found[mode] = Measured(beyond <= EXACT and inside > REACHES, f"beyond {beyond:.1e}, edge {inside:.1e}",
+                               f"a token beyond the windows reaches the logit: changing token {edge - 1} moves the "
+                               f"logit at {i} by {beyond:.1e}" if beyond > EXACT else
+                               f"the oldest token the windows reach ({edge}) changes nothing at {i}")
+    return [in_modes(name, found, MODE_NAMES)]
 
 
 def past_training(s: Subject, factor: int = 4) -> list[CheckResult]:

@@ -7,6 +7,9 @@ documents and chunks. The paths are those posenc/nn/attention.py chooses between
 is_causal fast path, SDPA with a dense explicit mask (the bias and every logit term folded in),
 the chunked path of long evaluation (chunks of 5 queries, which do not divide T) and
 FlexAttention (its eager forward here, under one mask; compiled, with its backward, in cuda.py).
+Paths and bias forms are measured with the encodings in evaluation and in training (an encoding may
+compute its hooks otherwise in training); shift invariance, what declares an encoding relative, in
+evaluation.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ import torch
 from torch import Tensor
 
 from posenc.check import reference as ref
-from posenc.check.results import CheckResult, holds, max_abs, not_offered
-from posenc.check.subject import Subject
+from posenc.check.hooks import layer_encodings
+from posenc.check.results import CheckResult, Measured, holds, in_modes, max_abs, not_offered
+from posenc.check.subject import MODE_NAMES, MODES, Subject
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.mask import AttentionMask, Window, document_positions
@@ -39,16 +43,6 @@ CHUNK = 5
 H, B = 4, 2
 
 
-def layer_encodings(s: Subject) -> list[tuple[int, PositionalEncoding]]:
-    """(first layer, encoding) for each distinct encoding the model's layers use."""
-    model = s.model()
-    seen: dict[int, tuple[int, PositionalEncoding]] = {}
-    for layer in range(model.n_layer):
-        e = model.encoding.for_layer(layer)
-        seen.setdefault(id(e), (layer, e.double()))
-    return list(seen.values())
-
-
 @dataclasses.dataclass
 class Case:
     """One encoding, one mask: the encoded q, k, terms and the reference output."""
@@ -64,9 +58,10 @@ class Case:
     expected: Tensor
 
 
-def cases(s: Subject) -> Iterator[tuple[str, Case]]:
+def cases(s: Subject, mode: str = "eval") -> Iterator[tuple[str, Case]]:
+    """(mask, Case) for each layer encoding (in mode) under each of MASKS."""
     T, doc = s.T, s.documents()
-    for layer, encoding in layer_encodings(s):
+    for layer, encoding in layer_encodings(s, mode):
         hd = encoding.head_dim
         for label, (documents, window) in MASKS.items():
             d = doc if documents else None
@@ -100,37 +95,41 @@ def flex_offered(encoding: PositionalEncoding, ctx: Context) -> str | None:
     return None
 
 
+#: the paths attention_paths measures, as its rows name them
+PATHS = {"sdpa": "SDPA is_causal = reference", "dense": "dense mask = reference",
+         "chunked": "chunked (long eval) = reference", "flex": "FlexAttention forward = reference"}
+
+
 def attention_paths(s: Subject) -> list[CheckResult]:
     """SDPA is_causal, the dense mask, the chunked path and FlexAttention's forward, each equal to
-    the reference, under every mask the encoding meets."""
-    errors: dict[str, list[float]] = {"sdpa": [], "dense": [], "chunked": [], "flex": []}
+    the reference, under every mask the encoding meets, in each mode."""
+    found: dict[str, dict[str, Measured]] = {key: {} for key in PATHS}
     why_not_flex = None
-    for label, c in cases(s):
-        with torch.no_grad():
-            plan = attention.plan(c.encoding, c.ctx, c.layer, 0.0)
-            errors["sdpa" if plan is None else "dense"].append(
-                max_abs(attention.attend(c.q, c.k, c.v, plan, terms=c.terms), c.expected))
-            dense = attention.dense_plan(c.encoding, c.ctx, c.layer)
-            long = dataclasses.replace(dense, dense=None)  # rows computed chunk by chunk, as past DENSE_MAX_LEN
-            errors["chunked"].append(max_abs(attention.attend(c.q, c.k, c.v, long, terms=c.terms, query_chunk=CHUNK),
-                                             c.expected))
-            bias_ctx = attention.bias_context(c.encoding, c.ctx)
-            why_not_flex = flex_offered(c.encoding, bias_ctx)
-            if why_not_flex is None and label == FLEX_MASK:
-                errors["flex"].append(max_abs(flex_forward(c, bias_ctx), c.expected))
-    names = {"sdpa": "SDPA is_causal = reference", "dense": "dense mask = reference",
-             "chunked": "chunked (long eval) = reference", "flex": "FlexAttention forward = reference"}
-    why = {"sdpa": "logit terms go through the dense mask",
-           "flex": why_not_flex or ""}
-    out = []
-    for key, errs in errors.items():
-        if not errs:
-            out.append(not_offered(names[key], why.get(key, "")))
-            continue
-        worst, masks = max(errs), f"{len(errs)} mask{'s' if len(errs) > 1 else ''}"
-        note = "" if worst <= TOLERANCE else path_cause(s, key)
-        out.append(holds(names[key], worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}", note))
-    return out
+    for mode in MODES:
+        errors: dict[str, list[tuple[float, str]]] = {key: [] for key in PATHS}
+        for label, c in cases(s, mode):
+            where = f"under the mask {label}" + (f", layer {c.layer}" if c.layer else "")
+            with torch.no_grad():
+                plan = attention.plan(c.encoding, c.ctx, c.layer, 0.0)
+                errors["sdpa" if plan is None else "dense"].append(
+                    (max_abs(attention.attend(c.q, c.k, c.v, plan, terms=c.terms), c.expected), where))
+                dense = attention.dense_plan(c.encoding, c.ctx, c.layer)
+                long = dataclasses.replace(dense, dense=None)  # rows computed chunk by chunk, as past DENSE_MAX_LEN
+                errors["chunked"].append((max_abs(attention.attend(c.q, c.k, c.v, long, terms=c.terms,
+                                                                   query_chunk=CHUNK), c.expected), where))
+                bias_ctx = attention.bias_context(c.encoding, c.ctx)
+                why_not_flex = flex_offered(c.encoding, bias_ctx)
+                if why_not_flex is None and label == FLEX_MASK:
+                    errors["flex"].append((max_abs(flex_forward(c, bias_ctx), c.expected), where))
+        for key, errs in errors.items():
+            if errs:
+                (worst, where), masks = max(errs), f"{len(errs)} mask{'s' if len(errs) > 1 else ''}"
+                found[key][mode] = Measured(worst <= TOLERANCE, f"max |Δ| {worst:.1e}, {masks}",
+                                            f"{where} it differs from the reference by {worst:.1e}: "
+                                            f"{path_cause(s, key)}")
+    why = {"sdpa": "logit terms go through the dense mask", "flex": why_not_flex or ""}
+    return [in_modes(name, found[key], MODE_NAMES) if found[key] else not_offered(name, why.get(key, ""))
+            for key, name in PATHS.items()]
 
 
 def path_cause(s: Subject, path: str) -> str:
@@ -144,7 +143,7 @@ def path_cause(s: Subject, path: str) -> str:
                 return (f"position_bias of queries {start}..{end - 1} and keys 0..{end - 1} (a slice, as long evaluation "
                         f"asks for it) differs from that slice of the whole window's bias by {gap:.1e}: it reads how many "
                         f"positions it is given — compute b(i, j) from the values of q_pos and k_pos alone")
-    return "this path computes other attention than the encoding's hooks define"
+    return "this path computes other attention than the encoding's hooks define"  # no second measurement isolates more
 
 
 def bias_slice_gap(encoding: PositionalEncoding, T: int) -> tuple[float, tuple[int, int]]:
@@ -180,40 +179,54 @@ def flex_forward(c: Case, bias_ctx: Context) -> Tensor:
 def bias_forms(s: Subject) -> list[CheckResult]:
     """score_mod(0, b, h, i, j) = position_bias[h, i, j] on every visible pair, with positions 0..T-1
     and shifted by 5, the score_mod built with and without gradients (training may build it otherwise:
-    FIRE's table); a relative encoding's distance_bias table[h, i - j] = position_bias[h, i, j]."""
+    FIRE's table); a relative encoding's distance_bias table[h, i - j] = position_bias[h, i, j]; the
+    encodings in each mode."""
     name = "score_mod = position_bias = distance_bias"
-    T = s.T
-    worst, forms = 0.0, set()
-    for _, encoding in layer_encodings(s):
-        if not encoding.offers("position_bias"):
-            continue
-        h, i, j = (torch.arange(n).view(*shape) for n, shape in
-                   ((encoding.n_head, (-1, 1, 1)), (T, (1, -1, 1)), (T, (1, 1, -1))))
-        seen = (j <= i).expand(encoding.n_head, T, T)
-        for shift in (0, 5):
-            pos = torch.arange(T) + shift
-            ctx = Context.arange(T, dtype=torch.float64) if shift == 0 else Context.at(pos, torch.float64)
-            encoding.prepare(ctx.n_positions)
-            with torch.no_grad():
-                bias = encoding.position_bias(pos, pos).double()  # (H, T, T)
-            for grad in (False, True):  # an encoding may build its score_mod otherwise for training (FIRE)
-                with torch.set_grad_enabled(grad):
-                    mod = encoding.score_mod(ctx)
-                if mod is not None:
-                    forms.add("score_mod")
-                    with torch.no_grad():
-                        fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
-                    worst = max(worst, max_abs(fly[seen], bias[seen]))
-            with torch.no_grad():
-                if encoding.offers("distance_bias"):
-                    forms.add("distance_bias")
-                    table = encoding.distance_bias(torch.arange(T)).double()  # (H, T)
-                    worst = max(worst, max_abs(table[h, (i - j).clamp(min=0)].expand_as(bias)[seen], bias[seen]))
+    found, forms = {}, set()
+    for mode in MODES:
+        worst, where = 0.0, ""
+        for layer, encoding in layer_encodings(s, mode):
+            if encoding.offers("position_bias"):
+                for gap, form in bias_form_gaps(encoding, s.T):
+                    forms.add(form.split(" ")[0])
+                    if gap > worst:
+                        worst, where = gap, form + (f", layer {layer}" if layer else "")
+        found[mode] = Measured(worst <= TOLERANCE, f"max |Δ| {worst:.1e}",
+                               f"{where} differs from position_bias by {worst:.1e} (FlexAttention's kernel computes "
+                               f"the bias from it, the CPU and long evaluation from position_bias)")
     if not forms:
         return [not_offered(name, "no position bias" if not any(e.offers("position_bias") for _, e in layer_encodings(s))
                             else "position_bias has neither a score_mod nor a distance_bias")]
-    return [holds(name, worst <= TOLERANCE, f"max |Δ| {worst:.1e} ({', '.join(sorted(forms, reverse=True))})",
-                  "the fused kernel's bias differs from position_bias")]
+    row = in_modes(name, found, MODE_NAMES)
+    return [dataclasses.replace(row, measured=f"{row.measured} ({', '.join(sorted(forms, reverse=True))})")]
+
+
+def bias_form_gaps(encoding: PositionalEncoding, T: int) -> Iterator[tuple[float, str]]:
+    """(max |Δ| on visible pairs against position_bias, which form where) of each form the encoding
+    offers: its score_mod built without and with gradients, its distance_bias table, at positions
+    0..T-1 and shifted by 5."""
+    h, i, j = (torch.arange(n).view(*shape) for n, shape in
+               ((encoding.n_head, (-1, 1, 1)), (T, (1, -1, 1)), (T, (1, 1, -1))))
+    seen = (j <= i).expand(encoding.n_head, T, T)
+    for shift in (0, 5):
+        pos = torch.arange(T) + shift
+        ctx = Context.arange(T, dtype=torch.float64) if shift == 0 else Context.at(pos, torch.float64)
+        at = f"positions {'0..T−1' if shift == 0 else f'shifted by {shift}'}"
+        encoding.prepare(ctx.n_positions)
+        with torch.no_grad():
+            bias = encoding.position_bias(pos, pos).double()  # (H, T, T)
+        for grad in (False, True):  # an encoding may build its score_mod otherwise for training (FIRE)
+            with torch.set_grad_enabled(grad):
+                mod = encoding.score_mod(ctx)
+            if mod is not None:
+                with torch.no_grad():
+                    fly = mod(torch.zeros(encoding.n_head, T, T, dtype=torch.float64), torch.tensor(0), h, i, j)
+                yield max_abs(fly[seen], bias[seen]), f"score_mod (built {'with' if grad else 'without'} gradients, {at})"
+        if encoding.offers("distance_bias"):
+            with torch.no_grad():
+                table = encoding.distance_bias(torch.arange(T)).double()  # (H, T)
+            yield (max_abs(table[h, (i - j).clamp(min=0)].expand_as(bias)[seen], bias[seen]),
+                   f"distance_bias at i − j ({at})")
 
 
 def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:

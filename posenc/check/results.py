@@ -35,6 +35,30 @@ def holds(name: str, ok: bool, measured: str, note: str = "") -> CheckResult:
     return CheckResult(name, Status.PASS if ok else Status.FAIL, measured, "" if ok else note)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A property measured in one mode: whether it holds, the number, and what differed where it
+    does not (``note``)."""
+
+    ok: bool
+    measured: str
+    note: str = ""
+
+
+def in_modes(name: str, modes: dict[str, Measured], names: dict[str, str]) -> CheckResult:
+    """One row of a property measured in several modes (``eval``, ``train``): it holds where it
+    holds in each; ``measured`` says each mode's number, and a ✗'s note starts with the mode that
+    failed (names: how a note names each mode)."""
+    ok = all(m.ok for m in modes.values())
+    measured = "; ".join(f"{mode} {m.measured}" for mode, m in modes.items())
+    failed: dict[str, list[str]] = {}  # one note said once, naming every mode it holds for
+    for mode, m in modes.items():
+        if not m.ok:
+            failed.setdefault(m.note, []).append(names[mode])
+    note = "; ".join(f"in {' and in '.join(where)}: {text}" for text, where in failed.items())
+    return CheckResult(name, Status.PASS if ok else Status.FAIL, measured, note)
+
+
 def not_offered(name: str, why: str) -> CheckResult:
     return CheckResult(name, Status.NOT_OFFERED, "", f"not offered: {why}")
 
@@ -48,5 +72,5 @@ def raised(name: str, e: Exception) -> CheckResult:
 
 def max_abs(a, b) -> float:
     """max |a - b| over two tensors of one shape, as a float (0 for empty tensors)."""
-    diff = (a.double() - b.double()).abs()
+    diff = (a.detach().double() - b.detach().double()).abs()
     return float(diff.max()) if diff.numel() else 0.0

@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from posenc.check import cuda, flex_backward, learning, length, model, paths, state
+from posenc.check import cuda, flex_backward, kernel, learning, length, model, paths, state
 from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
@@ -23,6 +23,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("loss at init", model.loss_at_init),
     ("default positions", model.default_positions),
     ("attention paths", paths.attention_paths),
+    ("fused kernel", kernel.fused_kernel),
     ("bias forms", paths.bias_forms),
     ("score_mod backward", flex_backward.score_mod_backward),
     ("shift invariance", paths.shift_invariance),

@@ -4,11 +4,19 @@ The config is composed as every command composes it (posenc.config.compose, with
 overrides and any ``--config-dir``), on a shape small enough for seconds on a CPU: d_model 32,
 4 heads, 2 layers, T = 24 — placed before the user's overrides, so ``model.n_layer=3`` or a
 ``layout=`` still applies. The model is built by posenc.build, as training builds it.
+
+An encoding may behave otherwise in training (``self.training``: random positions drawn in each
+forward, Ruoss et al., 2023), so every property that can differ between the modes is measured in
+both (``MODES``): ``model.eval()`` and ``model.train()`` with dropout off, so that both compute one
+function of their inputs. Two forwards that are compared draw the same random numbers
+(``seeded``): a property compares what the model computes, not two draws of its randomness.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -24,6 +32,26 @@ SHAPE = ["model.d_model=32", "model.n_head=4", "model.n_layer=2", "model.dropout
 VOCAB = 64
 #: three documents in the first row (7 + 10 + 7 tokens), two in the second (15 + 9)
 DOCS = ((7, 10, 7), (15, 9))
+#: the modes a property that can differ between them is measured in, and how notes name them
+MODES = ("eval", "train")
+MODE_NAMES = {"eval": "evaluation (model.eval())", "train": "training (model.train())"}
+#: the seed every compared forward draws its random numbers from (``seeded``)
+FORWARD_SEED = 1234
+
+
+@contextlib.contextmanager
+def seeded(seed: int = FORWARD_SEED) -> Iterator[None]:
+    """torch's CPU generator at seed for the duration, and as it was afterwards: two forwards
+    compared under it draw the same random numbers (an encoding's random positions in training)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+def forward(model: GPT, x: torch.Tensor, **kwargs) -> torch.Tensor:
+    """model(x, **kwargs)'s logits, without gradients, its randomness drawn from FORWARD_SEED."""
+    with torch.no_grad(), seeded():
+        return model(x, **kwargs)[0]
 
 
 def compose_subject(overrides: list[str]) -> Subject:
@@ -49,12 +77,17 @@ class Subject:
         return self.cfg.model.attention == "softmax"
 
     def model(self, *, seed: int = 0, dtype: torch.dtype = torch.float64, visible: bool = True,
-              cfg: DictConfig | None = None) -> GPT:
-        """The model, in eval mode. visible: every encoding parameter moved by N(0, 0.5²) from its
-        initialisation, so that a table that starts at zero (T5's, CoPE's) takes part in what is
-        compared; the learning check uses the initialisation itself (visible=False)."""
+              cfg: DictConfig | None = None, mode: str = "eval") -> GPT:
+        """The model, in mode (MODES: ``eval``, or ``train`` with dropout off). visible: every
+        encoding parameter moved by N(0, 0.5²) from its initialisation, so that a table that starts
+        at zero (T5's, CoPE's) takes part in what is compared; the learning check uses the
+        initialisation itself (visible=False)."""
+        cfg = cfg if cfg is not None else self.cfg
+        if mode == "train" and cfg.model.dropout:
+            cfg = copy.deepcopy(cfg)
+            cfg.model.dropout = 0.0  # dropout is randomness of its own: the modes compute one function
         torch.manual_seed(seed)
-        model = build_model(cfg if cfg is not None else self.cfg, vocab_size=VOCAB).to(dtype).eval()
+        model = build_model(cfg, vocab_size=VOCAB).to(dtype).train(mode == "train")
         if visible:
             g = torch.Generator().manual_seed(seed + 1)
             with torch.no_grad():

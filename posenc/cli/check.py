@@ -2,7 +2,8 @@
 each, exit 1 when one fails. The overrides are Hydra's, composed as every command composes them;
 ``--config-dir DIR`` adds a directory of the user's own configs (a plug-in encoding's YAML) to
 Hydra's search path; ``--only GROUP`` (repeatable) runs the groups of properties named so
-(posenc.check.CHECKS: ``--only cuda`` is the CUDA rows alone).
+(posenc.check.CHECKS: ``--only cuda`` is the CUDA rows alone). ``--write-shipped`` measures every
+shipped encoding and layout and rewrites the verdicts posenc ships (posenc/check/shipped.py).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ def check(ctx: typer.Context,
           config_dir: Optional[Path] = typer.Option(None, "--config-dir", help="a directory of your own configs "
                                                     f"(encoding/<name>.yaml), as every command takes it; {SEARCH_ORDER}"),
           only: Optional[list[str]] = typer.Option(None, "--only", metavar="GROUP", help="run only this group of "
-                                                   "properties (repeatable): causality, attention paths, …, cuda")
+                                                   "properties (repeatable): causality, attention paths, …, cuda"),
+          write_shipped: bool = typer.Option(False, "--write-shipped", help="measure every shipped encoding and "
+                                             "layout and rewrite the verdicts posenc ships (posenc/check/shipped.json)")
           ) -> None:
     """Check an encoding's contract: causality, every attention path against a float64 reference,
     shift invariance, documents and windows, every parameter able to learn, checkpoints, long inputs.
@@ -47,10 +50,23 @@ def check(ctx: typer.Context,
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())
         return
+    if write_shipped:
+        run_guarded(lambda: ship(without_debug(ctx.args), only), user_wants_traceback(ctx.args))
+        return
     failed = run_guarded(lambda: run_check(without_debug(ctx.args), config_dir, only),
                          user_wants_traceback(ctx.args))
     if failed:
         raise typer.Exit(1)
+
+
+def ship(args: list[str], only: list[str] | None) -> None:
+    """--write-shipped: every shipped encoding's and layout's verdict measured, shipped.json rewritten."""
+    from posenc.check.shipped import write_shipped  # start-up: posenc.check imports torch
+
+    if args or only:
+        raise UserError("--write-shipped measures posenc's own encodings and layouts as they ship: it takes no "
+                        "overrides and no --only")
+    write_shipped(lambda line: console.print(line, highlight=False, soft_wrap=True))
 
 
 def groups(only: list[str] | None) -> set[str] | None:

@@ -44,6 +44,7 @@ from hydra.core.utils import JobReturn
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from posenc.check.verdict import carried
 from posenc.cli.callbacks import Callbacks
 from posenc.cli.common import console
 from posenc.cli.explain import explain
@@ -108,7 +109,10 @@ def run_one_job(cfg: DictConfig, checked: bool = False) -> dict:
         if kept is not None:
             return kept
     try:
-        summary = train(apply_choice_schemas(cfg), run_dir, checked=checked)
+        cfg = apply_choice_schemas(cfg)
+        # `posenc check`'s verdict on the encoding, before training seeds anything (posenc/check/verdict.py)
+        verdict = carried(cfg, bool(cfg.get("check", True))) if distributed.is_main() else None
+        summary = train(cfg, run_dir, checked=checked, verdict=verdict)
     except BaseException as e:
         if multirun and isinstance(e, RunInterrupted):  # its checkpoint is saved: the whole sweep stops
             raise SweepStopped(e.signum) from e

@@ -42,7 +42,7 @@ NO_RESUME = (False, None, "false", "none", "")
 #: evaluates/logs/saves, where it runs, where it reports. Anything else would change the experiment.
 MAY_CHANGE_ON_RESUME = ("trainer.max_steps", "trainer.eval_interval", "trainer.early_evals", "trainer.log_interval",
                         "trainer.checkpoint_interval", "trainer.checkpoint", "trainer.allow_code_change",
-                        "trainer.resume_reshape", "device", "logger", "eval")
+                        "trainer.resume_reshape", "device", "logger", "eval", "check")
 
 
 def _value(overrides: list[ParsedOverride], key: str):

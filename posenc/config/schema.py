@@ -139,6 +139,9 @@ class PosencConfig:
     seed: int = MISSING
     device: str = MISSING                       # auto | cpu | cuda | cuda:N
     name: Optional[str] = MISSING               # a sweep's name: its directory and W&B group (null: the swept keys)
+    # look up (or measure once) `posenc check`'s verdict on the encoding and record it (posenc/check/verdict.py);
+    # a default here so run directories written before the key load
+    check: bool = True
     # typed per choice by choice_schema (from the _target_ class's __init__)
     encoding: Dict[str, Any] = MISSING
     model: ModelConfig = MISSING

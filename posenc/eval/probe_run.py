@@ -9,9 +9,11 @@ per head, RoPE's per-frequency q/k norms (Barbero et al., 2025), and position bi
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from omegaconf import DictConfig
 
 from posenc.build import encoding_summary
 from posenc.eval.evaluation import probe_windows
@@ -25,12 +27,16 @@ from posenc.record.tracking import Tracker
 MULTIPLES = (1, 2, 4)
 
 
-def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows: int = 2) -> list[Path]:
+def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows: int = 2,
+              verdict_of: Callable[[DictConfig], dict | None] | None = None) -> list[Path]:
     """Probe run_dir's model at multiples × its training length; returns the files written.
     A run on a synthetic task is probed on its task's evaluation instances; a run logged to
-    W&B gets the figures as images in its W&B run (resumed by id)."""
+    W&B gets the figures as images in its W&B run (resumed by id). verdict_of: the CLI's lookup
+    of `posenc check`'s verdict (posenc/check/verdict.py), which warns where the encoding fails."""
     run = RunDir(run_dir)
     cfg, data, model, state, _ = load_trained(run, overrides, command="probe")
+    if verdict_of is not None:
+        verdict_of(cfg)
     device = next(model.parameters()).device
     T = int(cfg.trainer.seq_len)
     idx = {}

@@ -12,7 +12,10 @@ output_name).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
+
+from omegaconf import DictConfig
 
 from posenc.build import build_data, build_model, encoding_summary, restore_weights
 from posenc.config import parse_overrides
@@ -62,14 +65,16 @@ def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"
     return cfg, data, model.to(device), state, autocast
 
 
-def warn_code_changes(run: RunDir | Path) -> None:
-    """One line when the run's encoding code differs from what it was trained with (provenance.json)."""
+def warn_code_changes(run: RunDir | Path) -> list[str]:
+    """One line when the run's encoding code differs from what it was trained with (provenance.json):
+    each changed definition, file by file; the changes, for eval.json."""
 
     run = RunDir.of(run)
     changed = provenance.changes(run)
     if changed:
         err_console.print(f"warning: the encoding code changed since {run.path} was trained: {'; '.join(changed)} — "
                           f"these results come from today's code, not the run's", highlight=False, soft_wrap=True)
+    return changed
 
 
 def show_kernels(evaluated: dict, trained: dict | None) -> None:
@@ -82,15 +87,20 @@ def show_kernels(evaluated: dict, trained: dict | None) -> None:
         console.print(f"  training fell back: {line}", highlight=False, soft_wrap=True)
 
 
-def eval_run(run_dir: Path, overrides: list[str]) -> tuple[dict, Path]:
-    """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path)."""
+def eval_run(run_dir: Path, overrides: list[str],
+             verdict_of: Callable[[DictConfig], dict | None] | None = None) -> tuple[dict, Path]:
+    """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path). The
+    record holds what changed in the encoding's code since training (``code_changes``) and, where
+    verdict_of is given (the CLI's: posenc/check/verdict.py), `posenc check`'s verdict on it."""
 
     run = RunDir(run_dir)
     cfg, data, model, state, autocast = load_trained(run, overrides)
     device = next(model.parameters()).device
     out = run.path / output_name(overrides)
     header = {"run_dir": str(run.path), "overrides": overrides, "step": state.get("step"),
-              "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device)}
+              "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device),
+              "code_changes": provenance.changes(run),  # the same list the warning named (its parses cached)
+              **({"check": verdict_of(cfg)} if verdict_of is not None else {})}
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
     if cfg.eval.get("stride"):  # two passes over the overlapping windows: say so before the time goes

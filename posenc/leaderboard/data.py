@@ -2,7 +2,9 @@
 with every seed's value of every protocol metric, the resolved protocol and its hash, the versions
 and the machine that measured them, and what `posenc check` found of the encoding (which version of
 the checks, which properties fail). Written only by `posenc leaderboard --regenerate` (everything)
-and `--recheck` (the check records alone: the checks take seconds, the runs hours).
+and `--recheck` (the check records alone: the checks take seconds, the runs hours), but a row's ``note``:
+written by hand where the code changed since the row was measured in a way its numbers do not show
+(kept by --recheck, dropped by --regenerate, which measures the code as it is).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class Row:
     errors: list[str] = field(default_factory=list)
     check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...]}
     kernels: dict[str, list[str]] = field(default_factory=dict)  # arm -> per-seed kernel paths and fallbacks
+    note: str = ""             # what a reader of the row must know that its numbers do not say (shown beside it)
 
 
 def baselines_path(protocol: Protocol) -> Path:
@@ -76,7 +79,8 @@ def row_to_json(row: Row) -> dict:
     out = {"values": row.values, "wall_time_s": row.wall_time_s, "load_1m": row.load_1m, "errors": row.errors}
     if row.kernels:  # how each seed's runs ran (posenc/record/kernel_record.py: brief)
         out["kernels"] = row.kernels
-    return {**out, "check": row.check} if row.check is not None else out
+    out = {**out, "check": row.check} if row.check is not None else out
+    return {**out, "note": row.note} if row.note else out
 
 
 def document(protocol_config: dict, protocol_hash: str, description: str, rows: list[Row], command: str) -> dict:
@@ -103,5 +107,5 @@ def load_baselines(protocol: Protocol) -> Baselines:
                         f"run `posenc leaderboard --regenerate` to measure them")
     raw = json.loads(path.read_text())
     rows = [Row(label, r["values"], r.get("wall_time_s", {}), r.get("load_1m", []), r.get("errors", []), r.get("check"),
-                r.get("kernels", {})) for label, r in raw["rows"].items()]
+                r.get("kernels", {}), r.get("note", "")) for label, r in raw["rows"].items()]
     return Baselines(raw["protocol"]["name"], raw["protocol"]["hash"], rows, raw)

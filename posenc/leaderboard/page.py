@@ -89,6 +89,8 @@ def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) ->
         check = check_cell(row.check)
         if row.check is not None and row.check["version"] != usual:
             check += f" (checks {row.check['version']})"
+        if row.note:
+            check += f" — {row.note}"
         lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {minutes:.1f} | {check} |")
     return lines
 

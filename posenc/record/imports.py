@@ -6,13 +6,16 @@ module of ``myplug`` that encodings.py imports, transitively (``import myplug.he
 function). That is the code an encoding was built from: what a run's provenance hashes
 (posenc/record/provenance.py). It is read from the source with ``ast``, not from ``sys.modules``, so
 the set is the same in every process, whatever else that process imported; modules outside the
-top-level package (torch, posenc) are not followed. A file that holds nothing but whitespace (an
-empty ``__init__.py``) runs no code and is left out, so adding one changes nothing.
+top-level package are not followed, unless named (``also``: a plug-in's encoding runs the posenc
+modules it imports, and provenance follows them; torch and other libraries never). A file that
+holds nothing but whitespace (an empty ``__init__.py``) runs no code and is left out, so adding one
+changes nothing.
 """
 
 from __future__ import annotations
 
 import ast
+from collections.abc import Mapping
 from pathlib import Path
 
 
@@ -50,20 +53,23 @@ def imported_names(source: str, name: str, is_package: bool) -> set[str]:
     return out
 
 
-def package_sources(name: str, root: Path) -> list[Path]:
+def package_sources(name: str, root: Path, also: Mapping[str, Path] | None = None) -> list[Path]:
     """The files importing module ``name`` (found under the import root ``root``) runs within its
     top-level package: the module, the __init__.py of each package above it, and the package's
-    modules they import, transitively; empty files left out. Sorted."""
-    top = name.partition(".")[0]
+    modules they import, transitively; empty files left out. Sorted. also: other top-level packages
+    to follow imports into, each with its import root ({"posenc": <where posenc is>}: a plug-in's
+    encoding runs the posenc modules it imports, and theirs)."""
+    roots = {name.partition(".")[0]: root, **(also or {})}
     seen: set[str] = set()
     files: set[Path] = set()
     todo = [".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)]  # a, a.b, a.b.c
     while todo:
         current = todo.pop()
-        if current in seen or not (current == top or current.startswith(top + ".")):
+        top = current.partition(".")[0]
+        if current in seen or top not in roots:
             continue
         seen.add(current)
-        path = module_file(root, current)
+        path = module_file(roots[top], current)
         if path is None:
             continue  # a namespace package (no __init__.py), or a name that is not a module (a class)
         source = path.read_text()

@@ -40,6 +40,7 @@ from posenc.record.metrics import (
 )
 from posenc.record.rundir import SUMMARY_FILE
 from posenc.report import kernel_paths
+from posenc.report.checked import VerdictOf, fill_verdicts, mark_failing
 from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
 from posenc.report.format import format_value
 from posenc.report.rank_tables import rank_text_tables, verdict_lines
@@ -166,9 +167,10 @@ def fill_cells(c: Comparison) -> dict[str, dict[str, list]]:
 
 def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str | None = None,
                      targets: Sequence[float | str] | None = None, baseline: str | None = None,
-                     within: str | None = None) -> Comparison:
+                     within: str | None = None, verdict_of: VerdictOf | None = None) -> Comparison:
     """The whole comparison, computed before anything is written, so a mistaken option is
-    refused (UserError naming the closest valid choices) with nothing on disk."""
+    refused (UserError naming the closest valid choices) with nothing on disk. Groups whose encoding
+    fails `posenc check` are marked (report/checked.py; verdict_of: for runs that recorded none)."""
     runs, duplicates = deduplicate(runs)
     check_keys(runs, by, within)
     by = list(by) if by else [k for k in varying_keys(runs) if k != within]
@@ -179,12 +181,16 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     shown = [t for t in chosen if targets or crossed(runs, t)]  # asked for: always shown
     metric = metric or default_metric(runs)
     groups = group_runs(runs, by + ([within] if within else []))  # a cell never pools two values of --within
+    base = find_baseline(groups, baseline) if baseline is not None else None  # as the user names it: unmarked
+    fill_verdicts(runs, verdict_of)
+    unchecked = mark_failing(groups)
     fixed, varied = setup_split(runs)
     c = Comparison(by, groups, columns_for(runs, metric, shown), shown, {}, {}, metric, list(runs), duplicates,
                    fixed, varied, dropped_targets=[t for t in chosen if t not in shown], within=within)
+    c.unchecked = unchecked
     values = fill_cells(c)
-    if baseline is not None:
-        c.baseline = find_baseline(groups, baseline)
+    if base is not None:
+        c.baseline = base
         c.versus = baseline_table(groups, c.baseline, metric)
     if within is None:
         c.ranking = ranking_of(groups, metric, values.get(metric))  # the cells' values: early seeds left out
@@ -209,8 +215,9 @@ def duplicate_lines(c: Comparison, root: Path) -> list[str]:
 
 
 def warning_lines(c: Comparison) -> list[str]:
-    """What a reader must not over-read: timings from a loaded machine, targets left out."""
-    out = []
+    """What a reader must not over-read: arms whose encoding fails `posenc check`, timings from a loaded
+    machine, targets left out."""
+    out = list(c.unchecked)
     loaded = [(r, r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in c.runs if r.ok]
     loaded = [(r, load, cpus) for r, load, cpus in loaded if load is not None and load > LOADED_PER_CPU * cpus]
     if loaded:
@@ -273,12 +280,13 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
 
 def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str | None = None,
             out: Path | None = None, targets: Sequence[float | str] | None = None, console: Console | None = None,
-            baseline: str | None = None, within: str | None = None, seeds: bool = False) -> Path | None:
+            baseline: str | None = None, within: str | None = None, seeds: bool = False,
+            verdict_of: VerdictOf | None = None) -> Path | None:
     """Compare the runs under paths; print the tables; write plots and reports into out. Where
     nothing varies (one group) and no --out is given, nothing is written: a report of one group
     compares nothing, and the folder given is the user's runs, not a place for one."""
     console = console or make_console()
-    c = build_comparison(find_runs(paths), by, metric, targets, baseline, within)  # refuses mistakes: nothing written yet
+    c = build_comparison(find_runs(paths), by, metric, targets, baseline, within, verdict_of)  # refuses mistakes first
     title = report_title(c, paths)
     writes = out is not None or len(c.groups) > 1
     print_comparison(c, console, title, Path(out) if out else default_out(paths), seeds, writes)

@@ -102,6 +102,7 @@ class Comparison:
     within: str | None = None
     rankings: dict[str, Ranking] = field(default_factory=dict)       # within-value -> the groups ranked there
     agreements: list[Agreement] = field(default_factory=list)        # Kendall τ between within-values
+    unchecked: list[str] = field(default_factory=list)               # a line per arm failing `posenc check`
 
     @property
     def failed(self) -> list[Run]:

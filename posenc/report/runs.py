@@ -25,13 +25,13 @@ from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
 
 #: overrides that never define a group: seeds are aggregated, the rest is bookkeeping
-NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "logger", "logger.mode", "logger.group",
+NOT_A_GROUP_KEY = {"seed", "experiment", "name", "device", "check", "logger", "logger.mode", "logger.group",
                    "logger.tags", "trainer.resume", "trainer.compile",
                    "trainer.init_from"}  # each seed of a fine-tune sweep has its own parent: not a group
 
 #: config keys that say where or how a run was made, not what was trained: two runs that differ
 #: only in these are the same experiment (a re-run, a resumed copy) and are counted once
-RUN_SPECIFIC = ("name", "device", "experiment", "logger.", "bench.", "hydra.", "trainer.resume", "trainer.compile",
+RUN_SPECIFIC = ("name", "device", "check", "experiment", "logger.", "bench.", "hydra.", "trainer.resume", "trainer.compile",
                 "trainer.log_interval", "trainer.checkpoint_interval")
 RUN_SPECIFIC_WORDS = {"path", "paths", "dir", "dirs", "resume"}  # words of a key's last part: run_dir, resume_from
 

@@ -47,9 +47,10 @@ from posenc.train.state import TrainState, micro_batches, new_train_state, train
 log = logging.getLogger("posenc")
 
 
-def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
+def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict | None = None) -> dict:
     """Train one model as cfg says, writing everything into run_dir; return the summary.
-    checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config."""
+    checked: the CLI's pre-check (cli/hydra_commands.check_run) already validated this config;
+    verdict: `posenc check`'s on the encoding (posenc/check/verdict.py), recorded in the summary."""
     if not checked:
         validate_config(cfg)
     started = time.time()
@@ -106,6 +107,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
             "kernels": state.kernels.record(),  # how it ran: each layer kind's path, compiled, every fallback
+            **verdict_facts(verdict),
             "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
             "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
             if distributed.is_main() else {"kind": t.checkpoint},
@@ -168,6 +170,13 @@ def run_facts(cfg: DictConfig, model, data, encoding: dict, device, precision: s
         "global_batch": global_batch(cfg.trainer, distributed.world_size()),
         M.MACHINE_THREADS.name: torch.get_num_threads(),  # a CPU step's sums change in their last bits with it
     }
+
+
+def verdict_facts(verdict: dict | None) -> dict:
+    """`posenc check`'s verdict as the summary records it, and as one string W&B's summary takes."""
+    if verdict is None:
+        return {}
+    return {"check": verdict, "check/failed": "; ".join(verdict["failed"]) if verdict["holds"] is not None else None}
 
 
 class Throughput:

@@ -74,6 +74,7 @@ from posenc.nn.encodings.options import (  # noqa: F401
     OPTIONS,
     outermost_encodings,
     recording_arguments,
+    with_subclass_arguments,
 )
 
 #: an encoding parameter group's optimiser options, and their defaults: trainer.lr × lr_scale, and
@@ -115,6 +116,8 @@ class PositionalEncoding(nn.Module):
         super().__init_subclass__(**kwargs)
         if "__init__" in cls.__dict__:
             cls.__init__ = recording_arguments(cls.__init__)
+        if "options" in cls.__dict__:  # its own choice of what to show, and a subclass's further arguments
+            cls.options = with_subclass_arguments(cls.options, cls)
 
     def __init__(self, d_model: int, n_head: int, name: str = "nope") -> None:
         super().__init__()
@@ -263,7 +266,8 @@ class PositionalEncoding(nn.Module):
         constructor was called with, defaults included (but the sizes the builder passes, and name),
         that hold plain values (numbers, strings, booleans, lists of them), as the call bound them
         (``recording_arguments``); override it to show something else (RoPE shows its scaling's keys
-        only when it scales)."""
+        only when it scales): a subclass's own further constructor arguments are still added after
+        yours (``with_subclass_arguments``)."""
         return dict(self.__dict__.get(OPTIONS, {}))
 
     def param_groups(self) -> list[ParamGroup]:

@@ -5,7 +5,13 @@ A learned function of a normalised distance, added to the logits:
 
     b_h(i, j) = f_θ( ψ(i - j) / ψ(max(L, i)) )_h,     ψ(x) = log(c·x + 1)
 
-f_θ is an MLP 1 -> mlp_width -> H (ReLU), c > 0 and the threshold L > 0 are learned. Dividing
+f_θ is an MLP 1 -> mlp_width -> H (ReLU), c > 0 and the threshold L > 0 are learned. Its output
+layer has no bias, unlike the paper's listing: a bias there adds one constant per head to every
+logit of every row, which softmax cancels, so it gets no gradient (``posenc check``: ~1e-16 of the
+median) and changes nothing the model computes; the function class is the same without it. Its
+initial values are still drawn and dropped, so that every later draw (the model's own weights)
+is the one it was, and runs seeded alike start alike (the leaderboard's rows among them); a
+checkpoint that holds it loads, the constant dropped. Dividing
 by ψ of the *query's* position is the "progressive interpolation": every distance a query can
 see maps into [0, 1], so a query far beyond the training length sees the same input range as
 in training. Below the threshold (i <= L) the normaliser is the constant ψ(L) and the bias is
@@ -80,6 +86,10 @@ class FIRE(PositionalEncoding):
         self.mlp_width = int(mlp_width)
         self.eps = float(eps)
         self.mlp = nn.Sequential(nn.Linear(1, self.mlp_width), nn.ReLU(), nn.Linear(self.mlp_width, n_head))
+        # no output bias (softmax cancels a per-head constant); drawn as nn.Linear draws it, then dropped,
+        # so that the draws after it are unchanged (the module doc)
+        self.mlp[2].register_parameter("bias", None)
+        self._register_load_state_dict_pre_hook(drop_output_bias)
         self.c = nn.Parameter(torch.tensor(float(init_c)))
         self.L_multiplier = nn.Parameter(torch.tensor(1.0))
         # fixed, and saved with the weights: L = |λ·L0| is part of the learned function
@@ -101,10 +111,10 @@ class FIRE(PositionalEncoding):
     def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         x = self.normalized_distance(q_pos, k_pos)  # (..., Tq, Tk)
         first, second = self.mlp[0], self.mlp[2]
-        # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u), one hidden unit at a time: the
-        # same sum the score_mod computes, and no (Tq, Tk, width) tensor on long evaluations
+        # f_θ(x)_h = Σ_u w2[h, u] · relu(w1_u · x + b1_u), one hidden unit at a time: the same sum
+        # the score_mod computes, and no (Tq, Tk, width) tensor on long evaluations
         bias_shape = (self.n_head,) + (1,) * x.dim()
-        out = second.bias.view(bias_shape).expand(self.n_head, *x.shape)  # (H, ..., Tq, Tk)
+        out = x.new_zeros(self.n_head, *x.shape)  # (H, ..., Tq, Tk)
         for u in range(self.mlp_width):
             hidden = torch.relu(first.weight[u, 0] * x + first.bias[u])  # (..., Tq, Tk)
             out = out + second.weight[:, u].view(bias_shape) * hidden
@@ -143,20 +153,26 @@ class FIRE(PositionalEncoding):
         per hidden unit, which FlexAttention's compiled backward refuses: for no-gradient use."""
         first, second = self.mlp[0], self.mlp[2]
         w1, b1 = first.weight[:, 0], first.bias  # (W,), (W,)
-        w2, b2 = second.weight, second.bias  # (H, W), (H,)
+        w2 = second.weight  # (H, W)
         c, L, eps, width = self.c.abs(), self.threshold, self.eps, self.mlp_width
 
         def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
             qi, kj = positions_at(pos, b, q_idx, kv_idx)
             n = (qi - kj).clamp(min=0).to(c.dtype)
             x = torch.log1p(c * n) / (torch.log1p(c * torch.maximum(qi.to(c.dtype), L)) + eps)
-            out = b2[h]
-            for u in range(width):  # f_θ(x)_h = b2_h + Σ_u w2[h, u] · relu(w1_u · x + b1_u)
+            out = score
+            for u in range(width):  # f_θ(x)_h = Σ_u w2[h, u] · relu(w1_u · x + b1_u)
                 # w2[:, u][h], not w2[h, u]: torch 2.6 and 2.7 trace that mixed index as a .item() (a data-dependent op)
                 out = out + w2[:, u][h] * torch.relu(w1[u] * x + b1[u])
-            return score + out
+            return out
 
         return mod
 
     def options(self) -> dict[str, object]:
         return {"mlp_width": self.mlp_width, "init_L": float(self.init_L)}
+
+
+def drop_output_bias(state: dict, prefix: str, *args: object) -> None:
+    """A checkpoint made while f_θ's output layer had a bias (a per-head constant softmax cancels):
+    the constant dropped, the rest loaded as it was."""
+    state.pop(f"{prefix}mlp.2.bias", None)

@@ -8,6 +8,12 @@ The options are declared by the constructor's signature and recorded from the ca
 ``recording_arguments``, which binds the call's arguments to that signature
 (``inspect.Signature.bind``) before the constructor runs. So an encoding written outside posenc
 records ``init_slope`` with no code, whoever builds it (Hydra, a test, a subclass).
+
+An encoding that writes its own ``options()`` (RoPE shows its scaling's keys only when it scales)
+chooses among the arguments its own constructor declares; a subclass's constructor may declare more
+(a plug-in deriving from RoPE with ``alpha_init``). ``with_subclass_arguments`` wraps such an
+``options()`` so that what a subclass's constructor was called with beyond the arguments the class
+that wrote ``options()`` declares is recorded too, beside its bases' options.
 """
 
 from __future__ import annotations
@@ -63,6 +69,20 @@ def recording_arguments(init: Callable[..., None]) -> Callable[..., None]:
         init(self, *args, **kwargs)
 
     return recording_init
+
+
+def with_subclass_arguments(options: Callable[..., dict[str, object]], owner: type) -> Callable[..., dict[str, object]]:
+    """options (written by class owner), with the recorded constructor arguments that owner's
+    constructor does not declare added after its own: those a subclass's constructor took."""
+    declared = set(inspect.signature(owner.__init__).parameters)
+
+    @functools.wraps(options)
+    def with_arguments(self: nn.Module) -> dict[str, object]:
+        own = options(self)
+        recorded = self.__dict__.get(OPTIONS, {})
+        return {**own, **{k: v for k, v in recorded.items() if k not in declared and k not in own}}
+
+    return with_arguments
 
 
 def outermost_encodings(encoding: PositionalEncoding, kind: type[nn.Module]) -> list[PositionalEncoding]:

@@ -1,0 +1,155 @@
+"""Every command carries `posenc check`'s verdict (posenc/check/verdict.py): a run of an encoding that
+fails says so once and records it, the verdict is measured once per version of the encoding's code and
+found again by its key, measuring it changes nothing about the run, `compare` marks the arm, and the
+verdicts posenc ships are those of today's code, every shipped encoding and layout passing."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from broken_encodings import IMPORTS, TRAINING_LEAK
+from conftest import TINY, cli_env, run_cli
+
+from posenc.check import verdict as V
+from posenc.check.shipped import entries, shipped_path
+from posenc.config import compose
+from posenc.config.searchpath import ENV_VAR
+
+WARNING = "warning: encoding 'training_leak' fails posenc check"
+CAUSAL = "causal: the future reaches no past logit"
+
+
+@pytest.fixture(scope="module")
+def leak(tmp_path_factory) -> Path:
+    """A plug-in directory holding an encoding that leaks the future in training only."""
+    root = tmp_path_factory.mktemp("leak")
+    (root / "leakplug.py").write_text(IMPORTS + TRAINING_LEAK)
+    (root / "conf" / "encoding").mkdir(parents=True)
+    (root / "conf" / "encoding" / "training_leak.yaml").write_text(
+        "# leaks the future in training (tests/broken_encodings.py)\n_target_: leakplug.TrainingLeak\nname: training_leak\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def runs(leak, tmp_path_factory) -> dict:
+    """Three runs of the leaking encoding, each a process of its own sharing one verdict cache (the first
+    measures; the second finds it; the third says check=false), and a run of RoPE (its verdict shipped)."""
+    cwd, cache = tmp_path_factory.mktemp("runs"), tmp_path_factory.mktemp("cache")
+    env = {**cli_env(), "PYTHONPATH": os.pathsep.join(filter(None, [str(leak), os.environ.get("PYTHONPATH")])),
+           V.CACHE_ENV: str(cache)}
+    env.pop(ENV_VAR, None)
+    out = {"cwd": cwd, "cache": cache}
+    for name, extra in (("first", []), ("second", []), ("off", ["check=false"])):
+        out[name] = run_cli("train", "--config-dir", str(leak / "conf"), "encoding=training_leak", *TINY, *extra,
+                            f"hydra.run.dir={name}", cwd=cwd, env=env)
+        assert out[name].returncode == 0, out[name].stderr[-3000:]
+    out["rope"] = run_cli("train", "encoding=rope", *TINY, "hydra.run.dir=rope", cwd=cwd, env=env)
+    return out
+
+
+def summary(runs: dict, name: str) -> dict:
+    return json.loads((runs["cwd"] / name / "summary.json").read_text())
+
+
+def test_a_run_of_an_encoding_that_fails_check_warns_once_and_records_the_verdict(runs):
+    lines = [line for line in runs["first"].stderr.splitlines() if line.startswith(WARNING)]
+    assert len(lines) == 1 and CAUSAL in lines[0], runs["first"].stderr[-2000:]
+    check = summary(runs, "first")["check"]
+    assert check["holds"] is False and check["from"] == "measured" and CAUSAL in check["failed"]
+    assert summary(runs, "first")["check/failed"] == "; ".join(check["failed"])  # W&B's summary takes it as one string
+    rope = summary(runs, "rope")["check"]
+    assert rope["holds"] is True and rope["from"] == "shipped" and WARNING[:20] not in runs["rope"].stderr
+
+
+def test_the_verdict_is_measured_once_per_code_version_and_measuring_changes_nothing(runs):
+    """The second run finds the first's verdict under the same key (a file of the cache), warns as the
+    first did, and trains the same model to the same loss: measuring restored everything it drew."""
+    first, second = summary(runs, "first"), summary(runs, "second")
+    assert second["check"]["from"] == "cache" and second["check"]["key"] == first["check"]["key"]
+    assert [p.name for p in runs["cache"].glob("*.json")] == [f"{first['check']['key']}.json"]
+    assert sum(line.startswith(WARNING) for line in runs["second"].stderr.splitlines()) == 1
+    assert second["val/loss"] == first["val/loss"]
+
+
+def test_check_false_looks_nothing_up(runs):
+    assert WARNING not in runs["off"].stderr
+    assert summary(runs, "off")["check"] == {"holds": None, "failed": [], "from": "off", "key": ""}
+
+
+def test_compare_marks_the_failing_arm_and_looks_up_a_run_that_recorded_none(runs, leak, tmp_path, monkeypatch):
+    """A run made before runs recorded their verdict gets one from the lookup (its code unchanged);
+    --no-check leaves it unmarked."""
+    old = tmp_path / "old"
+    shutil.copytree(runs["cwd"] / "first", old)
+    record = json.loads((old / "summary.json").read_text())
+    del record["check"], record["check/failed"]
+    (old / "summary.json").write_text(json.dumps(record))
+    monkeypatch.syspath_prepend(str(leak))
+    monkeypatch.setenv(V.CACHE_ENV, str(runs["cache"]))
+    monkeypatch.setenv(ENV_VAR, str(leak / "conf"))
+    for given in (runs["cwd"] / "first", old):
+        result = run_cli("compare", str(given), str(runs["cwd"] / "rope"), "--out", str(tmp_path / "report"),
+                         cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "training_leak ✗check" in result.stdout and "rope ✗check" not in result.stdout
+        assert f"training_leak ✗check: its encoding fails posenc check ({CAUSAL}" in result.stdout
+    unchecked = run_cli("compare", str(old), str(runs["cwd"] / "rope"), "--no-check", "--out", str(tmp_path / "r2"),
+                        cwd=tmp_path)
+    assert unchecked.returncode == 0 and "✗check" not in unchecked.stdout
+
+
+def test_jobs_asking_for_one_verdict_at_once_measure_it_once(tmp_path, monkeypatch):
+    """Two sweep jobs (here two threads, each its own open file, so fcntl's lock sets them apart as it
+    does processes) miss the cache together: one measures, the other waits and reads its file."""
+    measured = []
+
+    def slow_measure(cfg, key):
+        measured.append(key)
+        time.sleep(0.5)
+        return V.Verdict(key, ("causal",), "measured", 0.5), []
+
+    monkeypatch.setenv(V.CACHE_ENV, str(tmp_path))
+    monkeypatch.setattr(V, "measure", slow_measure)
+    cfg, got = compose(["encoding=nope"], bench=False), []
+    threads = [threading.Thread(target=lambda: got.append(V.cached_or_measured(cfg, "k" * 32))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert measured == ["k" * 32] and sorted(v.source for v in got) == ["cache", "measured"]
+    assert all(v.failed == ("causal",) for v in got)
+
+
+def test_a_comment_keeps_a_plugins_verdict_and_a_line_of_code_does_not(leak, tmp_path, monkeypatch):
+    root = tmp_path / "plug"
+    shutil.copytree(leak, root)
+    monkeypatch.delitem(sys.modules, "leakplug", raising=False)  # this copy's, not one imported before
+    monkeypatch.syspath_prepend(str(root))
+    monkeypatch.setenv(ENV_VAR, str(root / "conf"))
+    module = root / "leakplug.py"
+    key = V.key_of(compose(["encoding=training_leak"], bench=False))
+    module.write_text(module.read_text().replace("class TrainingLeak", "# reworded\n\n\nclass TrainingLeak"))
+    assert V.key_of(compose(["encoding=training_leak"], bench=False)) == key
+    module.write_text(module.read_text().replace("if self.training else x", "if not self.training else x"))
+    assert V.key_of(compose(["encoding=training_leak"], bench=False)) != key
+    assert V.key_of(compose(["encoding=training_leak", "+encoding.max_len=64"], bench=False)) != key
+
+
+def test_the_shipped_verdicts_are_todays_and_every_shipped_encoding_and_layout_passes():
+    """posenc/check/shipped.json holds a verdict for every encoding and layout posenc ships, each keyed
+    to today's code and configs (else it is stale: `posenc check --write-shipped` measures them again),
+    and none fails a property: a built-in run never pays the check, and every built-in keeps the contract."""
+    shipped = json.loads(shipped_path().read_text())["verdicts"]
+    assert set(shipped) == set(entries())
+    stale = [label for label, overrides in entries().items()
+             if V.key_of(compose(overrides, bench=False)) != shipped[label]["key"]]
+    assert not stale, f"stale shipped verdicts (run `posenc check --write-shipped`): {stale}"
+    assert not {label: v["failed"] for label, v in shipped.items() if v["failed"]}
+    assert V.lookup(compose(["encoding=fire"], bench=False)).source == "shipped"
