@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from posenc.cli.common import (
@@ -23,15 +25,17 @@ def check_run(cfg, single: bool = False) -> None:
     a sweep's is built here too, so a sweep whose encoding cannot be built writes nothing."""
     from omegaconf import OmegaConf
 
-    # start-up (here and in every command below): `posenc --help` imports every command module;
-    # what a command needs (torch, Hydra's runner) loads when it runs
-    from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
+
+    validate(apply_choice_schemas(cfg))  # types and ranges, read from the sources: no torch imported yet
+    # start-up (here and in every command below): `posenc --help` imports every command module;
+    # what a command needs (torch, Hydra's runner) loads when it runs, and torch only once the
+    # config is known to be valid, so a typo is refused in a second
+    from posenc.build import check_encodable
     from posenc.data.corpora import text_files
     from posenc.hardware import resolve_device
     from posenc.train import init_from
 
-    validate(apply_choice_schemas(cfg))
     if OmegaConf.select(cfg, "dataset.files") is not None:  # dataset=text: a missing file, before any run dir
         text_files(list(cfg.dataset.files))
     resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
@@ -49,7 +53,6 @@ def train(ctx: typer.Context) -> None:
     from posenc.cli.hydra_entry import run_hydra  # start-up
     from posenc.cli.job_returns import failures
     from posenc.cli.launch import prepare
-    from posenc.train import distributed
 
     args = without_debug(ctx.args)
     if any(a in HELP_FLAGS for a in args):  # Typer's help, then Hydra's (its groups and config)
@@ -60,7 +63,8 @@ def train(ctx: typer.Context) -> None:
         returns = run_guarded(lambda: run_hydra(prepare(args), check=check_run), user_wants_traceback(ctx.args))
         finished = True
     finally:
-        distributed.shutdown(wait=finished)
+        if "posenc.train.distributed" in sys.modules:  # a refused config never loaded torch
+            sys.modules["posenc.train.distributed"].shutdown(wait=finished)
     failed = failures(returns)
     if failed:
         fail(f"{len(failed)} of the sweep's {len(returns)} jobs failed: " + "; ".join(failed))

@@ -64,9 +64,6 @@ from posenc.record.directory import remove_run_dir, write_json_atomic
 from posenc.record.rundir import RunDir
 from posenc.record.sweepdir import SweepDir
 from posenc.report.console import print_summary
-from posenc.train import distributed
-from posenc.train.checkpoint import RunInterrupted
-from posenc.train.loop import train
 
 log = logging.getLogger("posenc")
 CONFIG_NAME = "config"
@@ -77,6 +74,11 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     sweep job records its failure in summary.json and returns it, so one bad job never stops
     the others. checked: run_hydra's check already saw this very config (a single run), so
     training does not validate it again; a sweep's jobs each differ from the config checked."""
+
+    # start-up: torch and the training modules load once a job runs, after its config was checked
+    from posenc.train import distributed
+    from posenc.train.checkpoint import RunInterrupted
+    from posenc.train.loop import train
 
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
