@@ -4,6 +4,7 @@ and their results still come back to the CLI (Hydra's JobReturns, pickled back b
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -23,3 +24,8 @@ def test_submitit_local_sweep_runs_every_job_and_reports_the_failed_one(workdir:
     last = result.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 1 of the sweep's 2 jobs failed: job 1 (") and "encoding=t5_bias" in last, last
     assert "no score matrix" in last and "Traceback" not in result.stderr
+    # the jobs ran in processes of their own: their progress was read from their run dirs and printed here
+    out = result.stdout
+    assert re.search(r"job 0 \(encoding=rope\): step [12]/2  train loss [0-9.]+  .*ETA", out), out[-3000:]
+    assert "job 0 (encoding=rope): finished, val/ppl" in out, out[-3000:]
+    assert "job 1 (encoding=t5_bias): failed" in out and "no score matrix" in out, out[-3000:]

@@ -119,12 +119,17 @@ def sweep_name(swept: dict[str, list]) -> str:
 def job_dir_name(task_overrides: list[str], exclude: list[str], fallback: str) -> str:
     """A job's directory name (after '<job.num>_'): its values of the swept keys, the overrides
     not in exclude (the sweep's fixed ones), e.g. 'encoding=rope_seed=0'; fallback when none."""
+    name = "_".join(swept_values(task_overrides, exclude))
+    return _safe(name)[:NAME_LIMIT].rstrip("_-,.") or _safe(str(fallback))
 
+
+def swept_values(task_overrides: list[str], exclude: list[str]) -> list[str]:
+    """A job's own values of what its sweep varies, its overrides not in exclude (the sweep's fixed
+    keys) as the user typed them, each key by its last part where unambiguous: ['base=500', 'seed=1']."""
     swept = [(o.key, plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str())
              for o in parse_overrides(task_overrides) if o.key not in set(exclude) and not o.key.startswith("hydra")]
     short = short_keys([k for k, _ in swept])
-    name = "_".join(f"{short[k]}={v}" for k, v in swept)
-    return _safe(name)[:NAME_LIMIT].rstrip("_-,.") or _safe(str(fallback))
+    return [f"{short[k]}={v}" for k, v in swept]
 
 
 # ${posenc.job_dir:${hydra.overrides.task},${hydra.job.config.override_dirname.exclude_keys},${encoding.name}}

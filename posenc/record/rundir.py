@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.config.load import typed_run_config
 from posenc.display.commands import shell_word
 from posenc.errors import UserError
-from posenc.record.directory import read_jsonl
+from posenc.record.directory import read_jsonl, swept_values
 
 # --- the names of a run directory's files, defined here alone ------------------------------
 HYDRA_DIR = ".hydra"
@@ -139,6 +139,25 @@ class RunDir:
         without one)."""
         saved = self._once(self.hydra_file, yaml.safe_load) or {}
         return dict((saved.get("hydra") or {}).get("runtime", {}).get("choices") or {})
+
+    def varied(self) -> list[str]:
+        """What tells this run apart from the others it was run with, as the user typed it: a sweep
+        job's own values of the swept keys (['base=500', 'seed=1']: its overrides but the sweep's fixed
+        ones, Hydra's override_dirname.exclude_keys, as in its directory's name); a single run's
+        encoding options (['base=500']). [] where .hydra/ says neither."""
+        hydra = (self._once(self.hydra_file, yaml.safe_load) or {}).get("hydra") or {}
+        overrides = [str(o) for o in (hydra.get("overrides") or {}).get("task") or self.overrides()]
+        if str(hydra.get("mode")).endswith("MULTIRUN") or (self.path.parent / MULTIRUN_FILE).is_file():
+            exclude = ((((hydra.get("job") or {}).get("config") or {}).get("override_dirname") or {})
+                       .get("exclude_keys") or [])
+            return swept_values(overrides, [*exclude, "name", "trainer.resume"])
+        return [v for v, o in zip(swept_values(overrides, []), self._keys(overrides)) if o.startswith("encoding.")]
+
+    @staticmethod
+    def _keys(overrides: list[str]) -> list[str]:
+        from posenc.config import parse_overrides
+
+        return [o.key for o in parse_overrides(overrides) if not o.key.startswith("hydra")]
 
     def provenance(self) -> dict | None:
         """provenance.json: where the encoding's code came from (None: a run made before it was recorded)."""
