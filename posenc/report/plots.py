@@ -45,9 +45,10 @@ def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.n
             np.array([s.mean if s.high is None else s.high for s in stats]))
 
 
-def titled(ax, title: str, setup: str) -> None:
-    """The figure's question on the first line, its setup (model, T, tokens, seeds) below."""
-    ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
+def titled(ax, title: str, setup: str, caveat: str | None = None) -> None:
+    """The figure's question on the first line, its setup (model, T, tokens, seeds) below, and what
+    it cannot show (one seed: no intervals) on a third line of its own."""
+    ax.set_title("\n".join(part for part in (title, setup, caveat) if part), fontsize=10)
 
 
 def interval_note(metric: str, shown: bool, point: str = "line", mark: str = "band") -> str | None:
@@ -65,7 +66,7 @@ def with_note(title: str, note: str | None) -> str:
     return f"{title} ({note})" if note else title
 
 
-def seeds_note(counts: Sequence[int], spread: Spread | None = None) -> str | None:
+def seeds_note(counts: Sequence[int], spread: Spread | None = None, where: str = "") -> str | None:
     """What the figure cannot show: '1 seed per group: no intervals' (or which groups have one),
     and, where the axis was widened to hold the seed spread, by how much; None when every group
     has seeds, where the intervals drawn say it."""
@@ -74,7 +75,7 @@ def seeds_note(counts: Sequence[int], spread: Spread | None = None) -> str | Non
         return None
     note = "1 seed per group: no intervals" if single == len(counts) else \
         f"{single} of {len(counts)} groups with 1 seed: no interval"
-    return f"{note}; {spread.describe()}" if spread is not None else note
+    return f"{note}; {spread.describe(where)}" if spread is not None else note
 
 
 def line_width(j: int) -> float:
@@ -126,7 +127,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
-    titled(ax, with_note(title, seeds_note([len(g.completed) for g in drawn_groups])), setup)
+    titled(ax, title, setup, seeds_note([len(g.completed) for g in drawn_groups]))
     ax.grid(alpha=0.3)
     # the first evaluations are far above the rest (ln 256 = 5.5 nats at the start on bytes): every
     # evaluation stays on the chart (issue 47: a zoom from the second one down hid the first), on a
@@ -217,7 +218,7 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
     if spread is not None:  # one seed: the axis never zooms in below what seeds move the metric by
         hold_spread(ax, [st.mean for _, st in stats], [spread] * len(stats), "x" if horizontal else "y")
     note = interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")
-    titled(ax, with_note(with_note(title, note), seeds_note(counts, spread)), setup)
+    titled(ax, with_note(title, note), setup, seeds_note(counts, spread))
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -262,7 +263,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     ax.set_ylabel("tokens to reach it (lower = faster)")
     shown = any(table[(g.label, t)].low is not None for g in groups for t in targets)
     note = interval_note(targets[0].tokens_key, shown, "bar", "error bar") if targets else None
-    titled(ax, with_note(with_note(title, note), seeds_note([len(g.completed) for g in groups])), setup)
+    titled(ax, with_note(title, note), setup, seeds_note([len(g.completed) for g in groups]))
     ax.grid(axis="y", alpha=0.3)
     legend_below([ax])
     return save_figure(fig, path)

@@ -23,7 +23,6 @@ from posenc.report.plots import (  # selects the Agg backend first
     save_figure,
     seeds_note,
     titled,
-    with_note,
 )
 from posenc.report.runs import (
     Group,
@@ -139,19 +138,18 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
-    spread = None
+    spread, where = None, ""
     if any(n == 1 for n in counts) and points_drawn:  # one seed: the axis holds each point ± the seed spread there
         spreads = {n: length_spread(groups, n, seq_lens) for n in {n for n, _ in points_drawn}}
         kept = [(m, spreads[n]) for n, m in points_drawn if spreads[n] is not None]
         if kept:
             hold_spread(ax, [m for m, _ in kept], [sp for _, sp in kept])
-            spread = spreads[min(spreads)] if spreads[min(spreads)] is not None else kept[0][1]
+            shortest = min(n for n, sp in spreads.items() if sp is not None)
+            spread, where = spreads[shortest], f" at {shortest} tokens, each length its own"
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
-    note = seeds_note(counts, spread)
-    if note and spread is not None and len(seq_lens) == 1:
-        note = note.replace(" (", " at 1× (", 1) + ", wider at longer lengths"
-    titled(ax, with_note(title or "Length extrapolation: perplexity beyond the training length", note), setup)
+    titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup,
+           seeds_note(counts, spread, where))
     ax.grid(alpha=0.3, which="both")
     legend_below([ax], interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1), banded))
     return save_figure(fig, out)
@@ -222,7 +220,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
     ax.set_ylabel(f"{task}: exact-match accuracy (%)")
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
-    titled(ax, with_note(title or f"{task}: accuracy beyond the training length", seeds_note(counts)), setup)
+    titled(ax, title or f"{task}: accuracy beyond the training length", setup, seeds_note(counts))
     ax.grid(alpha=0.3, which="both")
     legend_below([ax], interval_note(TASK_ACCURACY.key(task=task, length=1), banded))
     return save_figure(fig, out)

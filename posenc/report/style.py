@@ -37,12 +37,11 @@ class Style:
 
 
 # colour-blind safe: Okabe & Ito's eight (Color Universal Design), ordered so neighbours differ in hue,
-# then Paul Tol's muted scheme's darker colours for figures with more groups than eight; the yellows
-# (weak on white) last
-OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#000000")
-TOL_MUTED = ("#332288", "#999933", "#882255", "#44AA99", "#AA4499", "#117733", "#888888")
-YELLOWS = ("#F0E442", "#DDCC77")
-PALETTE = (*OKABE_ITO, *TOL_MUTED, *YELLOWS)
+# then Paul Tol's muted scheme for figures with more groups than seven, yellow (weak on white) late
+OKABE_ITO = ("#0072b2", "#e69f00", "#009e73", "#d55e00", "#56b4e9", "#cc79a7", "#000000")
+TOL_MUTED = ("#332288", "#999933", "#882255", "#44aa99", "#aa4499", "#117733", "#888888")
+LATE = ("#f0e442", "#cc6677")  # Okabe & Ito's yellow, Tol's rose
+PALETTE = (*OKABE_ITO, *TOL_MUTED[:-1], *LATE, TOL_MUTED[-1])
 
 ROTARY, ADDITIVE, BIAS, OTHER = "-", "--", "-.", ":"
 #: line styles that tell apart groups of one family (a sweep of RoPE bases): the family's own first
