@@ -76,12 +76,25 @@ def bench(ctx: typer.Context) -> None:
     The arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it.
     Example: `posenc bench encoding=nope,rope,t5_bias model=base trainer.seq_len=1024 --json bench.json`.
     """
-    from posenc.cli.bench import run_bench  # start-up
-
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())
         return
-    run_guarded(lambda: run_bench(without_debug(ctx.args), console, err_console), user_wants_traceback(ctx.args))
+    args = without_debug(ctx.args)
+    # the first line at once: loading torch and the models takes seconds (minutes on a loaded machine)
+    people = err_console if json_to_stdout(args) else console  # with JSON on stdout, people read stderr
+    people.print("posenc bench: loading torch; then each model in turn is built, warmed up and timed "
+                 "(what runs now is shown below)", highlight=False, soft_wrap=True)
+    from posenc.cli.bench import run_bench  # start-up
+
+    run_guarded(lambda: run_bench(args, console, err_console), user_wants_traceback(ctx.args))
+
+
+def json_to_stdout(args: list[str]) -> bool:
+    """`--json` with no file after it (cli/bench.py split_json_flag): the JSON goes to stdout."""
+    if "--json" not in args:
+        return False
+    rest = args[args.index("--json") + 1:]
+    return not (rest and "=" not in rest[0] and not rest[0].startswith("-"))
 
 
 def register(app: typer.Typer) -> None:
