@@ -345,7 +345,7 @@ def test_ctrl_c_prints_the_rows_measured_so_far_saves_them_and_exits_as_an_inter
     result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench", *BENCH, "bench.encodings=[nope,rope,alibi]",
                                                             "--json", str(out)])
     assert result.exit_code == 130
-    assert result.stderr.strip().splitlines()[-1] == "error: interrupted"
+    assert result.stderr.strip().splitlines()[-1] == "interrupted: stopped by Ctrl-C"
     lines = result.stdout.splitlines()
     assert any(line.startswith("reference ") and "tokens/s" in line for line in lines)
     assert any(line.startswith("nope ") and "tokens/s" in line for line in lines)

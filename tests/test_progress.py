@@ -59,6 +59,10 @@ def test_the_summary_says_how_val_ppl_and_ppl_at_1x_differ(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "val/*: the last in-training evaluation" in out and "seq_len=32, validation split" in out
     assert "ppl @ L: the extrapolation evaluator (eval.tokens" in out
+    # where the two agree (the same validation tokens: 1e-7 apart) the table shows one number, and no note
+    print_summary({**summary, "extrapolation": {"lengths": [{"length": 32, "multiple": 1.0, "ppl": 7.3890001}]}},
+                  Path("run"))
+    assert "other tokens than val/ppl" not in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_first_eval_is_a_bound(capsys):

@@ -137,7 +137,7 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
 def interrupted(printer: LinePrinter, json_to: str | None, json_file: Path | None) -> None:
     """Ctrl-C: the rows measured so far (a live table keeps them as its last frame; a log gets
     any row still held back, and the table), saved where --json asked, then the interrupt goes on
-    (`error: interrupted`, exit 130)."""
+    (`interrupted: stopped by Ctrl-C`, exit 130)."""
     result = printer.result
     if not result or not result["results"]:
         return

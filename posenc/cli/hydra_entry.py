@@ -69,11 +69,12 @@ log = logging.getLogger("posenc")
 CONFIG_NAME = "config"
 
 
-def run_job(cfg: DictConfig, checked: bool = False) -> dict:
+def run_job(cfg: DictConfig, checked: bool = False, added: tuple[str, ...] = ()) -> dict:
     """Train one job; return its summary. A single run re-raises (the CLI prints one line); a
     sweep job records its failure in summary.json and returns it, so one bad job never stops
     the others. checked: run_hydra's check already saw this very config (a single run), so
-    training does not validate it again; a sweep's jobs each differ from the config checked."""
+    training does not validate it again; a sweep's jobs each differ from the config checked.
+    added: the overrides posenc added to the sweep's (its name), left out of the command sweep.json records."""
 
     # start-up: torch and the training modules load once a job runs, after its config was checked
     from posenc.train import distributed
@@ -85,7 +86,7 @@ def run_job(cfg: DictConfig, checked: bool = False) -> dict:
     multirun = hc.mode == RunMode.MULTIRUN
     warn_shadowed(hc.runtime.choices)  # a sweep job's own choices (said once per process)
     if multirun:
-        SweepDir(hc.sweep.dir).record()
+        SweepDir(hc.sweep.dir).record(added)
         kept = prepare_job(cfg, run_dir)  # a resumed sweep: a completed job is kept, an interrupted one continues
         if kept is not None:
             return kept
@@ -154,7 +155,10 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
         if mode == RunMode.RUN:
             return [run_composed(loader, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)
-        overrides += sweep_naming(args.overrides, swept, cfg)
+        naming = sweep_naming(args.overrides, swept, cfg)
+        overrides += naming
+        if task is run_job:  # sweep.json records the command as the user typed it, without posenc's name=
+            task = functools.partial(run_job, added=tuple(naming))
         returns = job_returns(run_sweep(loader, config_name, overrides, task))  # the sweeper's, stopped whole by a signal
         print_next_step(returns, swept)
         return returns

@@ -282,12 +282,22 @@ class RunDir:
         if self.is_run():
             return
         path = self.path
-        runs = sorted((r.path for r in RunDir.under(path)), key=lambda p: (str(p.parent), len(p.name), p.name))
-        if runs:
-            more = f" (and {len(runs) - 1} more under it)" if len(runs) > 1 else ""
+        under = sorted(RunDir.under(path), key=lambda r: (str(r.path.parent), len(r.path.name), r.path.name))
+        # a run that kept a checkpoint first: one trained with trainer.checkpoint=none (a leaderboard arm's)
+        # cannot be evaluated, and naming it would only lead to a second error
+        kept = [r.path for r in under if r.checkpoint().is_file() or r.checkpoint("best").is_file()]
+        runs = kept or [r.path for r in under]
+        if kept:
+            more = f" (and {len(runs) - 1} more with a checkpoint under it)" if len(runs) > 1 else ""
             raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds "
                             f"{shell_word(str(runs[0]))}{more} — {command} one run with "
                             f"`posenc {command} {shell_word(str(runs[0]))}`")
+        if runs:
+            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); the {len(runs)} run"
+                            f"{'s' if len(runs) > 1 else ''} under it ({shell_word(str(runs[0]))}"
+                            f"{', …' if len(runs) > 1 else ''}) kept no checkpoint to {command} — "
+                            f"train one with trainer.checkpoint=last (the default) or best, then "
+                            f"`posenc {command} <its run dir>`")
         raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it, and no run under it) — pass a "
                         f"directory `posenc train` made, e.g. outputs/<date>/<time>_<encoding>")
 

@@ -114,9 +114,12 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False) -> dict:
 def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
     """The run's W&B run (resumed under its id when the run resumes), tagged with its encoding."""
     lc = cfg.logger
+    group = wandb_group(lc.group)
+    config = OmegaConf.to_container(cfg, resolve=True)  # W&B shows nested keys flat: encoding.base
+    config["logger"]["group"] = group  # the group the run is in (a sweep's own where logger.group is unset)
     tracker.start_wandb(
-        config=OmegaConf.to_container(cfg, resolve=True),  # W&B shows nested keys flat: encoding.base
-        project=lc.project, mode=lc.mode, group=wandb_group(lc.group), job_type=lc.job_type,
+        config=config,
+        project=lc.project, mode=lc.mode, group=group, job_type=lc.job_type,
         tags=[encoding_name, *list(lc.tags or [])], name=run_dir.name, entity=lc.entity, run_id=run_id,
     )
 
