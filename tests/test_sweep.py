@@ -72,6 +72,8 @@ def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path)
     for run in runs:
         [log] = run.glob("wandb/offline-run-*/run-*.wandb")
         assert group in log.read_bytes()
+        # and its logged config says so: logger.group is the group, not the null logger.group was left at
+        assert re.search(rb'"group":\s*"' + re.escape(group) + rb'"', log.read_bytes()), log
 
     for run in runs:  # each run says how busy the machine was when its timings were taken
         summary = json.loads((run / "summary.json").read_text())
