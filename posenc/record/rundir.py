@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.config.load import typed_run_config
 from posenc.display.commands import shell_word
 from posenc.errors import UserError
-from posenc.record.directory import read_jsonl, swept_values
+from posenc.record.directory import read_jsonl, varied_values
 
 # --- the names of a run directory's files, defined here alone ------------------------------
 HYDRA_DIR = ".hydra"
@@ -135,29 +135,13 @@ class RunDir:
         return [str(item) for item in self._once(self.overrides_file, yaml.safe_load) or []]
 
     def choices(self) -> dict:
-        """The config group choices Hydra recorded (.hydra/hydra.yaml: {"encoding": "rope", ...}; {}
-        without one)."""
-        saved = self._once(self.hydra_file, yaml.safe_load) or {}
-        return dict((saved.get("hydra") or {}).get("runtime", {}).get("choices") or {})
+        """The config group choices Hydra recorded (.hydra/hydra.yaml: {"encoding": "rope", ...}; {} without one)."""
+        return dict(((self._once(self.hydra_file, yaml.safe_load) or {}).get("hydra") or {}).get("runtime", {}).get("choices") or {})
 
     def varied(self) -> list[str]:
-        """What tells this run apart from the others it was run with, as the user typed it: a sweep
-        job's own values of the swept keys (['base=500', 'seed=1']: its overrides but the sweep's fixed
-        ones, Hydra's override_dirname.exclude_keys, as in its directory's name); a single run's
-        encoding options (['base=500']). [] where .hydra/ says neither."""
+        """What tells the run apart from those it was run with: ['base=500', 'seed=1'] (directory.varied_values)."""
         hydra = (self._once(self.hydra_file, yaml.safe_load) or {}).get("hydra") or {}
-        overrides = [str(o) for o in (hydra.get("overrides") or {}).get("task") or self.overrides()]
-        if str(hydra.get("mode")).endswith("MULTIRUN") or (self.path.parent / MULTIRUN_FILE).is_file():
-            exclude = ((((hydra.get("job") or {}).get("config") or {}).get("override_dirname") or {})
-                       .get("exclude_keys") or [])
-            return swept_values(overrides, [*exclude, "name", "trainer.resume"])
-        return [v for v, o in zip(swept_values(overrides, []), self._keys(overrides)) if o.startswith("encoding.")]
-
-    @staticmethod
-    def _keys(overrides: list[str]) -> list[str]:
-        from posenc.config import parse_overrides
-
-        return [o.key for o in parse_overrides(overrides) if not o.key.startswith("hydra")]
+        return varied_values(hydra, self.overrides(), (self.path.parent / MULTIRUN_FILE).is_file())
 
     def provenance(self) -> dict | None:
         """provenance.json: where the encoding's code came from (None: a run made before it was recorded)."""
@@ -283,21 +267,14 @@ class RunDir:
             return
         path = self.path
         under = sorted(RunDir.under(path), key=lambda r: (str(r.path.parent), len(r.path.name), r.path.name))
-        # a run that kept a checkpoint first: one trained with trainer.checkpoint=none (a leaderboard arm's)
-        # cannot be evaluated, and naming it would only lead to a second error
-        kept = [r.path for r in under if r.checkpoint().is_file() or r.checkpoint("best").is_file()]
-        runs = kept or [r.path for r in under]
-        if kept:
-            more = f" (and {len(runs) - 1} more with a checkpoint under it)" if len(runs) > 1 else ""
-            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds "
-                            f"{shell_word(str(runs[0]))}{more} — {command} one run with "
-                            f"`posenc {command} {shell_word(str(runs[0]))}`")
+        runs = [r.path for r in under if r.checkpoint().is_file() or r.checkpoint("best").is_file()]  # evaluable
         if runs:
-            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); the {len(runs)} run"
-                            f"{'s' if len(runs) > 1 else ''} under it ({shell_word(str(runs[0]))}"
-                            f"{', …' if len(runs) > 1 else ''}) kept no checkpoint to {command} — "
-                            f"train one with trainer.checkpoint=last (the default) or best, then "
-                            f"`posenc {command} <its run dir>`")
+            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds {shell_word(str(runs[0]))}"
+                            f"{f' (and {len(runs) - 1} more with a checkpoint under it)' if len(runs) > 1 else ''} — {command} one run with "
+                            f"`posenc {command} {shell_word(str(runs[0]))}`")
+        if under:  # trainer.checkpoint=none runs (a leaderboard arm's): none to name
+            raise UserError(f"'{path}' is not a run directory; its {len(under)} run(s) ({shell_word(str(under[0].path))}, …) "
+                            f"kept no checkpoint to {command} — train one with trainer.checkpoint=last (the default) or best")
         raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it, and no run under it) — pass a "
                         f"directory `posenc train` made, e.g. outputs/<date>/<time>_<encoding>")
 

@@ -138,14 +138,7 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
-    spread, where = None, ""
-    if any(n == 1 for n in counts) and points_drawn:  # one seed: the axis holds each point ± the seed spread there
-        spreads = {n: length_spread(groups, n, seq_lens) for n in {n for n, _ in points_drawn}}
-        kept = [(m, spreads[n]) for n, m in points_drawn if spreads[n] is not None]
-        if kept:
-            hold_spread(ax, [m for m, _ in kept], [sp for _, sp in kept])
-            shortest = min(n for n, sp in spreads.items() if sp is not None)
-            spread, where = spreads[shortest], f" at {shortest} tokens, each length its own"
+    spread, where = hold_length_spread(ax, groups, points_drawn, seq_lens) if any(n == 1 for n in counts) else (None, "")
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
     titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup,
@@ -153,6 +146,19 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     ax.grid(alpha=0.3, which="both")
     legend_below([ax], interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1), banded))
     return save_figure(fig, out)
+
+
+def hold_length_spread(ax, groups: Sequence[Group], points: list[tuple[int, float]],
+                       seq_lens: list[int]) -> tuple[Spread | None, str]:
+    """One seed: the axis holds each (length, perplexity) point ± the seed spread at its length.
+    Returns the spread at the shortest length and where it was taken, for the title."""
+    spreads = {n: length_spread(groups, n, seq_lens) for n in {n for n, _ in points}}
+    kept = [(m, spreads[n]) for n, m in points if spreads[n] is not None]
+    if not kept:
+        return None, ""
+    hold_spread(ax, [m for m, _ in kept], [sp for _, sp in kept])
+    shortest = min(n for n, sp in spreads.items() if sp is not None)
+    return spreads[shortest], f" at {shortest} tokens, each length its own"
 
 
 def length_spread(groups: Sequence[Group], length: int, seq_lens: list[int]) -> Spread | None:
