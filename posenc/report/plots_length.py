@@ -158,7 +158,7 @@ def hold_length_spread(ax, groups: Sequence[Group], points: list[tuple[int, floa
         return None, ""
     hold_spread(ax, [m for m, _ in kept], [sp for _, sp in kept])
     shortest = min(n for n, sp in spreads.items() if sp is not None)
-    return spreads[shortest], f" at {shortest} tokens, each length its own"
+    return spreads[shortest], f" at {shortest} tokens, per length"
 
 
 def length_spread(groups: Sequence[Group], length: int, seq_lens: list[int]) -> Spread | None:

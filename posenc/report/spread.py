@@ -52,9 +52,9 @@ class Spread:
         return low, value + half if self.high is None else min(self.high, value + half)
 
     def describe(self, where: str = "") -> str:
-        """'the axis holds each point ± 2 sd of seed noise (sd 1.1%: the leaderboard baselines' seeds)'."""
+        """'axis holds each point ±2 sd of seed noise (sd 1.1%; the leaderboard baselines' seeds)'."""
         size = f"{self.sd:.1%}" if self.log else f"{self.sd:.3g}"
-        return f"the axis holds each point ±{SPAN_SDS:g} sd of seed noise (sd {size}{where}: {self.source})"
+        return f"axis holds each point ±{SPAN_SDS:g} sd of seed noise (sd {size}{where}; {self.source})"
 
 
 def interpolated(table: tuple[tuple[float, float], ...], multiple: float) -> float:
