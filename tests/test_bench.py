@@ -131,6 +131,11 @@ def test_json_on_stdout_and_rows_on_stderr(tmp_path: Path):
     assert out["recipe"] == "gpt2"
     for name in ("reference", "nope", "rope"):
         assert any(line.startswith(f"{name} ") and "tokens/s" in line for line in lines), name
+    # what it does, from its first line on (issue 53: a loaded machine showed only the header for 14 minutes)
+    assert lines[0].startswith("posenc bench: loading torch")
+    rounds = [line for line in lines if "timing rope (model 3 of 3): round" in line]
+    assert rounds and rounds[0].startswith("[0:") and "round 1 of" in rounds[0], lines
+    assert any("building nope (model 2 of 3)" in line for line in lines)
 
 
 @pytest.mark.parametrize("choice", ["bench.encodings=[nope,rope]", "encoding=nope,rope"])
@@ -340,7 +345,7 @@ def test_ctrl_c_prints_the_rows_measured_so_far_saves_them_and_exits_as_an_inter
     result = CliRunner(env={"COLUMNS": "300"}).invoke(app, ["bench", *BENCH, "bench.encodings=[nope,rope,alibi]",
                                                             "--json", str(out)])
     assert result.exit_code == 130
-    assert result.stderr.strip().splitlines()[-1] == "error: interrupted"
+    assert result.stderr.strip().splitlines()[-1] == "interrupted: stopped by Ctrl-C"
     lines = result.stdout.splitlines()
     assert any(line.startswith("reference ") and "tokens/s" in line for line in lines)
     assert any(line.startswith("nope ") and "tokens/s" in line for line in lines)

@@ -259,12 +259,19 @@ def test_eval_of_a_folder_that_is_not_a_run_says_so_and_names_a_run_under_it(wor
     from posenc.cli.app import app
 
     parent = workdir / "outputs" / "2026-11-22"
-    (parent / "16-58-28-111496_rope" / ".hydra").mkdir(parents=True)
+    (parent / "16-58-28-111496_rope" / ".hydra").mkdir(parents=True)  # trained with trainer.checkpoint=none
     result = CliRunner().invoke(app, [command, str(parent)])
     before = set(run_dirs(workdir))
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is not a run directory", workdir, before)
-    assert f"`posenc {command} {parent / '16-58-28-111496_rope'}`" in result.stderr
-    assert "checkpoint" not in result.stderr
+    assert "kept no checkpoint to " in result.stderr and "trainer.checkpoint=last" in result.stderr
+    # issue 53: the run it names is one that can be evaluated, not the first it finds
+    (parent / "17-00-00-000000_alibi" / "checkpoints").mkdir(parents=True)
+    (parent / "17-00-00-000000_alibi" / ".hydra").mkdir()
+    (parent / "17-00-00-000000_alibi" / "checkpoints" / "last.safetensors").write_bytes(b"")
+    result = CliRunner().invoke(app, [command, str(parent)])
+    before = set(run_dirs(workdir))
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is not a run directory", workdir, before)
+    assert f"`posenc {command} {parent / '17-00-00-000000_alibi'}`" in result.stderr
     empty = workdir / "empty"
     empty.mkdir()
     result = CliRunner().invoke(app, [command, str(empty)])

@@ -4,7 +4,9 @@ PNG next to its data or where --out says, never in the current directory."""
 
 from __future__ import annotations
 
+import colorsys
 import itertools
+import math
 import warnings
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import posenc.report.plots as plots
 import posenc.report.plots_length as plots_length
 import posenc.report.plots_rank as plots_rank
 from posenc.report.compare import compare
+from posenc.report import spread, style
 from posenc.report.style import ENCODING_STYLES, styles_for
 from test_compare import make_run, ppl_at
 from test_compare_verdicts import flavours, posenc  # noqa: F401  (flavours: a fixture)
@@ -120,7 +123,8 @@ def test_the_interval_is_named_only_when_one_is_drawn(tmp_path: Path, figures: l
     assert single
     for fig in single:
         assert not any(legend.get_title().get_text() for legend in legends_of(fig))
-        assert "interval" not in fig.axes[0].get_title()
+        assert "95% interval" not in fig.axes[0].get_title()  # it names no interval it does not draw,
+        assert "1 seed per group: no intervals" in fig.axes[0].get_title()  # and says why there is none
     figures.clear()
     compare([sweep_of(tmp_path / "two", {"rope": [2.0, 2.2], "alibi": [2.1, 2.3]})], metric="val/loss")
     notes = {legend.get_title().get_text() for fig in figures for legend in legends_of(fig)}
@@ -210,3 +214,102 @@ def test_every_evaluation_of_the_convergence_curve_is_on_the_chart(tmp_path: Pat
     values = [y for line in ax.get_lines() for y in line.get_ydata() if line.get_label().endswith("(n=2)")]
     assert values and low < min(values) and max(values) == pytest.approx(5.55) and 5.55 < high
     assert ax.get_yscale() == "log"
+
+
+def base_sweep(root: Path, finals: dict[str, list[float]]) -> Path:
+    """A sweep of RoPE bases (one encoding, one family), val/ppl and ppl@1×..16× ≈ e^loss, T=32."""
+    for base, losses in finals.items():
+        for seed, final in enumerate(losses):
+            make_run(root, f"{base}_{seed}", {"name": "rope", "base": float(base)}, seed,
+                     [f"encoding.base={base}", f"seed={seed}"], [3.5, 3.0, final], config=SHAPE,
+                     extra={"val/ppl": math.exp(final), **ppl_at({32: math.exp(final), 512: math.exp(final + 0.3)})})
+    return root
+
+
+def test_one_seed_figures_say_so_and_never_zoom_below_the_seed_spread(tmp_path: Path, figures: list):
+    """Issue 53: three bases within 0.3% of each other, one seed each, filled their figures' y-axes,
+    noise read as a result. Each figure now says 1 seed in its title, and the axis holds every point
+    ± 2 sd of the spread seeds produce (the measured one: no group here has seeds)."""
+    close = {"10000": [2.7400], "100000": [2.7415], "1000000": [2.7430]}  # perplexities 0.3% apart
+    compare([base_sweep(tmp_path / "one", close)], metric="val/ppl")
+    final = next(f for f in figures if f.axes[0].get_title().startswith("Final val/ppl"))
+    length = next(f for f in figures if "against length" in f.axes[0].get_title())
+    for fig, sd in ((final, spread.interpolated(spread.SEED_SD_LOG_PPL, 1)),
+                    (length, spread.interpolated(spread.SEED_SD_LOG_PPL, 512 / 32))):
+        ax = fig.axes[0]
+        assert "1 seed per group: no intervals" in ax.get_title() and "seed noise" in ax.get_title()
+        low, high = ax.get_ylim()
+        top = max(y for line in ax.get_lines() for y in line.get_ydata() if line.get_label() != "training length")
+        assert high >= top * math.exp(2 * sd) * 0.999  # the highest point keeps its 2 sd of room
+        at_1x = [line.get_ydata()[0] for line in ax.get_lines() if line.get_label() != "training length"]
+        assert (max(at_1x) - min(at_1x)) / (high - low) < 0.2  # the 0.3% gap fills a small part of the axis
+    assert all("1 seed per group" in f.axes[0].get_title() for f in figures)
+
+
+def test_seeds_of_the_runs_themselves_set_the_floor_and_draw_their_bands(tmp_path: Path, figures: list):
+    runs = base_sweep(tmp_path / "mixed", {"10000": [2.70, 2.76, 2.73], "100000": [2.74]})
+    compare([runs], metric="val/ppl")
+    final = next(f for f in figures if f.axes[0].get_title().startswith("Final val/ppl"))
+    title = final.axes[0].get_title()
+    assert "1 of 2 groups with 1 seed" in title and "these runs' seeds" in title and "bar: 95% interval" in title
+    [own] = [s for s in [spread.pooled("val/ppl", [[math.exp(v) for v in (2.70, 2.76, 2.73)], [2.74]])] if s]
+    assert own.sd == pytest.approx(0.03) and own.source == "these runs' seeds"
+
+
+def test_a_sweep_of_one_encodings_option_is_drawn_in_colours_shapes_and_dashes_of_its_own(tmp_path: Path,
+                                                                                           figures: list):
+    """Issue 53: bases 10000 and 1000000 were two similar browns with the same marker, and three
+    curves lying on each other showed only the last drawn. Now neighbours differ in hue (colour-blind
+    safe palette), each has its own open marker and line style, the first drawn is the widest."""
+    compare([base_sweep(tmp_path / "b", {b: [2.74, 2.75] for b in ("10000", "100000", "1000000")})], metric="val/ppl")
+    convergence = next(f for f in figures if f.axes[0].get_title().startswith("Validation loss"))
+    lines = [line for line in convergence.axes[0].get_lines() if "(n=" in line.get_label()]
+    assert [line.get_label().split(" ")[0] for line in lines] == ["10000", "100000", "1000000"]
+    assert len({line.get_color() for line in lines}) == len({line.get_marker() for line in lines}) == 3
+    assert len({line.get_linestyle() for line in lines}) == 3
+    assert all(line.get_markerfacecolor() == "none" for line in lines)
+    assert [line.get_linewidth() for line in lines] == sorted((line.get_linewidth() for line in lines), reverse=True)
+    hues = [colorsys.rgb_to_hsv(*mcolors.to_rgb(line.get_color()))[0] * 360 for line in lines]
+    assert all(min(abs(a - b), 360 - abs(a - b)) > 60 for a, b in zip(hues, hues[1:]))  # neighbours: other hues
+
+
+def test_neighbouring_colours_of_the_palette_differ_in_hue():
+    def hue(c: str) -> float | None:  # None: black or grey, no hue to confuse
+        rgb = mcolors.to_rgb(c)
+        return colorsys.rgb_to_hsv(*rgb)[0] * 360 if max(rgb) - min(rgb) > 0.2 else None
+
+    pairs = [(hue(a), hue(b)) for a, b in zip(style.PALETTE, style.PALETTE[1:])]
+    assert all(min(abs(a - b), 360 - abs(a - b)) > 45 for a, b in pairs if a is not None and b is not None), pairs
+    assert len(set(style.PALETTE)) == len(style.PALETTE) >= 16
+
+
+def test_the_measured_seed_spread_is_the_shipped_baselines(tmp_path: Path):
+    """report/spread.py's numbers, recomputed from the leaderboard's shipped per-seed values: the sd
+    over seeds (of ln ppl; of accuracy) pooled over encodings, at each multiple of the training length."""
+    import json
+
+    import numpy as np
+
+    shipped = json.loads((Path(__file__).resolve().parents[1] / "posenc" / "leaderboard" / "baselines"
+                          / "posenc-pe-v2.json").read_text())
+
+    def pooled(key: str, log: bool) -> float:
+        variances = [np.var(np.log(v) if log else v, ddof=1) for row in shipped["rows"].values()
+                     if (v := row["values"].get(key)) and None not in v]
+        return float(np.sqrt(np.mean(variances)))
+
+    for (multiple, sd), length in zip(spread.SEED_SD_LOG_PPL, (64, 256, 1024)):
+        assert sd == pytest.approx(pooled(f"extrapolation/ppl@{length}", True), abs=5e-5), multiple
+    for (multiple, sd), length in zip(spread.SEED_SD_ACCURACY, (64, 128, 256)):
+        assert sd == pytest.approx(pooled(f"tasks/flip_flop/accuracy@{length}", False), abs=5e-5), multiple
+
+
+def test_report_md_says_why_there_is_no_best_once_per_row(tmp_path: Path):
+    """Issue 53: report.md's "best" row repeated "1 seed per group: no intervals, no verdict" in every cell."""
+    root = base_sweep(tmp_path / "r", {"10000": [2.74], "100000": [2.75]})
+    compare([root], metric="val/ppl")
+    rows = [line for line in (root / "report.md").read_text().splitlines() if line.startswith("| best (Welch 95%)")]
+    assert rows
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells.count("1 seed per group: no intervals, no verdict") == 1, row

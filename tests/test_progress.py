@@ -6,6 +6,7 @@ import io
 import re
 from pathlib import Path
 
+import pytest
 from conftest import TINY, run_cli, run_dirs
 from rich.console import Console
 
@@ -59,6 +60,10 @@ def test_the_summary_says_how_val_ppl_and_ppl_at_1x_differ(capsys):
     out = " ".join(capsys.readouterr().out.split())
     assert "val/*: the last in-training evaluation" in out and "seq_len=32, validation split" in out
     assert "ppl @ L: the extrapolation evaluator (eval.tokens" in out
+    # where the two agree (the same validation tokens: 1e-7 apart) the table shows one number, and no note
+    print_summary({**summary, "extrapolation": {"lengths": [{"length": 32, "multiple": 1.0, "ppl": 7.3890001}]}},
+                  Path("run"))
+    assert "other tokens than val/ppl" not in " ".join(capsys.readouterr().out.split())
 
 
 def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_first_eval_is_a_bound(capsys):
@@ -96,3 +101,22 @@ def test_a_task_run_leaves_out_the_language_modelling_targets_it_was_not_given(c
     print_summary(base, Path("run"))  # a language-modelling run keeps them
     lines = capsys.readouterr().out
     assert all(f"tokens to val/loss {t:g} " in lines for t in DEFAULT_TARGETS)
+
+
+def test_a_resumed_runs_eta_is_its_pace_after_its_first_step(monkeypatch):
+    """Issue 53: resumed one step before a log line, a run's ETA was its first step's time (a minute of
+    warm-up on a loaded machine) times the steps left: "2:24:11" a few minutes from done. The pace now
+    counts from the end of the process's first step, over its own steps only."""
+    import posenc.train.progress as progress_module
+
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module.time, "time", lambda: clock[0])
+    progress = TrainProgress(300, enabled=False)
+    with progress:
+        clock[0] += 60.0  # the first step after the resume: allocations, caches, a busy machine
+        progress.advance(150)
+        assert progress.eta(150) is None  # one step of this process: no pace yet
+        for step in range(151, 161):
+            clock[0] += 1.0
+            progress.advance(step)
+        assert progress.eta(160) == pytest.approx(140.0)  # 1 s a step, 140 steps left

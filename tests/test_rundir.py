@@ -54,3 +54,28 @@ def test_only_rundir_spells_a_run_directorys_file_names():
                rundir.SUMMARY_FILE, rundir.PROVENANCE_FILE, rundir.PARENT_FILE, rundir.PROBES_FILE,
                rundir.MULTIRUN_FILE, rundir.SWEEP_FILE, *STEMS}
     assert defined <= {text for _, text in run_file_names_in(OWNER)}
+
+
+def test_a_run_is_named_by_what_tells_it_apart_from_its_sweeps_other_runs(tmp_path: Path):
+    """Issue 53: a sweep job's per-position figure was titled 'rope: per-position loss', whichever base it
+    had. RunDir.varied gives the figures (per_position.png's title) the job's own swept values, as in its
+    directory's name; a single run's, the encoding options its command line set."""
+    import yaml
+
+    def run(path: Path, mode: str, task: list[str], exclude: list[str]) -> rundir.RunDir:
+        (path / ".hydra").mkdir(parents=True)
+        hydra = {"hydra": {"mode": mode, "overrides": {"task": task},
+                           "job": {"config": {"override_dirname": {"exclude_keys": exclude}}}}}
+        (path / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump(hydra))
+        (path / ".hydra" / "overrides.yaml").write_text(yaml.safe_dump(task))
+        return rundir.RunDir(path)
+
+    sweep = tmp_path / "sweeps" / "10-00-00-000000_base-500,10000_seed-0,1"
+    sweep.mkdir(parents=True)
+    (sweep / rundir.MULTIRUN_FILE).write_text("hydra: {}\n")
+    job = run(sweep / "1_base=500_seed=1", "MULTIRUN",
+              ["encoding=rope", "encoding.base=500", "model=micro", "seed=1", "name='base-500,10000_seed-0,1'"],
+              ["encoding", "model", "name"])
+    assert job.varied() == ["base=500", "seed=1"]
+    single = run(tmp_path / "10-00-00-000000_rope", "RUN", ["encoding.base=500", "model=micro", "logger=none"], [])
+    assert single.varied() == ["base=500"]

@@ -61,6 +61,9 @@ def test_a_base_sweep_shares_one_wandb_group_and_compares_by_base(workdir: Path)
     assert sweep.name.endswith("_base-100,10000"), sweep.name
     assert sorted(r.name for r in runs) == ["0_base=100", "1_base=10000"]
     assert (sweep / "sweep.json").stat().st_mode & 0o777 == 0o644  # data, not a program
+    meta = json.loads((sweep / "sweep.json").read_text())  # the command as typed; the name posenc gave it apart
+    assert "name=" not in meta["command"] and "encoding.base=100,10000" in meta["command"], meta["command"]
+    assert any(o.startswith("name=") for o in meta["overrides"]) and meta["name"] == "base-100,10000"
     # the end of the sweep says where it went and what to run next, verbatim
     rel = sweep.relative_to(workdir)
     assert f"sweep: {rel} (2 runs)" in result.stdout

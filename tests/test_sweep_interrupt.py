@@ -61,7 +61,7 @@ def test_one_signal_stops_the_sweep_and_its_printed_command_finishes_it(tmp_path
     assert 0 < stopped_at < MAX_STEPS and not (job0 / "summary.json").exists()
     assert f"  interrupted: job 0 (encoding=rope), checkpoint at step {stopped_at}\n" in stdout
     assert "  never started: job 1 (encoding=nope); job 2 (encoding=alibi)\n" in stdout
-    assert stderr.strip().splitlines()[-1].startswith(f"error: sweep stopped by {signal.Signals(sig).name} (0 of 3 ")
+    assert stderr.strip().splitlines()[-1].startswith(f"interrupted: sweep stopped by {signal.Signals(sig).name} (0 of 3 ")
     # no log line cut across lines: the run dir's INFO line holds the whole path
     assert f"INFO     run dir: {job0}\n" in stdout
     # train.log's own line for the job pastes too: Hydra reads back the job's directory

@@ -77,6 +77,7 @@ class Listener:
 def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     """Time every encoding (and the reference) at one shape; return the JSON-ready results."""
     listener = listener or Listener()
+    listener.progress("composing the config")
     asked = len(overrides)
     overrides, chosen = choose_preset(overrides)  # on a CPU, bench=quick unless the user chose
     defaulted = len(overrides) != asked
@@ -85,6 +86,7 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     b = cfg.bench
     validate(b)
     check_encoding_overrides(overrides, names)
+    listener.progress("setting up the device and the tokenizer")
     device, precision, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as train, eval, probe
     vocab = build_tokenizer(cfg).vocab_size
     B, T = int(b.batch_size), int(b.seq_len)
@@ -103,7 +105,8 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     try:
         for done, name in enumerate(order, 1):
             config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
-            row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines)
+            row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines,
+                                   f"model {done} of {len(order)}")
             if subject is not None:
                 baselines.append(subject)
             result["results"].append(row)
@@ -163,20 +166,25 @@ def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool, pre
 
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
-            autocast, peak: float | None, listener: Listener, baselines: list[Subject]) -> tuple[dict, Subject | None]:
+            autocast, peak: float | None, listener: Listener, baselines: list[Subject],
+            which: str = "") -> tuple[dict, Subject | None]:
     """One row: speed (rounds alternating with the baselines'), memory and (if asked) a long
     forward of one model; a failure (its config included) is a row too. Returns the row, and the
-    subject when it is a baseline to keep for the later rows."""
+    subject when it is a baseline to keep for the later rows. which: 'model 3 of 7', for progress."""
     subject, keep = None, False
+    at = f" ({which})" if which else ""
     try:
-        listener.progress(f"building {name}")
+        listener.progress(f"building {name}{at}")
         cfg = config()
         b = cfg.bench
         subject = build_subject(name, cfg, vocab, batch, device, autocast)
-        listener.progress(f"compiling and warming up {name}" if use_compile(cfg.trainer.compile, device)
-                          else f"warming up {name}")
-        timing = time_subject(subject, b.warmup, b.steps, b.rounds, others=baselines)
-        listener.progress(f"memory of {name}")
+        listener.progress(f"compiling and warming up {name}{at}" if use_compile(cfg.trainer.compile, device)
+                          else f"warming up {name}{at}")
+        with_others = f", each round then one of {' and '.join(o.name for o in baselines)}" if baselines else ""
+        timing = time_subject(subject, b.warmup, b.steps, b.rounds, others=baselines,
+                              on_round=lambda r: listener.progress(f"timing {name}{at}: round {r} of {b.rounds} "
+                                                                   f"({b.steps} steps{with_others})"))
+        listener.progress(f"memory of {name}{at}")
         peak_bytes = step_peak_bytes(subject.state)
         row = {"name": name, "status": "ok", "options": subject.options,
                "params": sum(p.numel() for p in subject.state.model.parameters()),
@@ -184,7 +192,7 @@ def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: Fixe
                "flops_per_token": subject.flops_per_token, "peak_mem_mb": peak_bytes / 2**20,
                "kernels": subject.state.kernels.record()}  # how it ran: paths, compiled, fallbacks
         if b.eval_length_multiple and name != REFERENCE:
-            listener.progress(f"{b.eval_length_multiple}x length eval of {name}")
+            listener.progress(f"{b.eval_length_multiple}x length eval of {name}{at}")
             row["eval"] = long_eval(subject.state.model, device, autocast, vocab, int(b.seq_len * b.eval_length_multiple))
         keep = name in BASELINES
         return row, subject if keep else None

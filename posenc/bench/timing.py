@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -132,9 +132,11 @@ def clean_round(subject: Subject, steps: int) -> tuple[float, int]:
     return seconds, MAX_RETIMES
 
 
-def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others: Sequence[Subject] = ()) -> Timing:
+def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others: Sequence[Subject] = (),
+                 on_round: Callable[[int], None] | None = None) -> Timing:
     """Warm up (the first step timed alone), then ``rounds`` timed rounds of ``steps`` steps,
-    each followed by one round of every subject in ``others`` (already warm)."""
+    each followed by one round of every subject in ``others`` (already warm). on_round(r) is told
+    as round r (1-based) starts, for the bench's progress."""
     device = subject.state.device
     start = time.perf_counter()
     run_steps(subject, min(1, warmup))
@@ -145,7 +147,9 @@ def time_subject(subject: Subject, warmup: int, steps: int, rounds: int, others:
     warm = time.perf_counter() - start
     round_s, paired_s, retimed = [], {o.name: [] for o in others}, 0
     tokens_before, steps_before = subject.state.tokens, subject.state.step
-    for _ in range(rounds):
+    for r in range(rounds):
+        if on_round is not None:
+            on_round(r + 1)
         for who, times in ((subject, round_s), *((o, paired_s[o.name]) for o in others)):
             seconds, again = clean_round(who, steps)
             times.append(seconds)

@@ -35,7 +35,25 @@ class PluginSearchPath(TyperGroup):
             args = take_config_dirs(args)
         except UserError as e:
             fail(str(e))
+        untyped_flags(self, ctx)
         return super().parse_args(ctx, args)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        command = super().get_command(ctx, cmd_name)
+        if command is not None:
+            untyped_flags(command, ctx)
+        return command
+
+
+def untyped_flags(command: click.Command, ctx: click.Context) -> None:
+    """A flag takes no value, so its help shows none: Typer (0.29) prints every option's type, a
+    flag's too (`--help <bool>`, `--seeds <bool>`), which reads as if it wanted `--help true`. An
+    empty metavar is Typer's own way to show no type (click caches the help option, so it sticks)."""
+    for param in command.get_params(ctx):
+        if getattr(param, "is_flag", False) and param.metavar is None:
+            param.metavar = ""
+    for sub in getattr(command, "commands", {}).values():  # a group's own commands (posenc plot …)
+        untyped_flags(sub, ctx)
 
 
 app = typer.Typer(

@@ -9,11 +9,14 @@ go to stderr so stdout stays machine-readable.
 from __future__ import annotations
 
 import json
+import time
+from datetime import timedelta
 from pathlib import Path
 
 from rich.console import Console, Group
 from rich.live import Live
 from rich.spinner import Spinner
+from rich.text import Text
 
 from posenc.bench import render
 from posenc.bench.run import Listener, bench
@@ -42,6 +45,7 @@ class LinePrinter(Listener):
         self.console, self.json_file = console, json_file
         self.result: dict | None = None
         self.printed = 0  # rows printed so far
+        self.start = time.monotonic()
 
     def started(self, result: dict) -> None:
         self.result = result
@@ -50,6 +54,11 @@ class LinePrinter(Listener):
 
     def note(self, text: str) -> None:
         self.console.print(text, highlight=False, soft_wrap=True)
+
+    def progress(self, what: str) -> None:
+        """What runs now, as a line with the time since the bench started (a log cannot redraw a spinner)."""
+        elapsed = timedelta(seconds=round(time.monotonic() - self.start))
+        self.console.print(f"[{elapsed}] {what}", highlight=False, soft_wrap=True, markup=False)
 
     def row(self, result: dict) -> None:
         if self.json_file:  # first the file, then the line: a row seen is a row saved
@@ -82,7 +91,8 @@ class LiveTable(LinePrinter):
         self._show()
 
     def progress(self, what: str) -> None:
-        self.spinner.update(text=what)
+        elapsed = timedelta(seconds=round(time.monotonic() - self.start))
+        self.spinner.update(text=Text(f"{what} [{elapsed}]"))
 
     def row(self, result: dict) -> None:
         if self.json_file:
@@ -129,7 +139,7 @@ def run_bench(args: list[str], console: Console, err_console: Console) -> dict:
 def interrupted(printer: LinePrinter, json_to: str | None, json_file: Path | None) -> None:
     """Ctrl-C: the rows measured so far (a live table keeps them as its last frame; a log gets
     any row still held back, and the table), saved where --json asked, then the interrupt goes on
-    (`error: interrupted`, exit 130)."""
+    (`interrupted: stopped by Ctrl-C`, exit 130)."""
     result = printer.result
     if not result or not result["results"]:
         return

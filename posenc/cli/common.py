@@ -1,7 +1,8 @@
 """What every command shares: the consoles, the one-line error, and the guard that makes one.
 
-A mistake a user can make prints one line, ``error: ...``, and exits 1 (130 on Ctrl-C, as
-shells expect); ``--debug`` or ``HYDRA_FULL_ERROR=1`` shows the full traceback instead.
+A mistake a user can make prints one line, ``error: ...``, and exits 1; ``--debug`` or
+``HYDRA_FULL_ERROR=1`` shows the full traceback instead. A stop the user asked for (Ctrl-C,
+SIGTERM) is no error: its line reads ``interrupted: ...`` and it exits 130 or 143, as shells expect.
 """
 
 from __future__ import annotations
@@ -35,10 +36,15 @@ def without_debug(args: list[str]) -> list[str]:
     return [a for a in args if a != DEBUG_FLAG]
 
 
+#: exit codes of a stop the user asked for: 128 + SIGINT (Ctrl-C), 128 + SIGTERM
+INTERRUPTED = (130, 143)
+
+
 def fail(message: str, code: int = 1) -> None:
-    """Print one `error:` line to stderr and exit with code."""
+    """Print one line to stderr, `error: …` (`interrupted: …` for an exit code of INTERRUPTED), and exit with code."""
+    label = "[bold yellow]interrupted:[/]" if code in INTERRUPTED else "[bold red]error:[/]"
     # escape: a message may quote the user's `[a,b]` lists, which rich would read as markup
-    err_console.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
+    err_console.print(f"{label} {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -50,7 +56,7 @@ def run_guarded(func: Callable[[], T], debug: bool) -> T:
     except typer.Exit:
         raise
     except KeyboardInterrupt:
-        fail("interrupted", code=130)
+        fail("stopped by Ctrl-C", code=130)
     except Exception as e:  # noqa: BLE001 - every exception becomes one line unless --debug
         if debug:
             raise

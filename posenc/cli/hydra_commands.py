@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
 from posenc.cli.common import (
@@ -13,6 +15,7 @@ from posenc.cli.common import (
     user_wants_traceback,
     without_debug,
 )
+from posenc.errors import UserError
 
 HELP_FLAGS = ("--help", "-h")
 
@@ -23,15 +26,17 @@ def check_run(cfg, single: bool = False) -> None:
     a sweep's is built here too, so a sweep whose encoding cannot be built writes nothing."""
     from omegaconf import OmegaConf
 
-    # start-up (here and in every command below): `posenc --help` imports every command module;
-    # what a command needs (torch, Hydra's runner) loads when it runs
-    from posenc.build import check_encodable
     from posenc.config import apply_choice_schemas, validate
+
+    validate(apply_choice_schemas(cfg))  # types and ranges, read from the sources: no torch imported yet
+    # start-up (here and in every command below): `posenc --help` imports every command module;
+    # what a command needs (torch, Hydra's runner) loads when it runs, and torch only once the
+    # config is known to be valid, so a typo is refused in a second
+    from posenc.build import check_encodable
     from posenc.data.corpora import text_files
     from posenc.hardware import resolve_device
     from posenc.train import init_from
 
-    validate(apply_choice_schemas(cfg))
     if OmegaConf.select(cfg, "dataset.files") is not None:  # dataset=text: a missing file, before any run dir
         text_files(list(cfg.dataset.files))
     resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
@@ -49,8 +54,6 @@ def train(ctx: typer.Context) -> None:
     from posenc.cli.hydra_entry import run_hydra  # start-up
     from posenc.cli.job_returns import failures
     from posenc.cli.launch import prepare
-    from posenc.train import distributed
-    from posenc.train.checkpoint import RunInterrupted
 
     args = without_debug(ctx.args)
     if any(a in HELP_FLAGS for a in args):  # Typer's help, then Hydra's (its groups and config)
@@ -61,8 +64,8 @@ def train(ctx: typer.Context) -> None:
     def run():
         try:
             return run_hydra(prepare(args), check=check_run)
-        except RunInterrupted as e:
-            if e.quiet:  # a DDP rank but 0: rank 0 alone prints the line that says how to continue
+        except UserError as e:  # posenc.train.stop.RunInterrupted: not imported, so a typo never loads torch
+            if getattr(e, "quiet", False):  # a DDP rank but 0: rank 0 alone prints the line that says how to continue
                 raise typer.Exit(e.exit_code) from None
             raise
 
@@ -70,7 +73,8 @@ def train(ctx: typer.Context) -> None:
         returns = run_guarded(run, user_wants_traceback(ctx.args))
         finished = True
     finally:
-        distributed.shutdown(wait=finished)
+        if "posenc.train.distributed" in sys.modules:  # a refused config never loaded torch
+            sys.modules["posenc.train.distributed"].shutdown(wait=finished)
     failed = failures(returns)
     if failed:
         fail(f"{len(failed)} of the sweep's {len(returns)} jobs failed: " + "; ".join(failed))
@@ -82,12 +86,25 @@ def bench(ctx: typer.Context) -> None:
     The arguments are Hydra overrides; `--json` prints JSON to stdout, `--json FILE` writes it.
     Example: `posenc bench encoding=nope,rope,t5_bias model=base trainer.seq_len=1024 --json bench.json`.
     """
-    from posenc.cli.bench import run_bench  # start-up
-
     if any(a in HELP_FLAGS for a in ctx.args):
         console.print(ctx.get_help())
         return
-    run_guarded(lambda: run_bench(without_debug(ctx.args), console, err_console), user_wants_traceback(ctx.args))
+    args = without_debug(ctx.args)
+    # the first line at once: loading torch and the models takes seconds (minutes on a loaded machine)
+    people = err_console if json_to_stdout(args) else console  # with JSON on stdout, people read stderr
+    people.print("posenc bench: loading torch; then each model in turn is built, warmed up and timed "
+                 "(what runs now is shown below)", highlight=False, soft_wrap=True)
+    from posenc.cli.bench import run_bench  # start-up
+
+    run_guarded(lambda: run_bench(args, console, err_console), user_wants_traceback(ctx.args))
+
+
+def json_to_stdout(args: list[str]) -> bool:
+    """`--json` with no file after it (cli/bench.py split_json_flag): the JSON goes to stdout."""
+    if "--json" not in args:
+        return False
+    rest = args[args.index("--json") + 1:]
+    return not (rest and "=" not in rest[0] and not rest[0].startswith("-"))
 
 
 def register(app: typer.Typer) -> None:

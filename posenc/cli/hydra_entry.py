@@ -44,7 +44,6 @@ from hydra.core.utils import JobReturn
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from posenc.check.verdict import carried
 from posenc.cli.callbacks import Callbacks
 from posenc.cli.common import console
 from posenc.cli.explain import explain
@@ -65,25 +64,25 @@ from posenc.record.directory import remove_run_dir, write_json_atomic
 from posenc.record.rundir import RunDir
 from posenc.record.sweepdir import SweepDir
 from posenc.report.console import print_summary
-from posenc.train import distributed
-from posenc.train.checkpoint import RunInterrupted
-from posenc.train.loop import train
 
 log = logging.getLogger("posenc")
 CONFIG_NAME = "config"
 
 
-def run_job(cfg: DictConfig, checked: bool = False) -> dict:
+def run_job(cfg: DictConfig, checked: bool = False, added: tuple[str, ...] = ()) -> dict:
     """Train one job; return its summary. A single run re-raises (the CLI prints one line); a
     sweep job records its failure in summary.json and returns it, so one bad job never stops
     the others. checked: run_hydra's check already saw this very config (a single run), so
-    training does not validate it again; a sweep's jobs each differ from the config checked."""
+    training does not validate it again; a sweep's jobs each differ from the config checked.
+    added: the overrides posenc added to the sweep's (its name), left out of the command sweep.json records."""
+
+    from posenc.train import distributed  # start-up: torch loads once a job runs, after its config was checked
 
     # a submitit job of several tasks (hydra.launcher.tasks_per_node > 1) is one run on that many ranks
     with distributed.job_tasks_as_ranks() as ranks:
         if ranks and not distributed.is_main():
             quiet_rank()
-        return run_one_job(cfg, checked)
+        return run_one_job(cfg, checked, added)
 
 
 def quiet_rank() -> None:
@@ -95,15 +94,21 @@ def quiet_rank() -> None:
         handler.close()
 
 
-def run_one_job(cfg: DictConfig, checked: bool = False) -> dict:
+def run_one_job(cfg: DictConfig, checked: bool = False, added: tuple[str, ...] = ()) -> dict:
     """run_job's work, on every rank of the job."""
+    # start-up: the training modules load once a job runs, after its config was checked
+    from posenc.check.verdict import carried
+    from posenc.train import distributed
+    from posenc.train.checkpoint import RunInterrupted
+    from posenc.train.loop import train
+
     hc = HydraConfig.get()
     run_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode == RunMode.MULTIRUN
     warn_shadowed(hc.runtime.choices)  # a sweep job's own choices (said once per process)
     if multirun:
         if distributed.is_main():  # a job of several tasks: rank 0 writes
-            SweepDir(hc.sweep.dir).record()
+            SweepDir(hc.sweep.dir).record(added)
         # a resumed sweep: a completed job is kept, an interrupted one continues
         kept = prepare_job(cfg, run_dir, write=distributed.is_main())
         if kept is not None:
@@ -177,7 +182,10 @@ def run_hydra(args: argparse.Namespace, check: Callable[[DictConfig, bool], None
         if mode == RunMode.RUN:
             return [run_composed(loader, cfg, config_name, functools.partial(task, checked=True))]
         swept = swept_keys(args.overrides, cfg)
-        overrides += sweep_naming(args.overrides, swept, cfg)
+        naming = sweep_naming(args.overrides, swept, cfg)
+        overrides += naming
+        if task is run_job:  # sweep.json records the command as the user typed it, without posenc's name=
+            task = functools.partial(run_job, added=tuple(naming))
         returns = job_returns(run_sweep(loader, config_name, overrides, task))  # the sweeper's, stopped whole by a signal
         print_next_step(returns, swept)
         return returns

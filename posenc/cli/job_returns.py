@@ -11,14 +11,14 @@ from hydra.core.utils import JobReturn, JobStatus
 
 from posenc.cli.common import console
 from posenc.cli.explain import explain
-from posenc.report.runs import NOT_A_GROUP_KEY
-from posenc.train import distributed
 
 
 def print_next_step(returns: list[JobReturn], swept: dict[str, list]) -> None:
     """Where a sweep went, and the `posenc compare` command for it (grouped by the swept keys)."""
     import shlex
 
+    from posenc.report.runs import NOT_A_GROUP_KEY  # start-up: numpy, after the sweep
+    from posenc.train import distributed  # start-up: loaded by the jobs already
 
     dirs = [Path(r.hydra_cfg.hydra.runtime.output_dir).parent for r in returns if r.hydra_cfg is not None]
     if not dirs or not distributed.is_main():

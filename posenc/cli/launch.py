@@ -19,6 +19,7 @@ Every override is read by Hydra's own parser (posenc.config.parse_overrides).
 from __future__ import annotations
 
 import argparse
+import os
 from datetime import datetime
 from pathlib import Path
 
@@ -32,10 +33,9 @@ from posenc.display.commands import command, hydra_value, override
 from posenc.errors import UserError
 from posenc.record import provenance
 from posenc.record.rundir import RunDir
-from posenc.train import distributed, init_from
-from posenc.train.checkpoint import RESHAPE_KEY, RESHAPE_KEYS, check_world
 
 RESUME_KEY = "trainer.resume"
+INIT_FROM_KEY = "trainer.init_from"  # posenc.train.init_from.KEY
 NO_RESUME = (False, None, "false", "none", "")
 
 #: what a resume may change (a key, or a group with all its keys): how long, how often it
@@ -102,6 +102,10 @@ def restore_run_overrides(run: RunDir | Path, argv_overrides: list[str]) -> list
     MAY_CHANGE_ON_RESUME keys. A change to anything else is refused, and a run already at
     trainer.max_steps exits 0 here: either way, before Hydra writes into the run dir."""
     run = RunDir.of(run)
+    # start-up: a resume reads its checkpoint with torch; a new run loads torch once its config was checked
+    from posenc.train import distributed
+    from posenc.train.checkpoint import RESHAPE_KEY, RESHAPE_KEYS, check_world
+
     run_dir = run.path
     saved_parsed = [o for o in parse_overrides(run.overrides()) if not _is_own(o.key)]
     new_parsed = parse_overrides(argv_overrides)
@@ -176,8 +180,15 @@ def prepare(argv: list[str], cwd: Path | None = None) -> argparse.Namespace:
         args.overrides = restore_run_overrides(run, args.overrides)
         args.overrides.append(f"hydra.run.dir={hydra_value(run_dir)}")
         fixed = True
-    args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len
-    if distributed.launched() and not args.multirun:
+    if any(o.key == INIT_FROM_KEY for o in parse_overrides(args.overrides)):
+        from posenc.train import init_from  # start-up: torch, only for a run that starts from a parent
+
+        args.overrides = init_from.parent_overrides(args.overrides)  # scaling extends from the parent's seq_len
+    if os.environ.get("WORLD_SIZE", "1") == "1" or args.multirun:  # no torchrun: torch waits until the config is checked
+        return args
+    from posenc.train import distributed  # start-up: under torchrun (WORLD_SIZE > 1) every rank joins first
+
+    if distributed.launched():
         distributed.init()
         if not fixed:
             # Hydra's own pattern, with the time taken once on rank 0 (encoding.name still resolves)

@@ -9,6 +9,9 @@
   the sweep's overrides from its multirun.yaml and points ``hydra.sweep.dir`` at it; each job finds
   its directory as it left it (prepare_job): a completed job is kept and not re-run, an interrupted
   one continues from its checkpoint, the others start.
+- **Jobs that run elsewhere report here.** A launcher that runs the jobs in other processes
+  (submitit, SLURM) leaves this process waiting: each job's step, losses and ETA are read from its
+  run directory and printed meanwhile (sweep_progress.py).
 - **A refused sweep writes nothing.** Hydra's sweeper saves multirun.yaml before it composes the
   jobs, so a job that cannot be composed (an unknown choice, a key one choice lacks) would leave a
   sweep dir holding only that file: run_sweep removes it.
@@ -31,6 +34,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from posenc.cli.callbacks import Callbacks
 from posenc.cli.common import console
+from posenc.cli.sweep_progress import watch_jobs
 from posenc.config import parse_overrides
 from posenc.display.commands import command, hydra_value, override
 from posenc.errors import UserError
@@ -96,7 +100,7 @@ def run_sweep(loader, config_name: str, overrides: list[str], task: Callable[[Di
     sweep_dir = Path(str(cfg.hydra.sweep.dir))
     existed = sweep_dir.exists()
     try:
-        with stop_on_signals():
+        with stop_on_signals(), watch_jobs(sweep_dir, cfg, say):  # jobs in other processes: their progress here
             returned = sweeper.sweep(arguments=OmegaConf.to_container(cfg.hydra.overrides.task, resolve=False))
     except KeyboardInterrupt as e:  # SweepStopped, or Ctrl-C where no handler of ours was installed
         signum = e.signum if isinstance(e, SweepStopped) else signal.SIGINT
@@ -107,6 +111,11 @@ def run_sweep(loader, config_name: str, overrides: list[str], task: Callable[[Di
         raise
     callbacks.on_multirun_end(config=cfg, config_name=config_name)
     return returned
+
+
+def say(line: str) -> None:
+    """One progress line of a sweep's job, whole, never read as markup."""
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 class ComposeOnce:

@@ -1,5 +1,6 @@
 """The per-choice schema: the ``__init__`` of the class a group's ``_target_`` names is the schema
-of its YAML (encoding, dataset, tokenizer), so a new encoding is one module plus one YAML."""
+of its YAML (encoding, dataset, tokenizer), so a new encoding is one module plus one YAML. The
+``__init__`` is read from the class's source (signatures.py), so checking a config imports no torch."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from typing import Any
 from hydra.utils import get_class
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from posenc.config.signatures import Unreadable, read_signature
 from posenc.errors import UserError
 
 #: groups whose keys are the constructor arguments of the class ``_target_`` names
@@ -35,7 +37,26 @@ def _supported(annotation: Any) -> Any:
 def choice_schema(target: str) -> type | None:
     """A dataclass with one field per argument of target's ``__init__``, typed by its annotation
     (Any where it has none). Hydra's own keys (``_target_``…) are Any; a class taking
-    ``**kwargs`` gets no schema (None): any key is valid for it."""
+    ``**kwargs`` gets no schema (None): any key is valid for it. The arguments are read from the
+    class's source (signatures.py: no torch is imported to refuse a typo); a class the source does
+    not settle is imported and asked."""
+    try:
+        signature = read_signature(target)
+        if signature.var_keyword:
+            return None
+        arguments = [(p.name, p.annotation) for p in signature.parameters if p.keyword]
+    except Unreadable:
+        arguments = imported_arguments(target)
+        if arguments is None:
+            return None
+    fields = [(name, _supported(annotation), field(default=MISSING)) for name, annotation in arguments if name != "self"]
+    fields += [(key, Any, field(default=MISSING)) for key in ("_target_", "_partial_", "_convert_", "_recursive_")]
+    return dataclasses.make_dataclass(target.rpartition(".")[2], fields)
+
+
+def imported_arguments(target: str) -> list[tuple[str, Any]] | None:
+    """(name, annotation) of each positional-or-keyword and keyword-only argument of target's
+    ``__init__``, from the imported class (None: it takes ``**kwargs``)."""
     import_module_of(target)  # a plugin module that cannot be imported: one line saying how to fix it
     cls = get_class(target)
     signature = inspect.signature(cls.__init__)
@@ -45,11 +66,8 @@ def choice_schema(target: str) -> type | None:
         hints = typing.get_type_hints(cls.__init__)
     except Exception:  # noqa: BLE001 - an annotation naming what only a type checker imports
         hints = {}
-    fields = [(name, _supported(hints.get(name, Any)), field(default=MISSING))
-              for name, p in signature.parameters.items()
-              if name != "self" and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
-    fields += [(key, Any, field(default=MISSING)) for key in ("_target_", "_partial_", "_convert_", "_recursive_")]
-    return dataclasses.make_dataclass(cls.__name__, fields)
+    return [(name, hints.get(name, Any)) for name, p in signature.parameters.items()
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
 
 
 def apply_choice_schemas(cfg: DictConfig) -> DictConfig:

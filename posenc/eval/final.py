@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from posenc.eval import evaluation, per_position
+from posenc.record.rundir import RunDir
 from posenc.record.tracking import Tracker
 
 
@@ -40,6 +41,7 @@ def per_position_files(model: nn.Module, data, cfg, out_dir: Path, device: torch
     record = per_position.per_position(model, evaluation.evaluation_batches(data, cfg), int(cfg.trainer.seq_len),
                                        device=device, autocast=autocast, progress=progress)
     stride = f", windows every {record['stride']} tokens (eval.stride)" if record.get("stride") else ""
-    _, figure = per_position.write_per_position(record, out_dir, f"{model.encoding.name}: per-position loss{stride}",
-                                                stem)
+    # the run among its sweep's: 'rope base=500 seed=1: per-position loss'
+    which = " ".join([model.encoding.name, *(v for v in RunDir(out_dir).varied() if not v.startswith("encoding="))])
+    _, figure = per_position.write_per_position(record, out_dir, f"{which}: per-position loss{stride}", stem)
     return record, figure

@@ -119,12 +119,30 @@ def sweep_name(swept: dict[str, list]) -> str:
 def job_dir_name(task_overrides: list[str], exclude: list[str], fallback: str) -> str:
     """A job's directory name (after '<job.num>_'): its values of the swept keys, the overrides
     not in exclude (the sweep's fixed ones), e.g. 'encoding=rope_seed=0'; fallback when none."""
+    name = "_".join(swept_values(task_overrides, exclude))
+    return _safe(name)[:NAME_LIMIT].rstrip("_-,.") or _safe(str(fallback))
 
+
+def varied_values(hydra: dict, task_overrides: list[str], in_sweep: bool) -> list[str]:
+    """What tells a run apart from the others it was run with, as the user typed it, from its Hydra
+    config (.hydra/hydra.yaml's ``hydra`` node): a sweep job's own values of the swept keys
+    (['base=500', 'seed=1']: its overrides but the sweep's fixed ones, override_dirname.exclude_keys,
+    as in its directory's name); a single run's encoding options (['base=500'])."""
+    overrides = [str(o) for o in (hydra.get("overrides") or {}).get("task") or task_overrides]
+    if str(hydra.get("mode")).endswith("MULTIRUN") or in_sweep:
+        exclude = OmegaConf.select(OmegaConf.create(hydra), "job.config.override_dirname.exclude_keys", default=None)
+        return swept_values(overrides, [*(exclude or []), "name", "trainer.resume"])
+    keys = [o.key for o in parse_overrides(overrides) if not o.key.startswith("hydra")]
+    return [v for v, key in zip(swept_values(overrides, []), keys) if key.startswith("encoding.")]
+
+
+def swept_values(task_overrides: list[str], exclude: list[str]) -> list[str]:
+    """A job's own values of what its sweep varies, its overrides not in exclude (the sweep's fixed
+    keys) as the user typed them, each key by its last part where unambiguous: ['base=500', 'seed=1']."""
     swept = [(o.key, plain_number(o.value) if isinstance(o.value, (int, float)) else o.override.get_value_element_as_str())
              for o in parse_overrides(task_overrides) if o.key not in set(exclude) and not o.key.startswith("hydra")]
     short = short_keys([k for k, _ in swept])
-    name = "_".join(f"{short[k]}={v}" for k, v in swept)
-    return _safe(name)[:NAME_LIMIT].rstrip("_-,.") or _safe(str(fallback))
+    return [f"{short[k]}={v}" for k, v in swept]
 
 
 # ${posenc.job_dir:${hydra.overrides.task},${hydra.job.config.override_dirname.exclude_keys},${encoding.name}}

@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.config.load import typed_run_config
 from posenc.display.commands import shell_word
 from posenc.errors import UserError
-from posenc.record.directory import read_jsonl
+from posenc.record.directory import read_jsonl, varied_values
 
 # --- the names of a run directory's files, defined here alone ------------------------------
 HYDRA_DIR = ".hydra"
@@ -135,10 +135,13 @@ class RunDir:
         return [str(item) for item in self._once(self.overrides_file, yaml.safe_load) or []]
 
     def choices(self) -> dict:
-        """The config group choices Hydra recorded (.hydra/hydra.yaml: {"encoding": "rope", ...}; {}
-        without one)."""
-        saved = self._once(self.hydra_file, yaml.safe_load) or {}
-        return dict((saved.get("hydra") or {}).get("runtime", {}).get("choices") or {})
+        """The config group choices Hydra recorded (.hydra/hydra.yaml: {"encoding": "rope", ...}; {} without one)."""
+        return dict(((self._once(self.hydra_file, yaml.safe_load) or {}).get("hydra") or {}).get("runtime", {}).get("choices") or {})
+
+    def varied(self) -> list[str]:
+        """What tells the run apart from those it was run with: ['base=500', 'seed=1'] (directory.varied_values)."""
+        hydra = (self._once(self.hydra_file, yaml.safe_load) or {}).get("hydra") or {}
+        return varied_values(hydra, self.overrides(), (self.path.parent / MULTIRUN_FILE).is_file())
 
     def provenance(self) -> dict | None:
         """provenance.json: where the encoding's code came from (None: a run made before it was recorded)."""
@@ -263,12 +266,15 @@ class RunDir:
         if self.is_run():
             return
         path = self.path
-        runs = sorted((r.path for r in RunDir.under(path)), key=lambda p: (str(p.parent), len(p.name), p.name))
+        under = sorted(RunDir.under(path), key=lambda r: (str(r.path.parent), len(r.path.name), r.path.name))
+        runs = [r.path for r in under if r.checkpoint().is_file() or r.checkpoint("best").is_file()]  # evaluable
         if runs:
-            more = f" (and {len(runs) - 1} more under it)" if len(runs) > 1 else ""
-            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds "
-                            f"{shell_word(str(runs[0]))}{more} — {command} one run with "
+            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds {shell_word(str(runs[0]))}"
+                            f"{f' (and {len(runs) - 1} more with a checkpoint under it)' if len(runs) > 1 else ''} — {command} one run with "
                             f"`posenc {command} {shell_word(str(runs[0]))}`")
+        if under:  # trainer.checkpoint=none runs (a leaderboard arm's): none to name
+            raise UserError(f"'{path}' is not a run directory; its {len(under)} run(s) ({shell_word(str(under[0].path))}, …) "
+                            f"kept no checkpoint to {command} — train one with trainer.checkpoint=last (the default) or best")
         raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it, and no run under it) — pass a "
                         f"directory `posenc train` made, e.g. outputs/<date>/<time>_<encoding>")
 

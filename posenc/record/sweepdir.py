@@ -43,9 +43,10 @@ class SweepDir:
         """sweep.json (None: no job of the sweep started)."""
         return json.loads(self.sweep_file.read_text()) if self.sweep_file.exists() else None
 
-    def record(self) -> None:
+    def record(self, added: tuple[str, ...] | list[str] = ()) -> None:
         """Write sweep.json once per sweep, from within a job (exclusive create: the first job wins,
-        the others skip)."""
+        the others skip). added: overrides posenc added to the user's (the sweep's name=), in
+        ``overrides`` (what Hydra ran) but not in ``command`` (what the user typed)."""
         from hydra.core.hydra_config import HydraConfig
 
         hc = HydraConfig.get()
@@ -56,7 +57,7 @@ class SweepDir:
         meta = {
             "name": self.path.name.partition("_")[2] or "sweep",
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "command": " ".join(["posenc", "train", "-m", *overrides]),
+            "command": " ".join(["posenc", "train", "-m", *(o for o in overrides if o not in set(added))]),
             "overrides": overrides,
             "sweeper": OmegaConf.to_container(hc.sweeper, resolve=True),
             "launcher": OmegaConf.to_container(hc.launcher, resolve=True),

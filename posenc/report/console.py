@@ -58,6 +58,15 @@ def _target_rows(table: Table, summary: dict) -> None:
         table.add_row(f"tokens to {VAL_LOSS.name} {target}", text)
 
 
+def differs_at_training_length(summary: dict, lengths: list[dict]) -> bool:
+    """Whether ppl @ 1× and val/ppl show two different numbers in the table (to its 3 decimals):
+    they score other windows of the validation split, but where both evaluators read the same
+    tokens they agree (to 1e-7), and a note about a difference nobody sees only confuses."""
+    val = summary.get(VAL_PPL.name)
+    at_1x = [r.get("ppl") for r in lengths if r.get("multiple") == 1 or r.get("length") == summary.get("seq_len")]
+    return val is not None and any(p is not None and f"{p:.3f}" != f"{val:.3f}" for p in at_1x)
+
+
 def print_summary(summary: dict, run_dir: Path) -> None:
     """Quality, extrapolation, convergence and cost of one finished run, in one table; a task run
     (dataset=synthetic) leads with its accuracy at each evaluated length."""
@@ -86,7 +95,7 @@ def print_summary(summary: dict, run_dir: Path) -> None:
         busy = load > LOADED_PER_CPU * cpus
         table.add_row("machine load (1 min)", f"{load:.1f} on {cpus} CPUs" + (" ⚠ loaded: tokens/s is noise" if busy else ""))
     console.print(table)
-    if lengths:  # two perplexities at the training length: say what each scores
+    if differs_at_training_length(summary, lengths):  # two perplexities at T that disagree: say why
         console.print(f"val/*: the last in-training evaluation (trainer.eval_batches × the global batch windows of "
                       f"seq_len={seq_len}, validation split); ppl @ L: the extrapolation evaluator (eval.tokens of "
                       f"the validation split in windows of L), so ppl @ 1× scores other tokens than val/ppl.",

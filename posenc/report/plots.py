@@ -19,8 +19,9 @@ plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter, FormatStrFormatter, LogLocator, NullLocator  # noqa: E402
 
-from posenc.record.metrics import TOKENS, Target, lookup  # noqa: E402
+from posenc.record.metrics import EXTRAPOLATION_PPL, TOKENS, Target, lookup  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
+from posenc.report.spread import Spread, hold_spread, seed_spread  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import group_families, styles_for  # noqa: E402
 
@@ -44,9 +45,10 @@ def mean_curve(group: Group, metric: str = "val/loss") -> tuple[np.ndarray, np.n
             np.array([s.mean if s.high is None else s.high for s in stats]))
 
 
-def titled(ax, title: str, setup: str) -> None:
-    """The figure's question on the first line, its setup (model, T, tokens, seeds) below."""
-    ax.set_title(f"{title}\n{setup}" if setup else title, fontsize=10)
+def titled(ax, title: str, setup: str, caveat: str | None = None) -> None:
+    """The figure's question on the first line, its setup (model, T, tokens, seeds) below, and what
+    it cannot show (one seed: no intervals) on a third line of its own."""
+    ax.set_title("\n".join(part for part in (title, setup, caveat) if part), fontsize=10)
 
 
 def interval_note(metric: str, shown: bool, point: str = "line", mark: str = "band") -> str | None:
@@ -64,6 +66,36 @@ def with_note(title: str, note: str | None) -> str:
     return f"{title} ({note})" if note else title
 
 
+def seeds_note(counts: Sequence[int], spread: Spread | None = None, where: str = "") -> str | None:
+    """What the figure cannot show: '1 seed per group: no intervals' (or which groups have one),
+    and, where the axis was widened to hold the seed spread, by how much; None when every group
+    has seeds, where the intervals drawn say it."""
+    single = sum(n == 1 for n in counts)
+    if not single:
+        return None
+    note = "1 seed per group: no intervals" if single == len(counts) else \
+        f"{single} of {len(counts)} groups with 1 seed: no interval"
+    return f"{note}; {spread.describe(where)}" if spread is not None else note
+
+
+def line_width(j: int) -> float:
+    """The j-th group drawn is thinner than the ones before it, so a line that lies on another
+    leaves the one under it showing at its edges."""
+    return max(1.0, 2.6 - 0.5 * j)
+
+
+def markevery(j: int, groups: int, points: int) -> tuple[int, int] | None:
+    """Each group's markers on every groups-th point, starting at its own offset: curves that
+    coincide still show every group's marker (None: few points, every one marked)."""
+    return (j % groups, groups) if groups > 1 and points >= 3 * groups else None
+
+
+def spread_of(metric: str, groups: Sequence[Group], multiple: float | None = None) -> Spread | None:
+    """The seed spread that bounds a figure's zoom on metric (report/spread.py): these groups' own
+    seeds where some group has two, else the measured one."""
+    return seed_spread(metric, [list(g.stat(metric).values) for g in groups], multiple)
+
+
 def _drawn_targets(targets: Sequence[Target], lowest: float) -> list[float]:
     """The val/loss targets a convergence figure draws: on its axis (not bpb) and not below every
     group's curve (no group reached them: a line there only stretches the axis)."""
@@ -77,13 +109,13 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     fig, ax = plt.subplots(figsize=(8, 4.6))
     styles = styles_for([g.label for g in groups], group_families(groups))
     curves = {g.label: c for g in groups if (c := mean_curve(g)) is not None}
-    for group in groups:
-        if group.label not in curves:
-            continue
+    drawn_groups = [g for g in groups if g.label in curves]
+    for j, group in enumerate(drawn_groups):
         tokens, mean, low, high = curves[group.label]
         n = len(group.completed)
         style = styles[group.label]
-        ax.plot(tokens, mean, markersize=3, linewidth=1.6, label=f"{group.label} (n={n})", **style.line())
+        ax.plot(tokens, mean, markersize=4, linewidth=line_width(j), label=f"{group.label} (n={n})",
+                markevery=markevery(j, len(drawn_groups), len(tokens)), **style.line())
         if n > 1:
             ax.fill_between(tokens, low, high, color=style.color, alpha=0.2, linewidth=0)
     lowest = min((float(c[1].min()) for c in curves.values()), default=np.inf)
@@ -95,7 +127,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     ax.xaxis.set_major_formatter(EngFormatter())
     ax.set_xlabel("tokens seen")
     ax.set_ylabel("validation loss (nats/token)")
-    titled(ax, title, setup)
+    titled(ax, title, setup, seeds_note([len(g.completed) for g in drawn_groups]))
     ax.grid(alpha=0.3)
     # the first evaluations are far above the rest (ln 256 = 5.5 nats at the start on bytes): every
     # evaluation stays on the chart (issue 47: a zoom from the second one down hid the first), on a
@@ -127,11 +159,12 @@ def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], 
         series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
     rest_keys = [k for j, k in enumerate(by) if j != i]
     series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
-    for rest, points in series.items():
+    for j, (rest, points) in enumerate(series.items()):
         x, y, below, above = zip(*sorted(points))
         label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
         style = series_styles[", ".join(format_value(v) for v in rest)]
-        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, **style.line())
+        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, markersize=7, linewidth=line_width(j),
+                    **style.line())
     xs = [g.key[i] for g, _ in stats]
     log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
     if log_x:
@@ -153,7 +186,8 @@ def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str
         style = styles[g.label]
         x, y = ([j], [st.mean]) if across else ([st.mean], [j])
         err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
-        ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, **err)
+        ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, markerfacecolor="none",
+                    markeredgewidth=1.6, **err)
     if across:
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlim(-0.5, len(stats) - 0.5)
@@ -178,10 +212,25 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         _final_over_categories(ax, stats, by)
         horizontal = _long([g.label for g, _ in stats])
     (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
-    titled(ax, with_note(title, interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")),
-           setup)
+    counts = [len(g.completed) for g, _ in stats]
+    spread = spread_of(metric, [g for g, _ in stats], final_multiple(metric, [g for g, _ in stats])) \
+        if any(n == 1 for n in counts) else None
+    if spread is not None:  # one seed: the axis never zooms in below what seeds move the metric by
+        hold_spread(ax, [st.mean for _, st in stats], [spread] * len(stats), "x" if horizontal else "y")
+    note = interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")
+    titled(ax, with_note(title, note), setup, seeds_note(counts, spread))
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
+
+
+def final_multiple(metric: str, groups: Sequence[Group]) -> float | None:
+    """extrapolation/ppl@L's multiple of the training length (L / trainer.seq_len), when the groups'
+    runs share one training length; None for any other metric."""
+    match = EXTRAPOLATION_PPL.match(metric)
+    lengths = {r.config.get("trainer.seq_len") for g in groups for r in g.completed}
+    if not match or len(lengths) != 1 or not isinstance(length := lengths.pop(), (int, float)):
+        return None
+    return float(match["length"]) / float(length)
 
 
 def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], path: Path, title: str,
@@ -214,7 +263,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     ax.set_ylabel("tokens to reach it (lower = faster)")
     shown = any(table[(g.label, t)].low is not None for g in groups for t in targets)
     note = interval_note(targets[0].tokens_key, shown, "bar", "error bar") if targets else None
-    titled(ax, with_note(title, note), setup)
+    titled(ax, with_note(title, note), setup, seeds_note([len(g.completed) for g in groups]))
     ax.grid(axis="y", alpha=0.3)
     legend_below([ax])
     return save_figure(fig, path)

@@ -19,7 +19,9 @@ from posenc.errors import UserError
 from posenc.record.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import (  # selects the Agg backend first
     interval_note,
+    line_width,
     save_figure,
+    seeds_note,
     titled,
 )
 from posenc.report.runs import (
@@ -31,6 +33,7 @@ from posenc.report.runs import (
     varying_keys,
 )
 from posenc.report.setup import setup_line
+from posenc.report.spread import Spread, hold_spread, seed_spread
 from posenc.report.stats import Stat, aggregate, scale_of
 from posenc.report.style import group_families, styles_for
 
@@ -93,10 +96,13 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     plotted: list[int] = []
     y_range: list[float] = []
     banded = False
+    points_drawn: list[tuple[int, float]] = []  # (length, mean) of every point, for the seed spread's floor
+    counts: list[int] = []
     for group in groups:
         stats = length_stats(group)
         if not stats:
             continue  # no completed run of this group was evaluated at other lengths
+        counts.append(len(group.completed))
         points = [(n, s) for n, s in stats.items() if s.mean is not None]
         label = f"{group.label} (n={len(group.completed)})"
         undefined = [n for n, s in stats.items() if s.mean is None]
@@ -105,8 +111,9 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
         x = np.array([n for n, _ in points])
         mean = np.array([s.mean for _, s in points])
         style = styles[group.label]
-        ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
+        ax.plot(x, mean, markersize=6, linewidth=line_width(len(counts) - 1), label=label, **style.line())
         y_range += list(mean)
+        points_drawn += [(int(n), float(m)) for n, m in zip(x, mean)]
         if len(group.completed) > 1 and len(x):  # the interval of the tables: positive, so a log axis draws it whole
             banded = True
             ax.fill_between(x, [s.mean if s.low is None else s.low for _, s in points],
@@ -131,12 +138,35 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
     ax.set_xlabel("evaluation length (tokens, log scale; × training length)")
     ax.set_ylabel("validation perplexity" + (" (log scale)" if log_y else ""))
+    spread, where = hold_length_spread(ax, groups, points_drawn, seq_lens) if any(n == 1 for n in counts) else (None, "")
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
-    titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup)
+    titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup,
+           seeds_note(counts, spread, where))
     ax.grid(alpha=0.3, which="both")
     legend_below([ax], interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1), banded))
     return save_figure(fig, out)
+
+
+def hold_length_spread(ax, groups: Sequence[Group], points: list[tuple[int, float]],
+                       seq_lens: list[int]) -> tuple[Spread | None, str]:
+    """One seed: the axis holds each (length, perplexity) point ± the seed spread at its length.
+    Returns the spread at the shortest length and where it was taken, for the title."""
+    spreads = {n: length_spread(groups, n, seq_lens) for n in {n for n, _ in points}}
+    kept = [(m, spreads[n]) for n, m in points if spreads[n] is not None]
+    if not kept:
+        return None, ""
+    hold_spread(ax, [m for m, _ in kept], [sp for _, sp in kept])
+    shortest = min(n for n, sp in spreads.items() if sp is not None)
+    return spreads[shortest], f" at {shortest} tokens, per length"
+
+
+def length_spread(groups: Sequence[Group], length: int, seq_lens: list[int]) -> Spread | None:
+    """The seed spread of the perplexity at one evaluation length: the groups' own seeds there where
+    some group has two, else the measured spread at its multiple of the (one) training length."""
+    key = EXTRAPOLATION_PPL.key(length=length)
+    per_group = [[r.metric(key) for r in g.completed if key in r.summary] for g in groups]
+    return seed_spread(key, per_group, length / seq_lens[0] if len(seq_lens) == 1 else None)
 
 
 def task_names(groups: Sequence[Group]) -> list[str]:
@@ -161,11 +191,13 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
     styles = styles_for([g.label for g in groups], group_families(groups))
     lengths: set[int] = set()
     banded = False
+    counts: list[int] = []
     for group in groups:
         stats = accuracy_stats(group, task)
         points = [(n, s) for n, s in stats.items() if s.mean is not None]
         if not points:
             continue
+        counts.append(len(group.completed))
         label = f"{group.label} (n={len(group.completed)})"
         undefined = [n for n, s in stats.items() if s.mean is None]
         if undefined:
@@ -173,7 +205,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
         x = np.array([n for n, _ in points])
         mean = 100 * np.array([s.mean for _, s in points])
         style = styles[group.label]
-        ax.plot(x, mean, markersize=4, linewidth=1.6, label=label, **style.line())
+        ax.plot(x, mean, markersize=6, linewidth=line_width(len(counts) - 1), label=label, **style.line())
         if len(group.completed) > 1:  # the tables' interval, inside [0, 100%]
             banded = True
             ax.fill_between(x, [100 * (s.mean if s.low is None else s.low) for _, s in points],
@@ -194,7 +226,7 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
     ax.set_ylabel(f"{task}: exact-match accuracy (%)")
     if setup is None:
         setup = setup_line([r for g in groups for r in g.runs])
-    titled(ax, title or f"{task}: accuracy beyond the training length", setup)
+    titled(ax, title or f"{task}: accuracy beyond the training length", setup, seeds_note(counts))
     ax.grid(alpha=0.3, which="both")
     legend_below([ax], interval_note(TASK_ACCURACY.key(task=task, length=1), banded))
     return save_figure(fig, out)

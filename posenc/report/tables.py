@@ -132,7 +132,11 @@ def family_table(c: Comparison, title: str, columns: list[Column], seeds: bool, 
         rows.append([g.label, runs_cell(g), *[cell_text(c, g, col, seeds) for col in columns]])
         best |= {(i, 2 + j) for j, col in enumerate(columns) if (lead := c.leaders.get(col.key)) and lead.best == g.label}
     if not seeds and len(c.groups) > 1 and c.leaders:  # with --within the rankings name a best per value
-        rows.append(["best (Welch 95%)", "", *[leader_text(c.leaders.get(col.key), compact) for col in columns]])
+        leads = [leader_text(c.leaders.get(col.key), compact) for col in columns]
+        reasons = {lead.reason for col in columns if (lead := c.leaders.get(col.key)) and lead.best is None and lead.reason}
+        if len(leads) > 1 and len(reasons) == 1 and leads == [leads[0]] * len(leads) and leads[0] == next(iter(reasons)):
+            leads = [leads[0], *[""] * (len(leads) - 1)]  # one reason for the whole row, said once
+        rows.append(["best (Welch 95%)", "", *leads])
     return TextTable(f"{title} — {'per seed, in seed order' if seeds else INTERVAL}", header, rows, set() if seeds else best)
 
 

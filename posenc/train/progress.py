@@ -95,14 +95,19 @@ class TrainProgress:
             print(line, file=sys.stdout, flush=True)
 
     def eta(self, step: int) -> float | None:
-        """Seconds left at the average pace since this process started training (evaluations included)."""
+        """Seconds left at the average pace of this process's steps after its first (evaluations
+        included); None until one such step is done."""
         if self.start_step is None or step <= self.start_step:
             return None
         return (time.time() - self.start_time) / (step - self.start_step) * (self.total - step)
 
     def advance(self, step: int) -> None:
-        if self.start_step is None:  # a resumed run's pace counts from the step it resumed at
-            self.start_step = step - 1
+        if self.start_step is None:
+            # the pace counts from the end of this process's first step: a resumed run's earlier steps
+            # are not its pace, and neither is its first step's warm-up (allocating, filling caches: a
+            # minute on a loaded machine, which alone made a resumed run one step from a log line read
+            # "ETA 2:24:11" a few minutes from done)
+            self.start_step, self.start_time = step, time.time()
         if self.progress is not None:
             self.progress.update(self.task, completed=step)
 
