@@ -117,7 +117,7 @@ def test_a_resume_that_reshapes_on_request_is_recorded(two_ranks_and_one: tuple[
     compared = run_cli("compare", str(run_dir), str(two_ranks_and_one[1]), cwd=tmp_path)
     assert compared.returncode == 0, compared.stderr[-2000:]
     assert "1 run(s) resumed on another number of processes or global batch" in " ".join(compared.stdout.split())
-    from posenc.report.compare import batch_lines
+    from posenc.report.caveats import batch_lines
     from posenc.report.runs import Run
 
     runs = [Run(Path(f"r{b}"), {}, {}, {"status": "completed", "global_batch": b}) for b in (8, 16)]

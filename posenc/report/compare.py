@@ -24,9 +24,6 @@ from posenc.display.terminal import make_console
 from posenc.errors import UserError
 from posenc.record.metrics import (
     DEFAULT_TARGETS,
-    LOADED_PER_CPU,
-    MACHINE_CPUS,
-    MACHINE_LOAD,
     TASK_ACCURACY,
     TRAIN_MFU,
     VAL_LOSS,
@@ -39,7 +36,7 @@ from posenc.record.metrics import (
     val_curve,
 )
 from posenc.record.rundir import SUMMARY_FILE
-from posenc.report import kernel_paths
+from posenc.report.caveats import warning_lines
 from posenc.report.checked import VerdictOf, fill_verdicts, mark_failing
 from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
 from posenc.report.format import format_value
@@ -212,40 +209,6 @@ def duplicate_lines(c: Comparison, root: Path) -> list[str]:
     return [f"duplicate runs (same config, seed {format_value(kept.seed)}): "
             f"{', '.join(relative(r.path, root) for r in [kept, *dropped])} — counted once, keeping "
             f"{relative(kept.path, root)}" for kept, dropped in c.duplicates]
-
-
-def warning_lines(c: Comparison) -> list[str]:
-    """What a reader must not over-read: arms whose encoding fails `posenc check`, timings from a loaded
-    machine, targets left out."""
-    out = list(c.unchecked)
-    loaded = [(r, r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in c.runs if r.ok]
-    loaded = [(r, load, cpus) for r, load, cpus in loaded if load is not None and load > LOADED_PER_CPU * cpus]
-    if loaded:
-        worst = max(load / cpus for _, load, cpus in loaded)
-        out.append(f"{len(loaded)} of {len(c.runs)} runs ended with the machine loaded (up to {worst:.1f}× its CPUs "
-                   "busy): their tokens/s measures the other processes as much as the encoding — time encodings "
-                   "with `posenc bench` on a quiet machine")
-    if any(col.cost for col in c.columns):
-        out += kernel_paths.warning_lines(c.runs)  # speed measured on unlike kernel paths
-    out += batch_lines([r for r in c.runs if r.ok])
-    if c.dropped_targets:
-        out.append(f"convergence targets left out: {', '.join(map(str, c.dropped_targets))} — no run's loss came down "
-                   "through them (each run was already below at its first evaluation, or never got there); "
-                   "give --target for others")
-    return out
-
-
-def batch_lines(runs: list[Run]) -> list[str]:
-    """How the runs took their steps, where that differs: at different global batches (windows a
-    step: trainer.batch_size × grad_accum × processes) they compare more than the table varies; a
-    run resumed at another (trainer.resume_reshape) mixes two."""
-    batches = sorted({b for r in runs if (b := r.metric("global_batch")) is not None})
-    reshaped = [r.path.name for r in runs if r.metric("reshapes")]
-    return ([f"the runs trained at different global batches ({', '.join(map(str, batches))} windows a step: trainer."
-             "batch_size × grad_accum × processes): their curves and budgets differ in more than what the table varies"]
-            if len(batches) > 1 else []) + \
-        ([f"{len(reshaped)} run(s) resumed on another number of processes or global batch (trainer.resume_reshape, "
-          f"the reshapes in their summaries): {', '.join(reshaped)}"] if reshaped else [])
 
 
 def relative(path: Path, root: Path) -> str:
