@@ -83,7 +83,7 @@ def run_verdict(path: Path) -> dict | None:
     config, where its encoding's code is still the code it was trained with (else None: today's
     verdict would be about other code), and where one can be had (a run whose config cannot be read
     or checked has none: its arm is left unmarked, without a warning)."""
-    from posenc.check.verdict import carried  # start-up: the checks import torch
+    from posenc.check.verdict import announce, lookup  # start-up: the checks import torch
     from posenc.errors import UserError
     from posenc.record import provenance
     from posenc.record.rundir import load_run_config
