@@ -146,9 +146,9 @@ def _run_in_process(args: list[str], cwd: Path) -> subprocess.CompletedProcess:
 
     from posenc.cli.app import app
 
-    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    saved_env, saved_cwd, env = dict(os.environ), os.getcwd(), cli_env()  # the env before it is cleared
     os.environ.clear()
-    os.environ.update(cli_env())
+    os.environ.update(env)
     os.chdir(cwd)
     try:
         result = CliRunner().invoke(app, args, prog_name="posenc")

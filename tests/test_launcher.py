@@ -6,7 +6,6 @@ and their results still come back to the CLI (Hydra's JobReturns, pickled back b
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 import pytest
@@ -38,7 +37,7 @@ def test_submitit_local_sweep_of_two_task_jobs_trains_each_on_two_ranks_and_repo
     assert log.count("run dir:") == 1 and log.count("train loss") == steps  # rank 0 alone writes the job's log
 
     # the jobs ran in processes of their own: their progress was read from their run dirs and printed here
+    # (each job's end; its step lines come every 30 s, which a 2-step job does not last: test_sweep_progress.py)
     out = result.stdout
-    assert re.search(r"job 0 \(encoding=rope\): step [12]/2  train loss [0-9.]+  .*ETA", out), out[-3000:]
     assert "job 0 (encoding=rope): finished, val/ppl" in out, out[-3000:]
     assert "job 1 (encoding=t5_bias): failed" in out and "no score matrix" in out, out[-3000:]

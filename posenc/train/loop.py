@@ -73,14 +73,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
-    # a corpus's random windows (cut as dataset.packing says) or generated task instances
-    batches = data.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(),
-                           world_size=distributed.world_size())
-    state = new_train_state(model, t, batches, device, autocast)
-    resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
-    # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
-    evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
-                         world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
+    state, resumed, evaluate = training_parts(cfg, run_dir, model, data, device, autocast)
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
@@ -106,9 +99,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
-            "kernels": state.kernels.record(),  # how it ran: each layer kind's path, compiled, every fallback
-            **verdict_facts(verdict),
-            "reshapes": checkpoints.reshapes,  # resumes that changed the processes or the global batch
+            **how_it_ran(state, verdict, checkpoints),
             "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
             if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
@@ -122,6 +113,28 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
         return summary
     finally:
         tracker.finish(exit_code)
+
+
+def training_parts(cfg: DictConfig, run_dir: Path, model: torch.nn.Module, data, device: torch.device,
+                   autocast) -> tuple[TrainState, Resumed, Callable[[], dict]]:
+    """The train state (resumed where trainer.resume says) and the validation it is scored by."""
+    t = cfg.trainer
+    # a corpus's random windows (cut as dataset.packing says) or generated task instances
+    batches = data.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(),
+                           world_size=distributed.world_size())
+    state = new_train_state(model, t, batches, device, autocast)
+    resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
+    # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
+    evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
+                         world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
+    return state, resumed, evaluate
+
+
+def how_it_ran(state: TrainState, verdict: dict | None, checkpoints: Checkpoints) -> dict:
+    """What changes a run's numbers beside its config, for the summary and W&B: each layer kind's
+    kernel path, compiled or not, and every fallback; `posenc check`'s verdict on the encoding; the
+    resumes that changed the processes or the global batch."""
+    return {"kernels": state.kernels.record(), **verdict_facts(verdict), "reshapes": checkpoints.reshapes}
 
 
 def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
