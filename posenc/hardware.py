@@ -134,6 +134,10 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
+#: the thread count the process's first CPU training run chose (choose_cpu_threads), kept for the rest
+_CHOSEN: int | None = None
+
+
 def choose_cpu_threads(device: torch.device) -> int:
     """The torch threads a new training run on the CPU computes with, set and returned.
 
@@ -145,9 +149,13 @@ def choose_cpu_threads(device: torch.device) -> int:
     faster on 1 (docs/running.md). Said in the log when it lowers the count. The count is part of a
     run (a resume keeps it: keep_cpu_threads), since the sums of a CPU step change in their last
     bits with it."""
+    global _CHOSEN
     current = torch.get_num_threads()
     if device.type != "cpu" or os.environ.get("OMP_NUM_THREADS"):
         return current
+    if _CHOSEN is not None:  # a sweep's later jobs (one process): the first job's count, not one the load
+        torch.set_num_threads(_CHOSEN)  # of the earlier jobs (this process's own) would lower for them alone
+        return _CHOSEN
     cpus, ranks = cpu_count(), int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     try:
         load = os.getloadavg()[0]
@@ -155,6 +163,7 @@ def choose_cpu_threads(device: torch.device) -> int:
         load = 0.0
     free = max(1, round(cpus - load))
     threads = min(current, max(1, free // ranks))
+    _CHOSEN = threads
     if threads < current:
         torch.set_num_threads(threads)
         log.warning("other processes keep the CPUs busy (1-minute load %.1f on %d CPUs): training on %d torch "

@@ -66,11 +66,25 @@ def test_a_cpu_run_on_a_loaded_machine_trains_on_the_cores_left_free(monkeypatch
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(hardware, "cpu_count", lambda: 2)
     monkeypatch.setattr(hardware.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(hardware, "_CHOSEN", None)  # a process's first run
     torch.set_num_threads(2)
     assert hardware.choose_cpu_threads(torch.device("cpu")) == threads == torch.get_num_threads()
     monkeypatch.setenv("OMP_NUM_THREADS", "2")  # the user's (or torchrun's) choice stands
     torch.set_num_threads(2)
     assert hardware.choose_cpu_threads(torch.device("cpu")) == 2
+
+
+def test_a_sweeps_jobs_in_one_process_train_on_the_first_jobs_thread_count(monkeypatch, torch_threads):
+    """The basic launcher runs a sweep's jobs one after another in one process: the load the earlier
+    jobs made (this process's own) must not give the later ones fewer threads (other last bits, another
+    speed) than the first had."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "cpu_count", lambda: 2)
+    monkeypatch.setattr(hardware, "_CHOSEN", None)
+    torch.set_num_threads(2)
+    for load in (0.1, 2.0, 0.1):  # quiet, then the first job's own load, then quiet again
+        monkeypatch.setattr(hardware.os, "getloadavg", lambda load=load: (load, load, load))
+        assert hardware.choose_cpu_threads(torch.device("cpu")) == 2 == torch.get_num_threads()
 
 
 def test_a_resumed_cpu_run_keeps_the_threads_it_started_with(monkeypatch, torch_threads, tmp_path: Path):
