@@ -173,6 +173,22 @@ def test_timings_are_never_bold_and_a_loaded_machine_is_flagged(tmp_path: Path):
     assert "6 of 6 runs ended with the machine loaded" in result.stdout.replace("\n", " ")
 
 
+def test_cpu_runs_on_different_thread_counts_are_named_and_like_ones_are_not(tmp_path: Path):
+    """A loaded machine trains on fewer torch threads (posenc.hardware.choose_cpu_threads): a CPU step's
+    sums, and so the run's numbers, change in their last bits with the count, which compare says."""
+    root = tmp_path / "threads"
+    for enc, threads in (("rope", 2), ("nope", 1)):
+        for seed in range(2):
+            make_run(root, f"{enc}_{seed}", {"name": enc}, seed, [f"encoding={enc}", f"seed={seed}"], [3.0, 2.0 + seed / 10],
+                     extra={"device": "cpu", "machine/threads": threads})
+    said = posenc("compare", str(root), cwd=tmp_path).stdout.replace("\n", " ")
+    assert "the CPU runs trained on different torch thread counts (1, 2" in said
+    assert "different torch thread counts" in (root / "report.md").read_text()
+    for run in root.glob("nope_*"):  # every run on 2 threads: nothing to say
+        (run / "summary.json").write_text((run / "summary.json").read_text().replace('"machine/threads": 1', '"machine/threads": 2'))
+    assert "thread counts" not in posenc("compare", str(root), cwd=tmp_path).stdout
+
+
 def test_varied_names_only_what_varied_and_held_fixed_is_resolved(tmp_path: Path):
     root = tmp_path / "mixed"
     for enc, options in (("rope", {"base": 10000.0, "style": "half", "max_len": "${trainer.seq_len}"}),

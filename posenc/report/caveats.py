@@ -4,7 +4,7 @@ targets no run crossed. One line each, printed under compare's tables and writte
 
 from __future__ import annotations
 
-from posenc.record.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD
+from posenc.record.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, MACHINE_THREADS
 from posenc.report import kernel_paths
 from posenc.report.comparison import Comparison
 from posenc.report.runs import Run
@@ -23,7 +23,7 @@ def warning_lines(c: Comparison) -> list[str]:
                    "with `posenc bench` on a quiet machine")
     if any(col.cost for col in c.columns):
         out += kernel_paths.warning_lines(c.runs)  # speed measured on unlike kernel paths
-    out += batch_lines([r for r in c.runs if r.ok])
+    out += batch_lines([r for r in c.runs if r.ok]) + thread_lines([r for r in c.runs if r.ok])
     if c.dropped_targets:
         out.append(f"convergence targets left out: {', '.join(map(str, c.dropped_targets))} — no run's loss came down "
                    "through them (each run was already below at its first evaluation, or never got there); "
@@ -42,3 +42,16 @@ def batch_lines(runs: list[Run]) -> list[str]:
             if len(batches) > 1 else []) + \
         ([f"{len(reshaped)} run(s) resumed on another number of processes or global batch (trainer.resume_reshape, "
           f"the reshapes in their summaries): {', '.join(reshaped)}"] if reshaped else [])
+
+
+def thread_lines(runs: list[Run]) -> list[str]:
+    """CPU runs that trained on different torch thread counts (posenc.hardware.choose_cpu_threads: fewer on
+    a loaded machine): a CPU step's sums change in their last bits with the count, so such runs differ a
+    little by that alone, and their tokens/s more."""
+    counts = sorted({n for r in runs if str(r.metric("device") or "").startswith("cpu")
+                     and (n := r.metric(MACHINE_THREADS.name)) is not None})
+    if len(counts) < 2:
+        return []
+    return [f"the CPU runs trained on different torch thread counts ({', '.join(map(str, counts))}: summary.json's "
+            f"{MACHINE_THREADS.name}): their numbers differ in the last digits and their tokens/s by that alone — "
+            "OMP_NUM_THREADS=N gives every run the same count"]
