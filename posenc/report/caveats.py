@@ -5,6 +5,7 @@ targets no run crossed. One line each, printed under compare's tables and writte
 from __future__ import annotations
 
 from posenc.record.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, MACHINE_THREADS
+from posenc.record.rundir import SUMMARY_FILE
 from posenc.report import kernel_paths
 from posenc.report.comparison import Comparison
 from posenc.report.runs import Run
@@ -52,6 +53,6 @@ def thread_lines(runs: list[Run]) -> list[str]:
                      and (n := r.metric(MACHINE_THREADS.name)) is not None})
     if len(counts) < 2:
         return []
-    return [f"the CPU runs trained on different torch thread counts ({', '.join(map(str, counts))}: summary.json's "
+    return [f"the CPU runs trained on different torch thread counts ({', '.join(map(str, counts))}: {SUMMARY_FILE}'s "
             f"{MACHINE_THREADS.name}): their numbers differ in the last digits and their tokens/s by that alone — "
             "OMP_NUM_THREADS=N gives every run the same count"]
