@@ -36,13 +36,15 @@ def causal_linear_attention(
     The numerator uses the rotated features (relative position), the normaliser the unrotated
     ones (so it stays positive). Computed chunk by chunk: masked quadratic inside a chunk, a
     running state S = Σ (R_n φ(k_n)) v_nᵀ (hd x hd) and z = Σ φ(k_n) across chunks, so memory
-    is linear in T. q, k, v: (B, H, T, hd) -> (B, H, T, hd); computed in float32.
+    is linear in T. q, k, v: (B, H, T, hd) -> (B, H, T, hd); computed in float32 at least (float64
+    stays float64: posenc check compares paths at 1e-10, and float32 matmuls of t and T rows round
+    differently, which would read as the window's length reaching the logits).
     """
-    dtype = v.dtype
-    q, k, v = q.float(), k.float(), v.float()
+    dtype, compute = v.dtype, torch.promote_types(v.dtype, torch.float32)
+    q, k, v = q.to(compute), k.to(compute), v.to(compute)
     phi_q, phi_k = elu_feature_map(q), elu_feature_map(k)
     rq, rk = rotate(phi_q, phi_k) if rotate is not None else (phi_q, phi_k)
-    rq, rk = rq.float(), rk.float()
+    rq, rk = rq.to(compute), rk.to(compute)
     B, H, T, hd = q.shape
     state = q.new_zeros(B, H, hd, v.shape[-1])  # Σ_{n < chunk start} R_n φ(k_n) v_nᵀ
     norm = q.new_zeros(B, H, hd)  # Σ_{n < chunk start} φ(k_n)
