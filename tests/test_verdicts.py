@@ -153,3 +153,15 @@ def test_the_shipped_verdicts_are_todays_and_every_shipped_encoding_and_layout_p
     assert not stale, f"stale shipped verdicts (run `posenc check --write-shipped`): {stale}"
     assert not {label: v["failed"] for label, v in shipped.items() if v["failed"]}
     assert V.lookup(compose(["encoding=fire"], bench=False)).source == "shipped"
+
+
+def test_a_run_shorter_than_the_checks_window_is_measured_at_its_own_length(tmp_path, monkeypatch):
+    """learned with max_len 16 trains on 16 tokens and keeps the contract; measured on the check's 24
+    tokens it would raise in every row (PositionOutOfRange) and be recorded as failing."""
+    monkeypatch.setenv(V.CACHE_ENV, str(tmp_path))
+    short = compose(["encoding=learned", "encoding.max_len=16", "trainer.seq_len=16"], bench=False)
+    assert V.check_length(short) == 16 and V.check_length(compose([], bench=False)) == 24
+    verdict = V.lookup(short)
+    assert verdict.source == "measured" and verdict.failed == ()
+    longer = compose(["encoding=learned", "encoding.max_len=16", "trainer.seq_len=12"], bench=False)
+    assert V.key_of(longer) != verdict.key  # another window measured: another verdict

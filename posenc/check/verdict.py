@@ -10,7 +10,8 @@ shape set to the check's: ``subject.SHAPE``). It is keyed by what decides it (``
 - the code of the encoding's classes, as provenance hashes it (posenc/record/provenance.py: every
   module of the plug-in and of posenc that the class imports, as code, so a comment is no change);
 - the encoding, layout and model configs (the shape aside), as written (a different ``encoding.base``
-  is another encoding; a different learning rate, data or length is the same one);
+  is another encoding; a different learning rate, data or length is the same one), and the window
+  measured in (``check_length``: the check's 24 tokens, or the run's length when shorter);
 - the checks' own code (posenc/check/, as code; the CUDA rows and this module aside).
 
 so it is measured at most once per version of that code and config, and found again by every later
@@ -124,17 +125,29 @@ def key_of(cfg: DictConfig) -> str:
     what = {"checks": checks_digest(),
             "code": {target: code_record(target)["sha256"] for target in encoding_targets(cfg)},
             "encoding": OmegaConf.to_container(cfg.encoding, resolve=False),
-            "layout": OmegaConf.to_container(cfg.layout, resolve=False), "model": model}
+            "layout": OmegaConf.to_container(cfg.layout, resolve=False), "model": model, "T": check_length(cfg)}
     return hashlib.sha256(json.dumps(canonical(what), sort_keys=True, default=str).encode()).hexdigest()[:32]
 
 
+def check_length(cfg: DictConfig) -> int:
+    """The window the check measures in: the check's own (subject.SHAPE), or the run's when shorter. A
+    run's encoding may encode no more positions than it trains on (``encoding=learned
+    encoding.max_len=16 trainer.seq_len=16``); measured at the check's length it would raise in every
+    row and fail a contract it keeps."""
+    own = int(dict(item.partition("=")[::2] for item in SHAPE)["trainer.seq_len"])
+    return min(own, int(cfg.trainer.seq_len))
+
+
 def subject_config(cfg: DictConfig) -> DictConfig:
-    """The run's config on the check's tiny shape (subject.SHAPE), as `posenc check` composes it."""
+    """The run's config on the check's tiny shape (subject.SHAPE, the window ``check_length``), as
+    `posenc check` composes it."""
     out = copy.deepcopy(cfg)
     OmegaConf.set_readonly(out, False)
+    length = check_length(cfg)
     for item in SHAPE:
         key, _, value = item.partition("=")
         OmegaConf.update(out, key, json.loads(value), merge=False)
+    OmegaConf.update(out, "trainer.seq_len", length, merge=False)
     return out
 
 
