@@ -318,3 +318,35 @@ def test_posencs_warnings_print_as_one_warning_line(capsys):
     err = capsys.readouterr().err
     assert "warning: FlexAttention for x did not compile\n" in err
     assert "warning: something of Python's" not in err  # Python's own go where Python sends them
+
+
+@pytest.mark.parametrize("change", ["flex step down", "fused refused", "fla refused"])
+def test_a_compiled_forward_sees_every_change_of_the_policy_it_read(change):
+    """What plan() asks the policy inside a compiled trace (with a KernelKey the trace itself built) is
+    guarded: after a step down or a refusal the next call is traced again and takes the new answer, on
+    every torch of the range (torch 2.7 did not guard a dict looked up with such a key, and reran the
+    graph that had failed)."""
+    policy, cpu, graphs = KernelPolicy(), torch.device("cpu"), []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    @torch.compile(backend=counting, fullgraph=True)
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 16, "float32")  # built in the trace, as plan() does
+        if change == "flex step down":
+            return x + 1 if policy.flex_options(key, cpu) is None else x - 1
+        if change == "fused refused":
+            return x - 1 if policy.fused_is_refused("global") else x + 1
+        return x - 1 if policy.fla_is_refused("gated_delta") else x + 1
+
+    x = torch.zeros(3)
+    assert torch.equal(forward(x), x + 1) and len(graphs) == 1
+    if change == "flex step down":
+        policy.flex_failed(KernelKey("global", "encoding 't5_bias' (T5Bias)", 16, "float32"), "no configs", cpu)
+    elif change == "fused refused":
+        policy.refuse_fused("global", "parallel_forgetting_attn", "refused", "")
+    else:
+        policy.refuse_recurrent("gated_delta", "chunk_gated_delta_rule", "refused", "")
+    assert torch.equal(forward(x), x - 1) and len(graphs) == 2

@@ -55,7 +55,7 @@ def usable(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
     """Whether fla's kernel for ``rule`` computes this call: a device fla runs on, and the kernel
     imported and run once forwards and backwards at this dtype and head sizes in this run (one
     warning if not)."""
-    if q.device.type not in DEVICES or rule in policy.fla_refused:
+    if q.device.type not in DEVICES or policy.fla_is_refused(rule):
         return False
     if (rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]) not in policy.fla_passed:
         return _first_use(rule, q, v, policy)
@@ -65,7 +65,7 @@ def usable(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
 def path(rule: str, device_type: str, policy: KernelPolicy) -> str:
     """The path a recurrence of ``rule`` takes on device_type in this run, as the run's record names it
     (posenc/nn/kernels.py): fla's kernel once its first use passed here, else the chunked form."""
-    if device_type in DEVICES and rule not in policy.fla_refused \
+    if device_type in DEVICES and not policy.fla_is_refused(rule) \
             and any(p[0] == rule and p[1] == device_type for p in policy.fla_passed):
         return f"fla:{KERNELS[rule][1]}"
     return "chunked"

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.nn import failures, kernels
+from posenc.nn import failures, kernels, planning
 from posenc.nn.encodings.base import (
     Context,
     FusedAttention,
@@ -86,9 +86,9 @@ def offered_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout
                  fallback: Callable[[], object], policy: KernelPolicy) -> FusedPlan | None:
     """``fused_plan`` for an encoding that overrides ``fused_attention``."""
     kind = policy.kind_of(layer, encoding.name)
-    if kind in policy.fused_refused:
+    if policy.fused_is_refused(kind):
         return None
-    with kernels.planning(policy):  # what the hook says (fla absent, a window it does not take) is the run's
+    with planning.planning(policy):  # what the hook says (fla absent, a window it does not take) is the run's
         kernel = encoding.fused_attention(ctx, layer)
     if kernel is None:
         return None

@@ -35,16 +35,22 @@ from __future__ import annotations
 
 import sys
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 
 import torch
 
-from posenc.errors import PosencWarning, warn_once
+from posenc.errors import PosencWarning
 from posenc.nn import failures
-from posenc.nn.flex_kernels import DENSE, ITEMSIZE, KernelKey, KernelOptions, describe, ladder, shared_memory
+from posenc.nn.flex_kernels import (
+    DENSE,
+    ITEMSIZE,
+    KernelKey,
+    KernelOptions,
+    describe,
+    ladder,
+    shared_memory,
+)
 
 SDPA_CAUSAL = "sdpa_causal"
 FLEX = "flex"
@@ -91,8 +97,11 @@ class KernelPolicy:
     kinds: dict[str, LayerKind] = field(default_factory=dict)
     #: the layer kind of each layer (empty: every layer is DEFAULT_KIND)
     layer_kind: tuple[str, ...] = ()
-    #: how far down its ladder each FlexAttention kernel has stepped (0: torch's own configuration);
-    #: read inside a compiled model's trace (dynamo guards on it: a step down recompiles that model)
+    #: how often what a compiled trace asks here changed: each question (flex_options, fused_is_refused,
+    #: fla_is_refused) reads it first, so dynamo guards on an int and a change retraces the model (torch
+    #: 2.7 did not guard a dict looked up with a KernelKey the trace built, and reran the failed graph)
+    revision: int = 0
+    #: how far down its ladder each FlexAttention kernel has stepped (0: torch's own configuration)
     flex_level: dict[KernelKey, int] = field(default_factory=dict)
     #: the first error of each FlexAttention kernel stepping down that has not compiled yet
     flex_pending: dict[KernelKey, str] = field(default_factory=dict)
@@ -160,6 +169,8 @@ class KernelPolicy:
         """The kernel_options a FlexAttention kernel compiles with now, or DENSE once its ladder is
         spent. At level 0 (torch's own choice) nothing is asked of the device: plan() calls this
         inside a compiled model's trace, and after a failure ``flex_failed`` has asked, outside it."""
+        if self.revision == 0:  # nothing stepped down in this run (the guard: see ``revision``)
+            return None
         level = self.flex_level.get(key, 0)
         if level == 0:
             return None
@@ -174,6 +185,7 @@ class KernelPolicy:
         # warning's), else the rung it settled on
         before = FLEX if key in self.flex_pending else self.flex_path(key, device)
         self.flex_level[key] = self.flex_level.get(key, 0) + 1
+        self.revision += 1
         self.flex_pending.setdefault(key, reason)
         nxt = self.flex_options(key, device)
         if nxt == DENSE:
@@ -212,16 +224,26 @@ class KernelPolicy:
                      if f.layer_kind == key.kind and f.took == DENSE_PATH and f.left.startswith(FLEX)), None)
 
     # --- fla and an encoding's own kernel ---------------------------------------------------------
+    def fused_is_refused(self, kind: str) -> bool:
+        """Whether the layer kind's own kernel was refused in this run (asked inside a trace)."""
+        return self.revision != 0 and kind in self.fused_refused
+
+    def fla_is_refused(self, rule: str) -> bool:
+        """Whether fla's kernel for the recurrence was refused in this run (asked inside a trace)."""
+        return self.revision != 0 and rule in self.fla_refused
+
     def refuse_fused(self, kind: str, op: str, reason: str, message: str) -> None:
         """The layer kind's own kernel is not used again in this run: its layers take the hooks."""
         if kind not in self.fused_refused:
             self.fused_refused[kind] = reason
+            self.revision += 1
             self.fell_back(kind, f"fused:{op}", "hooks", reason, message)
 
     def refuse_recurrent(self, rule: str, op: str, reason: str, message: str) -> None:
         """fla's kernel for a recurrence is not used again in this run: its layers run the chunked form."""
         if rule not in self.fla_refused:
             self.fla_refused[rule] = reason
+            self.revision += 1
             for kind in [k.name for k in self.kinds.values() if k.mixer == rule] or [rule]:
                 self.fell_back(kind, f"fla:{op}", CHUNKED, reason)
             self.warn(message)
@@ -267,31 +289,6 @@ class KernelPolicy:
         return {"compiled": self.compiled, "compile_asked": self.compile_asked, "layer_kinds": kinds,
                 "fallbacks": [f.as_dict() for f in self.fallbacks], "inherited": list(self.inherited),
                 "process": list(self.process)}
-
-
-# --- the plan being made -----------------------------------------------------------------------------
-#: the policy of the plan being made, for what an encoding's own kernel (``fused_attention``, a
-#: plug-in's hook that takes no policy) has to say; set around the hook's call, outside any trace
-_planning: ContextVar[KernelPolicy | None] = ContextVar("posenc_kernel_policy", default=None)
-
-
-@contextmanager
-def planning(policy: KernelPolicy) -> Iterator[None]:
-    token = _planning.set(policy)
-    try:
-        yield
-    finally:
-        _planning.reset(token)
-
-
-def say(message: str) -> None:
-    """A warning from inside a plan being made: once per run where a run's policy makes the plan,
-    once per process outside one."""
-    policy = _planning.get()
-    if policy is not None:
-        policy.warn(message)
-    else:
-        warn_once(message, stacklevel=3)
 
 
 #: the policy of plans asked outside a model (a test, `posenc check`'s property checks), which are no

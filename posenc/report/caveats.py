@@ -4,7 +4,12 @@ targets no run crossed. One line each, printed under compare's tables and writte
 
 from __future__ import annotations
 
-from posenc.record.metrics import LOADED_PER_CPU, MACHINE_CPUS, MACHINE_LOAD, MACHINE_THREADS
+from posenc.record.metrics import (
+    LOADED_PER_CPU,
+    MACHINE_CPUS,
+    MACHINE_LOAD,
+    MACHINE_THREADS,
+)
 from posenc.record.rundir import SUMMARY_FILE
 from posenc.report import kernel_paths
 from posenc.report.comparison import Comparison

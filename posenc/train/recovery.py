@@ -21,7 +21,7 @@ records it (the layer kind, the paths, the reason, the step) and says it in one 
 - anything else is raised: a bug, not a kernel to step around (``failures.classify``).
 
 No ``torch._dynamo.reset()`` follows a step down: what ``plan()`` reads in the trace (the policy's
-``flex_level``) is guarded by dynamo, so the failing model's graphs are traced again on its next call
+``revision``, then its ``flex_level``) is guarded by dynamo, so the failing model's graphs are traced again on its next call
 with the new configuration, and only its; a reset would drop every compiled model of the process, the
 bench's baselines among them, which would then compile again inside their timed rounds.
 

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posenc.nn import failures, kernels
+from posenc.nn import failures, planning
 from posenc.nn.encodings.context import Context, FusedAttention, KernelUnavailable
 from posenc.nn.fla_kernels import (
     cu_seqlens,  # the recurrent layers' offsets: the same convention
@@ -72,7 +72,7 @@ def load(module: str, names: tuple[str, ...]) -> tuple | None:
         except (ImportError, AttributeError, RuntimeError) as e:
             _loaded[key], _import_error[key] = None, failures.first_line(e)
     if _loaded[key] is None:
-        kernels.say(f"flash-linear-attention's {', '.join(names)} ({module}) cannot be used here "
+        planning.say(f"flash-linear-attention's {', '.join(names)} ({module}) cannot be used here "
                     f"({_import_error[key]}): attention computes what it would have from the encoding's hooks, "
                     f"O(H·T²) memory per layer (pip install 'posenc[fla]' for its kernels)")
     return _loaded[key]
@@ -119,7 +119,7 @@ def ops_here(key: tuple[str, tuple[str, ...]], ctx: Context, layer: int, head_di
     elif window.limits(ctx.T) and not window.chunked and not sliding:
         why = f"takes no sliding window ({window.describe()})"
     if why is not None:
-        kernels.say(f"encoding '{name}': flash-linear-attention's {key[1][0]} {why}: attention computes it from "
+        planning.say(f"encoding '{name}': flash-linear-attention's {key[1][0]} {why}: attention computes it from "
                   f"the encoding's hooks (O(H·T²) memory per layer)")
         return None
     return load(*key)
@@ -147,7 +147,7 @@ def forgetting_kernel(ctx: Context, layer: int, head_dim: int, name: str, gates:
     (op,) = ops
     window = ctx.mask(layer).window
     if window.limits(ctx.T) and not window.chunked and "window_size" not in inspect.signature(op).parameters:
-        kernels.say(f"encoding '{name}': this flash-linear-attention's forgetting attention takes no sliding window "
+        planning.say(f"encoding '{name}': this flash-linear-attention's forgetting attention takes no sliding window "
                   f"(fla >= 0.5 does): attention computes it from the encoding's hooks")
         return None
 
