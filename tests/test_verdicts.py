@@ -165,3 +165,12 @@ def test_a_run_shorter_than_the_checks_window_is_measured_at_its_own_length(tmp_
     assert verdict.source == "measured" and verdict.failed == ()
     longer = compose(["encoding=learned", "encoding.max_len=16", "trainer.seq_len=12"], bench=False)
     assert V.key_of(longer) != verdict.key  # another window measured: another verdict
+
+
+def test_a_config_whose_model_cannot_run_the_checks_window_has_no_verdict(tmp_path, monkeypatch):
+    """learned with max_len 16 asked to train on 256 tokens: its run refuses its first step; the lookup
+    before it says it could not measure, not that learned fails the contract."""
+    monkeypatch.setenv(V.CACHE_ENV, str(tmp_path))
+    verdict = V.lookup(compose(["encoding=learned", "encoding.max_len=16"], bench=False))
+    assert verdict.source == "error" and "PositionOutOfRange" in verdict.error and verdict.failed == ()
+    assert not list(tmp_path.glob("*.json"))  # nothing cached: a later, valid config is measured

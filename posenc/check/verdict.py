@@ -243,12 +243,15 @@ def locked(path: Path) -> Iterator[None]:
 def measure(cfg: DictConfig, key: str) -> tuple[Verdict, list[dict]]:
     """The CPU rows of `posenc check` on cfg's encoding, in this process, its state left as it was."""
     from posenc.check.runner import CHECKS, run_checks  # start-up: the checks import torch
-    from posenc.check.subject import Subject
+    from posenc.check.subject import Subject, forward
 
     started = time.perf_counter()
     with isolated():
         subject = Subject(subject_config(cfg))
-        subject.model()  # a config the check cannot build a model from is no verdict on the encoding: it raises
+        # a config the check cannot build a model from, or whose model cannot run the check's window
+        # (learned's max_len below it, a run that will refuse its own first step too), is no verdict on
+        # the encoding: it raises, and the lookup says it could not measure
+        forward(subject.model(), subject.tokens())
         rows = run_checks(subject, only={what for what, _ in CHECKS if what not in LEFT_OUT})
     seconds = time.perf_counter() - started
     failed = tuple(r.name for r in rows if r.failed)
