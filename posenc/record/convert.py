@@ -20,9 +20,10 @@ from posenc.errors import UserError
 from posenc.record.rundir import LEGACY_CHECKPOINTS, LEGACY_SUFFIX, RunDir
 from posenc.record.statefile import CHECKPOINT_VERSION, REQUIRED_KEYS, save_state
 
-#: numpy's array reconstructor, which numpy 2 keeps in numpy._core and numpy 1.x in numpy.core (2's
-#: numpy.core is a deprecated alias: not touched where _core exists)
-_reconstruct = (np._core if hasattr(np, "_core") else np.core).multiarray._reconstruct
+try:  # numpy's array reconstructor: numpy 2 keeps it in numpy._core (its numpy.core is a deprecated alias)
+    from numpy._core.multiarray import _reconstruct
+except ImportError:  # numpy 1.x (1.26 has a numpy._core whose submodules are not its attributes until imported)
+    from numpy.core.multiarray import _reconstruct
 #: what numpy's RNG state (np.random.get_state(): an ndarray of uint32) pickles as: the reconstructor
 #: under either name (a file written by numpy 1.x names numpy.core, by numpy 2 numpy._core), the array,
 #: its dtype and the dtype's class (np.dtypes.UInt32DType, named so only from numpy 1.25 on)
