@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from functools import partial
@@ -142,8 +143,9 @@ def choose_cpu_threads(device: torch.device) -> int:
     """The torch threads a new training run on the CPU computes with, set and returned.
 
     ``OMP_NUM_THREADS`` decides where it is set (torchrun sets 1 for each of its ranks). Otherwise
-    the cores other processes leave free by the 1-minute load average (at least one; shared among
-    the node's ranks of a submitit job), at most torch's default of a thread per core. OpenMP's
+    the cores other processes leave free, busy both by the 1-minute load average and now
+    (``busy_cpus``) (at least one; shared among the node's ranks of a submitit job), at most torch's
+    default of a thread per core. OpenMP's
     threads spin waiting for a core they do not get: on 2 CPUs at load 5 to 9, the default model
     trained at 1,600-2,000 tokens/s on 1 thread and 700-800 on 2, the tests' 1-layer model 20×
     faster on 1 (docs/running.md). Said in the log when it lowers the count. The count is part of a
@@ -161,15 +163,52 @@ def choose_cpu_threads(device: torch.device) -> int:
         load = os.getloadavg()[0]
     except (AttributeError, OSError):  # no load average (Windows): torch's default
         load = 0.0
-    free = max(1, round(cpus - load))
+    now = busy_cpus()
+    # busy by both measures: the 1-minute average lags (a job that ended a minute ago, this process's
+    # own start-up and pip's install before it: at load 0.9 on 2 idle CPUs the default model trained on
+    # 1 thread at 3,100 tokens/s instead of 8,300), a moment's sample misses what only runs in bursts
+    others = load if now is None else min(load, now)
+    free = max(1, round(cpus - others))
     threads = min(current, max(1, free // ranks))
     _CHOSEN = threads
     if threads < current:
         torch.set_num_threads(threads)
-        log.warning("other processes keep the CPUs busy (1-minute load %.1f on %d CPUs): training on %d torch "
-                    "thread%s, not %d, which would wait for busy cores — set OMP_NUM_THREADS to choose",
-                    load, cpus, threads, "s" if threads > 1 else "", current)
+        log.warning("other processes keep the CPUs busy (1-minute load %.1f, %s on %d CPUs): training on %d "
+                    "torch thread%s, not %d, which would wait for busy cores — set OMP_NUM_THREADS to choose",
+                    load, "busy now unknown" if now is None else f"{now:.1f} busy now", cpus, threads,
+                    "s" if threads > 1 else "", current)
     return threads
+
+
+def busy_cpus(seconds: float = 0.25) -> float | None:
+    """How many of this process's CPUs (its affinity) were busy over the next ``seconds``, from Linux's
+    /proc/stat (this process sleeps meanwhile, so the time is other processes'); None elsewhere."""
+    try:
+        mine = os.sched_getaffinity(0)
+        before = _cpu_times(mine)
+        time.sleep(seconds)
+        after = _cpu_times(mine)
+    except (AttributeError, OSError, ValueError):
+        return None
+    busy = 0.0
+    for cpu, (total, idle) in after.items():
+        elapsed = total - before.get(cpu, (total, idle))[0]
+        if elapsed > 0:
+            busy += 1.0 - (idle - before[cpu][1]) / elapsed
+    return busy if after else None
+
+
+def _cpu_times(cpus: set[int]) -> dict[int, tuple[int, int]]:
+    """cpu -> (all its time, its idle and iowait time), in clock ticks, for the CPUs named."""
+    times = {}
+    with open("/proc/stat") as stat:
+        for line in stat:
+            if line.startswith("cpu") and line[3].isdigit():
+                name, *fields = line.split()
+                if int(name[3:]) in cpus:
+                    ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+                    times[int(name[3:])] = (sum(ticks), ticks[3] + ticks[4])
+    return times
 
 
 def keep_cpu_threads(threads: int | None, device: torch.device) -> None:

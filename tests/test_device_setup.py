@@ -5,6 +5,9 @@ evaluated again computes as its in-training evaluation did."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -66,6 +69,7 @@ def test_a_cpu_run_on_a_loaded_machine_trains_on_the_cores_left_free(monkeypatch
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     monkeypatch.setattr(hardware, "cpu_count", lambda: 2)
     monkeypatch.setattr(hardware.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(hardware, "busy_cpus", lambda: load)  # busy now as on average
     monkeypatch.setattr(hardware, "_CHOSEN", None)  # a process's first run
     torch.set_num_threads(2)
     assert hardware.choose_cpu_threads(torch.device("cpu")) == threads == torch.get_num_threads()
@@ -84,7 +88,36 @@ def test_a_sweeps_jobs_in_one_process_train_on_the_first_jobs_thread_count(monke
     torch.set_num_threads(2)
     for load in (0.1, 2.0, 0.1):  # quiet, then the first job's own load, then quiet again
         monkeypatch.setattr(hardware.os, "getloadavg", lambda load=load: (load, load, load))
+        monkeypatch.setattr(hardware, "busy_cpus", lambda load=load: load)
         assert hardware.choose_cpu_threads(torch.device("cpu")) == 2 == torch.get_num_threads()
+
+
+@pytest.mark.parametrize("load, now, threads", [(1.4, 0.1, 2), (0.9, 0.0, 2), (0.2, 1.9, 2), (1.9, 1.8, 1),
+                                                (1.9, None, 1)])
+def test_the_cpus_count_as_busy_only_when_busy_on_average_and_now(monkeypatch, torch_threads, load, now, threads):
+    """The 1-minute load average lags: a job that ended a minute ago (the suite, pip's install) or this
+    process's own start-up left it at 0.9 on 2 idle CPUs, and the default model trained on 1 thread at
+    3,100 tokens/s instead of 8,300. A moment's sample alone would miss work that runs in bursts."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(hardware, "cpu_count", lambda: 2)
+    monkeypatch.setattr(hardware.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(hardware, "busy_cpus", lambda: now)  # None: no /proc/stat (macOS)
+    monkeypatch.setattr(hardware, "_CHOSEN", None)
+    torch.set_num_threads(2)
+    assert hardware.choose_cpu_threads(torch.device("cpu")) == threads
+
+
+@pytest.mark.skipif(not Path("/proc/stat").exists(), reason="Linux's /proc/stat")
+def test_a_process_spinning_on_a_cpu_is_seen_busy_now():
+    """busy_cpus reads /proc/stat: a child spinning on this process's CPUs keeps at least most of one busy."""
+    spinner = subprocess.Popen([sys.executable, "-c", "import time\nend = time.time() + 30\nwhile time.time() < end: pass"])
+    try:
+        time.sleep(0.3)  # started and spinning
+        busy = hardware.busy_cpus()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    assert busy is not None and 0.7 <= busy <= hardware.cpu_count() + 0.05
 
 
 def test_a_resumed_cpu_run_keeps_the_threads_it_started_with(monkeypatch, torch_threads, tmp_path: Path):
