@@ -48,7 +48,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from posenc.check.subject import SHAPE
+from posenc.check.subject import SEQ_LEN, SHAPE
 from posenc.record.code import code_of
 from posenc.record.directory import write_json_atomic
 from posenc.record.provenance import code_record, encoding_targets
@@ -134,8 +134,7 @@ def check_length(cfg: DictConfig) -> int:
     run's encoding may encode no more positions than it trains on (``encoding=learned
     encoding.max_len=16 trainer.seq_len=16``); measured at the check's length it would raise in every
     row and fail a contract it keeps."""
-    own = int(dict(item.partition("=")[::2] for item in SHAPE)["trainer.seq_len"])
-    return min(own, int(cfg.trainer.seq_len))
+    return min(SEQ_LEN, int(cfg.trainer.seq_len))
 
 
 def subject_config(cfg: DictConfig) -> DictConfig:
