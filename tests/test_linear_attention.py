@@ -87,3 +87,15 @@ def test_linear_attention_trains():
 def test_a_bias_encoding_is_refused():
     with pytest.raises(ValueError, match="model.attention=linear has no score matrix"):
         GPT(vocab_size=50, encoding=ALiBi(d_model=32, n_head=2), n_layer=1, n_head=2, d_model=32, attention="linear")
+
+
+def test_float64_inputs_are_computed_in_float64_so_a_prefix_equals_itself_alone():
+    """posenc check compares paths in float64 at 1e-10: the first t outputs of a window must be those
+    of the t tokens alone to that precision (cast to float32, t and T rows rounded apart by ~1e-7)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 4, 100, 64, generator=g, dtype=torch.float64) for _ in range(3))
+    full = causal_linear_attention(q, k, v)
+    assert full.dtype == torch.float64
+    for t in (1, 5, 50, 99):
+        alone = causal_linear_attention(q[..., :t, :], k[..., :t, :], v[..., :t, :])
+        assert (full[..., :t, :] - alone).abs().max() < 1e-12
