@@ -62,11 +62,12 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     """Rotate the first 2·cos.shape[-1] dims of x by the angles whose cos/sin are given.
 
     x: (..., T, head_dim); cos, sin: (T, rot_dim/2), or (B, 1, T, rot_dim/2) for per-sequence
-    positions, float32 -> same shape and dtype as x.
-    Computed in float32 and cast back (torchtitan), since bf16 angles lose position.
+    positions, float32 (float64 in a float64 model) -> same shape and dtype as x.
+    Computed in float32 at least and cast back (torchtitan), since bf16 angles lose position; a
+    float64 x is rotated in float64 (``posenc check``'s reference).
     """
     rot_dim = 2 * cos.shape[-1]
-    xr, x_pass = rotated_part(x, rot_dim).float(), x[..., rot_dim:]
+    xr, x_pass = at_least_float32(rotated_part(x, rot_dim)), x[..., rot_dim:]
     if style == "interleaved":
         x1, x2 = xr[..., 0::2], xr[..., 1::2]  # (..., T, rot/2) each
         out = torch.stack((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1).flatten(-2)
@@ -76,16 +77,21 @@ def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, style: str) -> Tensor:
     return torch.cat((out.type_as(x), x_pass), dim=-1) if x_pass.shape[-1] else out.type_as(x)
 
 
+def at_least_float32(x: Tensor) -> Tensor:
+    """x in float32, or as it is where it is wider (float64): bf16 and fp16 lose position."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def rotate_complex(x: Tensor, freqs: Tensor) -> Tensor:
     """The interleaved rotation as one complex product: (x_{2i} + i·x_{2i+1}) · e^{i·mθ_i}.
 
-    x: (..., T, head_dim); freqs: (T, rot_dim/2) or (B, 1, T, rot_dim/2) complex64 -> same shape
-    and dtype as x.
+    x: (..., T, head_dim); freqs: (T, rot_dim/2) or (B, 1, T, rot_dim/2) complex64 (complex128 in a
+    float64 model) -> same shape and dtype as x.
     The same maths as ``apply_rotary(style="interleaved")`` in one elementwise kernel instead
     of six plus a copy: in eager mode (CPU) it makes interleaved RoPE the cheapest style.
     """
     rot_dim = 2 * freqs.shape[-1]
-    out = complex_rotation(rotated_part(x, rot_dim).float(), freqs)  # its backward copies nothing
+    out = complex_rotation(at_least_float32(rotated_part(x, rot_dim)), freqs)  # its backward copies nothing
     return torch.cat((out.type_as(x), x[..., rot_dim:]), dim=-1) if rot_dim < x.shape[-1] else out.type_as(x)
 
 
@@ -144,8 +150,9 @@ class RoPE(PositionalEncoding):
         self.register_buffer("sin_cached", torch.empty(0, rot_dim // 2), persistent=False)
 
     def angles(self, pos: Tensor) -> Tensor:
-        """m·θ_i for every position m in pos: (T,) -> (T, rot_dim/2), float32."""
-        return pos.to(torch.float32)[:, None] * self.inv_freq[None, :]
+        """m·θ_i for every position m in pos: (T,) -> (T, rot_dim/2), in inv_freq's dtype: float32 (in a
+        bf16 run too: the buffer stays float32 under autocast), float64 in a float64 model."""
+        return pos.to(self.inv_freq.dtype)[:, None] * self.inv_freq[None, :]
 
     def frequencies(self, length: int) -> Tensor:
         """θ'_i of the configured scaling when running ``length`` positions: (rot_dim/2,)."""
@@ -155,8 +162,9 @@ class RoPE(PositionalEncoding):
     def prepare(self, length: int) -> None:
         super().prepare(length)
         if self.scaling in LENGTH_DEPENDENT and length != self.cached_for:
-            # θ' depends on the length being run: recompute exactly for it (once per new length)
-            self.inv_freq = self.frequencies(length).to(self.inv_freq.device)
+            # θ' depends on the length being run: recompute exactly for it (once per new length), in
+            # the buffer's dtype (float64 in a float64 model: float32 here would round every angle)
+            self.inv_freq = self.frequencies(length).to(self.inv_freq)
             self.cos_cached = self.cos_cached[:0]
             self.cached_for = length
         if self.cos_cached.shape[0] < length:
