@@ -109,3 +109,49 @@ class KernelALiBi(PositionalEncoding):
 
         return kernel
 '''
+
+ACTIVATION_DTYPE_ROPE = '''
+from posenc.nn.encodings.rope import RoPE, apply_rotary
+
+
+class ActivationDtypeRoPE(RoPE):
+    """RoPE whose angles m·θ_i are computed in the activations' dtype (q's): exact in float32 and
+    float64, and in bf16 (8 bits of mantissa) positions past 256 rounded and every angle rounded to
+    1 part in 256 of itself."""
+
+    def transform_qk(self, q, k, ctx, layer=0):
+        theta = ctx.pos.to(q.dtype)[..., None] * self.inv_freq.to(q.dtype)  # (T, rot/2) in q's dtype
+        cos, sin = theta.cos() * self.attention_scale, theta.sin() * self.attention_scale
+        if ctx.per_sequence:
+            cos, sin = cos[:, None], sin[:, None]
+        return apply_rotary(q, cos, sin, self.style), apply_rotary(k, cos, sin, self.style)
+'''
+
+BATCH_MEAN_ROPE = '''
+from posenc.nn.encodings.rope import RoPE
+
+
+class BatchMeanRoPE(RoPE):
+    """RoPE that adds to each query the running mean of the batch's keys up to its position: causal
+    (keys j <= i only), and every sequence reads the others of its batch."""
+
+    def transform_qk(self, q, k, ctx, layer=0):
+        q, k = super().transform_qk(q, k, ctx, layer)
+        seen = torch.arange(1, k.shape[-2] + 1, dtype=k.dtype, device=k.device)[:, None]  # (T, 1)
+        return q + k.mean(0, keepdim=True).cumsum(-2) / seen, k  # (1, H, T, E): over the batch and j <= i
+'''
+
+UNSEEDED_ROPE = '''
+from posenc.nn.encodings.rope import RoPE
+
+
+class UnseededRoPE(RoPE):
+    """RoPE whose frequencies are jittered by a generator seeded from the operating system into its
+    non-persistent inv_freq buffer: every build of the model draws others, and no checkpoint holds them."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        g = torch.Generator()
+        g.seed()  # a nondeterministic seed: nothing a run records
+        self.inv_freq = self.inv_freq * (1 + 0.1 * torch.rand(self.inv_freq.shape, generator=g))
+'''

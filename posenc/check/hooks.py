@@ -11,7 +11,10 @@ anyway):
   reads later tokens (a mean over all keys, a sum without the mask);
 - ``length``: a window of T positions against one of t, the inputs of the first t the same: a hook
   whose output changes reads the window's length (``ctx.T``, ``q_pos.shape``, what ``prepare`` was
-  given) — or later tokens, which the ``future`` measurement tells apart.
+  given) — or later tokens, which the ``future`` measurement tells apart;
+- ``batch``: the same window, the inputs of every sequence but the first drawn anew: a hook whose
+  output for the first sequence (all T positions) changes reads the other sequences of its batch
+  (a mean over the batch dimension). An output without a batch dimension is compared whole.
 
 A note names a cause only where this measurement shows it (posenc/check/model.py, length.py).
 """
@@ -31,8 +34,10 @@ from posenc.nn.mask import AttentionMask
 #: each hook and whether its output is a query-by-key term (..., n, n) or per position (..., n, E)
 PAIRWISE = {"embed": False, "transform_qk": False, "position_bias": True, "content_bias": True, "qk_scores": True,
             "decay": True, "logit_scale": False, "normalise": True}
+#: the sequences of the inputs a hook is asked with
+BATCH = 2
 #: what a second measurement changes between the two askings (the module doc)
-CHANGES = ("future", "length")
+CHANGES = ("future", "length", "batch")
 
 
 def layer_encodings(s: Subject, mode: str = "eval") -> list[tuple[int, PositionalEncoding]]:
@@ -47,18 +52,29 @@ def layer_encodings(s: Subject, mode: str = "eval") -> list[tuple[int, Positiona
 
 def hooks_reading(s: Subject, change: str, mode: str = "eval") -> list[str]:
     """The hooks (with the layer where the model has several encodings) whose output for the first
-    t = T/2 positions differs when ``change`` (CHANGES) is made, the encodings in mode."""
+    t = T/2 positions (``batch``: for the first sequence) differs when ``change`` (CHANGES) is made,
+    the encodings in mode."""
     T, t = s.T, s.T // 2
     encodings = layer_encodings(s, mode)
     found = []
     for layer, encoding in encodings:
         g = torch.Generator().manual_seed(5)
-        q, k = (torch.randn(2, encoding.n_head, T, encoding.head_dim, generator=g, dtype=torch.float64) for _ in "qk")
-        x = torch.randn(2, T, encoding.d_model, generator=g, dtype=torch.float64)
-        scores = torch.randn(2, encoding.n_head, T, T, generator=g, dtype=torch.float64)
+        q, k = (torch.randn(BATCH, encoding.n_head, T, encoding.head_dim, generator=g, dtype=torch.float64)
+                for _ in "qk")
+        x = torch.randn(BATCH, T, encoding.d_model, generator=g, dtype=torch.float64)
+        scores = torch.randn(BATCH, encoding.n_head, T, T, generator=g, dtype=torch.float64)
         whole = hook_outputs(encoding, q, k, x, scores, layer)
         if change == "length":
             other = hook_outputs(encoding, q[..., :t, :], k[..., :t, :], x[:, :t], scores[..., :t, :t], layer)
+        elif change == "batch":  # every sequence but the first drawn anew
+            later = [v.clone() for v in (q, k, x, scores)]
+            for v in later:
+                v[1:] = torch.randn(v[1:].shape, generator=g, dtype=torch.float64)
+            other = hook_outputs(encoding, *later, layer)
+            for hook, out in other.items():
+                if hook in whole and max_abs(first_sequence(first(whole[hook], T)), first_sequence(first(out, T))) > EXACT:
+                    found.append(hook if len(encodings) == 1 else f"{hook} (layer {layer})")
+            continue
         else:  # the inputs from position t on drawn anew, the window's length kept
             later = [v.clone() for v in (q, k, x, scores)]
             for v, dim in zip(later, (-2, -2, 1, -2)):
@@ -70,6 +86,12 @@ def hooks_reading(s: Subject, change: str, mode: str = "eval") -> list[str]:
             if hook in whole and max_abs(first(whole[hook], t), first(out, t)) > EXACT:
                 found.append(hook if len(encodings) == 1 else f"{hook} (layer {layer})")
     return found
+
+
+def first_sequence(x: Tensor) -> Tensor:
+    """A hook's output for the first sequence of a batch of 2 (BATCH), or the whole of an output
+    without a batch dimension (position_bias: (H, T, T))."""
+    return x[:1] if x.dim() >= 3 and x.shape[0] == BATCH else x
 
 
 def first(value: tuple[Tensor, bool], t: int) -> Tensor:

@@ -1,6 +1,7 @@
 """Properties of the whole model around the encoding: what a causal LM must do whatever its
-encoding is (causality, a sane loss at init, positions 0..T-1 by default), what document packing
-and sliding windows promise, and what happens past the training length.
+encoding is (causality, a sane loss at init, positions 0..T-1 by default, each sequence of a batch
+computed on its own), what document packing and sliding windows promise, and what happens past
+the training length.
 
 Each is measured in evaluation and in training (subject.MODES) but the last, which only evaluation
 asks. Documents in training: what must hold is that no document sees another; the positions a
@@ -12,11 +13,12 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 
 from posenc.check.hooks import hooks_reading, which
 from posenc.check.length import length_cause, prefix_gaps
 from posenc.check.results import EXACT, CheckResult, Measured, Status, holds, in_modes, max_abs, not_offered
-from posenc.check.subject import MODE_NAMES, MODES, VOCAB, Subject, forward
+from posenc.check.subject import MODE_NAMES, MODES, VOCAB, Subject, forward, seeded
 from posenc.errors import UserError
 from posenc.nn.encodings.base import PositionOutOfRange
 
@@ -77,6 +79,51 @@ def default_positions(s: Subject) -> list[CheckResult]:
         found[mode] = Measured(diff <= EXACT, f"max |Δ| {diff:.1e}",
                                f"model(x) differs from model(x, pos=arange(T)) by {diff:.1e}")
     return [in_modes("default positions = 0..T−1", found, MODE_NAMES)]
+
+
+BATCH_NAME = "batch: a sequence ignores the others in its batch"
+
+
+def batch_independence(s: Subject) -> list[CheckResult]:
+    """The first sequence's logits, and the gradients of its loss with respect to every parameter, do
+    not change when the other sequences of its batch change, in each mode: a batch is several
+    independent sequences, so a run's numbers do not depend on how its windows were batched."""
+    x, y = s.tokens(7, batch=3), s.tokens(8, batch=3)
+    changed = x.clone()
+    changed[1:] = (changed[1:] + 1) % VOCAB
+    found = {}
+    for mode in MODES:
+        model = s.model(mode=mode)
+        (logits, grads), (logits2, grads2) = (first_sequence(model, tokens, y[0]) for tokens in (x, changed))
+        moved = max_abs(logits, logits2)
+        gaps = {name: max_abs(a, b) for name, a, b in zip(grads, grads.values(), grads2.values())}
+        worst = max(gaps, key=gaps.__getitem__)
+        ok = moved <= EXACT and gaps[worst] <= EXACT
+        found[mode] = Measured(ok, f"logits {moved:.1e}, gradients {gaps[worst]:.1e}", "" if ok else
+                               f"changing the other sequences of the batch moves the first one's logits by {moved:.1e} "
+                               f"and the gradients of its loss by up to {gaps[worst]:.1e} ({worst}): "
+                               f"{batch_cause(s, mode)}")
+    return [in_modes(BATCH_NAME, found, MODE_NAMES)]
+
+
+def first_sequence(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """The first sequence's logits in the batch x and the gradient of its loss (targets y) with respect
+    to each parameter (zeros where none reaches it), the forward's randomness drawn from one seed."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    with seeded():
+        logits = model(x)[0][0]  # (T, V)
+    grads = torch.autograd.grad(F.cross_entropy(logits, y), list(params.values()), allow_unused=True)
+    return logits.detach(), {n: g if g is not None else torch.zeros_like(p)
+                             for (n, p), g in zip(params.items(), grads)}
+
+
+def batch_cause(s: Subject, mode: str) -> str:
+    """Which hook reads the other sequences of its batch, as measured on each hook alone."""
+    readers = hooks_reading(s, "batch", mode)
+    if readers:
+        return f"{which(readers)} the other sequences (its output for the first one changes when only they change)"
+    return ("no hook's output for the first sequence changes when only the others do, so the mixing is outside the "
+            "hooks measured alone (a fused kernel, or a module around the encoding)")
 
 
 def spans(doc: torch.Tensor) -> list[tuple[int, int, int]]:

@@ -1,12 +1,31 @@
-"""What a check returns: one typed row per property."""
+"""What a check returns: one typed row per property; the tolerances rows share.
+
+A row that compares two computations which should agree up to rounding allows what rounding
+gives in the dtype the code computes in (``rounding_bound``): a value computed in a dtype of
+machine epsilon ε carries a relative error of a few ε, and a position m (or an angle m·θ, θ ≤ 1)
+held in float32 — positions and angles are computed in float32 at least, as torchtitan and Hugging
+Face compute RoPE's — an absolute error of ε_float32·m. So at positions up to m the relative error
+may reach ROUNDING · (ε + ε_float32 · m): in float64 at the check's 61 positions 2.9e-5, in bf16 at
+position 4096 3.3e-2.
+"""
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
 
+import torch
+
 #: float64 logits that should be equal are equal to this (they differ by reassociation alone)
 EXACT = 1e-10
+#: how many times the rounding of its dtype a measured relative error may reach (``rounding_bound``)
+ROUNDING = 4
+
+
+def rounding_bound(dtype: torch.dtype, position: int = 0) -> float:
+    """The relative error rounding alone gives a value computed in dtype from positions up to
+    ``position``, positions and angles in float32 at least: ROUNDING · (ε_dtype + ε_float32 · position)."""
+    return ROUNDING * (torch.finfo(dtype).eps + torch.finfo(torch.float32).eps * position)
 
 
 class Status(enum.Enum):

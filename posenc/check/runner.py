@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from posenc.check import cuda, flex_backward, kernel, learning, length, model, paths, state
+from posenc.check import cuda, flex_backward, kernel, learning, length, model, paths, precision, state
 from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
@@ -22,11 +22,13 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("prefix consistency", length.prefix_consistency),
     ("loss at init", model.loss_at_init),
     ("default positions", model.default_positions),
+    ("batch independence", model.batch_independence),
     ("attention paths", paths.attention_paths),
     ("fused kernel", kernel.fused_kernel),
     ("bias forms", paths.bias_forms),
     ("score_mod backward", flex_backward.score_mod_backward),
     ("shift invariance", paths.shift_invariance),
+    ("precision", precision.precision_rows),
     ("documents packing", model.documents),
     ("sliding windows", model.windows),
     ("every parameter learns", learning.every_parameter_learns),

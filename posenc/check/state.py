@@ -47,8 +47,30 @@ def round_trip(s: Subject) -> list[CheckResult]:
     with torch.no_grad():
         same = torch.equal(model(x)[0], fresh(x)[0])
     measured = f"{len(original)} tensors" + (", same logits" if same else "")
-    return [holds("safetensors round trip", not differ and same, measured,
-                  f"{', '.join(differ[:3]) or 'the logits'} changed through safetensors")]
+    unsaved = unsaved_buffers(s) if not same else []
+    note = (f"{', '.join(differ[:3])} changed through safetensors" if differ else
+            f"a model loading the state computes other logits: {unsaved_note(unsaved)}" if unsaved else
+            "a model loading the state computes other logits, though every tensor of the state came back equal and no "
+            "buffer outside it differs: the forward reads something else that differs between builds")
+    return [holds("safetensors round trip", not differ and same, measured, note)]
+
+
+def unsaved_buffers(s: Subject) -> list[str]:
+    """The buffers that differ between two fresh builds of the model (seeds 0 and 1, no forward run: a
+    cache derived from them is still empty) and that the state dict does not hold (registered with
+    persistent=False): what no checkpoint restores."""
+    a, b = s.model(seed=0), s.model(seed=1)
+    saved, other = set(a.state_dict()), dict(b.named_buffers())
+    return sorted(name for name, buf in a.named_buffers() if name not in saved and name in other
+                  and (buf.shape != other[name].shape or not torch.equal(buf, other[name])))
+
+
+def unsaved_note(names: list[str]) -> str:
+    """What a buffer that no checkpoint holds and that differs between builds means."""
+    return (f"{', '.join(names[:3])} {'differs' if len(names) == 1 else 'differ'} between two builds of the model and "
+            f"{'is' if len(names) == 1 else 'are'} not in the state dict (persistent=False), so no checkpoint restores "
+            f"{'it' if len(names) == 1 else 'them'} — compute {'it' if len(names) == 1 else 'them'} from the config "
+            f"alone (no unseeded random numbers), or register {'it' if len(names) == 1 else 'them'} persistent")
 
 
 def training_config(s: Subject) -> DictConfig:
@@ -96,6 +118,7 @@ def resume(s: Subject) -> list[CheckResult]:
         set_rng_state(saved_rng)
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
+    unsaved = unsaved_buffers(s) if got != expected or differ else []
     return [holds("resume is bit-exact", got == expected and not differ,
                   f"losses {' '.join(f'{v:.4f}' for v in got)}", f"resumed {got} vs uninterrupted {expected}"
-                  + (f"; {differ[0]} differs" if differ else ""))]
+                  + (f": {unsaved_note(unsaved)}" if unsaved else f"; {differ[0]} differs" if differ else ""))]

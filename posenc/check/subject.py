@@ -2,8 +2,14 @@
 
 The config is composed as every command composes it (posenc.config.compose, with the user's
 overrides and any ``--config-dir``), on a shape small enough for seconds on a CPU: d_model 32,
-4 heads, 2 layers, T = 24 — placed before the user's overrides, so ``model.n_layer=3`` or a
-``layout=`` still applies. The model is built by posenc.build, as training builds it.
+4 heads, 2 layers — placed before the user's overrides, so ``model.n_layer=3`` or a ``layout=``
+still applies — and a window of T = 24 tokens (``SEQ_LEN``; the run's own where shorter:
+``check_length``). The model is built by posenc.build, as training builds it.
+
+Two things of the run are kept beside the window (``Subject.of``): the positions its evaluation
+reaches, max(eval.lengths) × trainer.seq_len (``longest``: 16 × 256 = 4096 by default), and the
+precision it trains in (``precision``: trainer.precision, ``auto`` resolved as training resolves it),
+which the precision rows measure in (posenc/check/precision.py).
 
 An encoding may behave otherwise in training (``self.training``: random positions drawn in each
 forward, Ruoss et al., 2023), so every property that can differ between the modes is measured in
@@ -24,12 +30,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import build_model
 from posenc.config import compose, validate
+from posenc.hardware import resolve_precision
 from posenc.nn.model import GPT
 
-#: the window the checks measure in (a run's verdict: its own length where shorter, check.verdict.check_length)
+#: the window the checks measure in (the run's own where shorter: ``check_length``)
 SEQ_LEN = 24
 #: the tiny shape, before the user's overrides
-SHAPE = ["model.d_model=32", "model.n_head=4", "model.n_layer=2", "model.dropout=0.0", f"trainer.seq_len={SEQ_LEN}"]
+SHAPE = ["model.d_model=32", "model.n_head=4", "model.n_layer=2", "model.dropout=0.0"]
 #: the vocabulary of the random tokens the checks feed the model
 VOCAB = 64
 #: three documents in the first row (7 + 10 + 7 tokens), two in the second (15 + 9)
@@ -60,14 +67,55 @@ def compose_subject(overrides: list[str]) -> Subject:
     """The user's overrides (Hydra syntax, ``hydra.searchpath=[...]`` included) on the tiny shape."""
     cfg = compose([*SHAPE, *overrides], bench=False)
     validate(cfg)
-    return Subject(cfg)
+    return Subject.of(cfg)
+
+
+def check_length(cfg: DictConfig) -> int:
+    """The window the check measures in: SEQ_LEN, or the run's length when shorter. A run's encoding
+    may encode no more positions than it trains on (``encoding=learned encoding.max_len=16
+    trainer.seq_len=16``); measured at the check's length it would raise in every row and fail a
+    contract it keeps."""
+    return min(SEQ_LEN, int(cfg.trainer.seq_len))
+
+
+def longest_position(cfg: DictConfig) -> int:
+    """How many positions the run's evaluation reaches: max(eval.lengths) × trainer.seq_len (at
+    least the run's own length)."""
+    lengths = [float(x) for x in (OmegaConf.select(cfg, "eval.lengths", default=None) or [1])]
+    return max(int(max(lengths) * int(cfg.trainer.seq_len)), int(cfg.trainer.seq_len))
+
+
+def training_precision(cfg: DictConfig) -> str:
+    """The precision the run trains in: trainer.precision, ``auto`` resolved as posenc/hardware.py
+    resolves it on the run's device (bf16 on CUDA, fp32 on a CPU)."""
+    spec = str(OmegaConf.select(cfg, "trainer.precision", default="auto"))
+    if spec != "auto":
+        return resolve_precision(spec, torch.device("cpu"))  # an unknown name: its one error line
+    device = str(OmegaConf.select(cfg, "device", default="auto"))
+    on_cuda = device.startswith("cuda") or (device == "auto" and torch.cuda.is_available())
+    if on_cuda and not torch.cuda.is_available():  # a CUDA run's config read on a CPU machine
+        return "bf16"
+    return resolve_precision(spec, torch.device("cuda" if on_cuda else "cpu"))
 
 
 @dataclass
 class Subject:
-    """The config under check and what every property builds from it."""
+    """The config under check and what every property builds from it: cfg on the check's window;
+    longest: the positions the run's evaluation reaches; precision: the run's training precision
+    (fp32 | bf16 | fp16)."""
 
     cfg: DictConfig
+    longest: int = 16 * SEQ_LEN
+    precision: str = "fp32"
+
+    @classmethod
+    def of(cls, run: DictConfig) -> Subject:
+        """The subject of a run's config: on the check's window (``check_length``), the positions its
+        evaluation reaches and its precision kept from the run's own config."""
+        cfg = copy.deepcopy(run)
+        OmegaConf.set_readonly(cfg, False)
+        OmegaConf.update(cfg, "trainer.seq_len", check_length(run), merge=False)
+        return cls(cfg, longest_position(run), training_precision(run))
 
     @property
     def T(self) -> int:
