@@ -1,7 +1,9 @@
 """Every command carries `posenc check`'s verdict (posenc/check/verdict.py): a run of an encoding that
-fails says so once and records it, the verdict is measured once per version of the encoding's code and
-found again by its key, measuring it changes nothing about the run, `compare` marks the arm, and the
-verdicts posenc ships are those of today's code, every shipped encoding and layout passing."""
+fails says so once and records it, the verdict is measured once per key — the code on the check's
+whole path, the encoding's, its configs, the precision, the libraries — and found again by it,
+measuring it changes nothing about the run, `compare` marks the arm, and the verdicts posenc ships
+are what today's code measures (every entry measured again here), every shipped encoding and layout
+passing."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import shutil
 import sys
 import threading
 import time
+from importlib.resources import files
 from pathlib import Path
 
 import pytest
@@ -18,9 +21,9 @@ from broken_encodings import IMPORTS, TRAINING_LEAK
 from conftest import TINY, cli_env, run_cli
 
 from posenc.check import verdict as V
-from posenc.check.shipped import entries, shipped_path
+from posenc.check.shipped import PRECISIONS, entries, label, measured, shipped_path
 from posenc.config import compose
-from posenc.config.searchpath import ENV_VAR
+from posenc.config.searchpath import CONFIG_MODULE, ENV_VAR
 
 WARNING = "warning: encoding 'training_leak' fails posenc check"
 CAUSAL = "causal: the future reaches no past logit"
@@ -142,17 +145,111 @@ def test_a_comment_keeps_a_plugins_verdict_and_a_line_of_code_does_not(leak, tmp
     assert V.key_of(compose(["encoding=training_leak", "+encoding.max_len=64"], bench=False)) != key
 
 
-def test_the_shipped_verdicts_are_todays_and_every_shipped_encoding_and_layout_passes():
-    """posenc/check/shipped.json holds a verdict for every encoding and layout posenc ships, each keyed
-    to today's code and configs (else it is stale: `posenc check --write-shipped` measures them again),
-    and none fails a property: a built-in run never pays the check, and every built-in keeps the contract."""
+def test_shipped_json_holds_every_encoding_and_layout_in_each_precision_and_a_built_in_run_finds_it():
     shipped = json.loads(shipped_path().read_text())["verdicts"]
-    assert set(shipped) == set(entries())
-    stale = [label for label, overrides in entries().items()
-             if V.key_of(compose(overrides, bench=False)) != shipped[label]["key"]]
-    assert not stale, f"stale shipped verdicts (run `posenc check --write-shipped`): {stale}"
-    assert not {label: v["failed"] for label, v in shipped.items() if v["failed"]}
+    assert set(shipped) == {label(entry, p) for entry in entries() for p in PRECISIONS}
     assert V.lookup(compose(["encoding=fire"], bench=False)).source == "shipped"
+    assert V.lookup(compose(["encoding=fire", "trainer.precision=bf16"], bench=False)).precision == "bf16"
+
+
+def remeasured(entry: str) -> None:
+    """One shipped entry measured again, as `posenc check --write-shipped` measures it, in each precision:
+    the key and the failed rows shipped.json holds, and none failing (every built-in keeps the contract)."""
+    shipped = json.loads(shipped_path().read_text())["verdicts"]
+    for precision, got in measured(entries()[entry]).items():
+        want = shipped.get(label(entry, precision), {})
+        assert (got["key"], got["failed"]) == (want.get("key"), want.get("failed")), (
+            f"{label(entry, precision)}: measured {got}, shipped {want} (run `posenc check --write-shipped`)")
+        assert not got["failed"]
+
+
+# each class is one scope of pytest-xdist's loadscope (pyproject's addopts), so two workers share them
+class TestEveryShippedEncodingIsMeasuredAgain:
+    @pytest.mark.parametrize("entry", [e for e in entries() if e.startswith("encoding=")])
+    def test_its_verdict_is_the_shipped_one(self, entry):
+        remeasured(entry)
+
+
+class TestEveryShippedLayoutIsMeasuredAgain:
+    @pytest.mark.parametrize("entry", [e for e in entries() if e.startswith("layout=")])
+    def test_its_verdict_is_the_shipped_one(self, entry):
+        remeasured(entry)
+
+
+def test_a_copy_of_posenc_whose_attention_leaks_the_future_carries_no_shipped_verdict(tmp_path):
+    """The shipped verdicts are keyed on the code the check runs, attention included: in a copy of
+    posenc whose dense mask shows every key (posenc/nn/dense.py), a run of ALiBi (whose bias goes
+    through the dense mask) finds no shipped verdict, measures it, fails the causal row, and says so."""
+    import posenc
+
+    source = Path(posenc.__file__).resolve().parent
+    copy = tmp_path / "copy" / "posenc"
+    shutil.copytree(source, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(Path(str(files(CONFIG_MODULE))), copy / "conf", ignore=shutil.ignore_patterns("__pycache__"),
+                    dirs_exist_ok=True)  # posenc.conf, as the wheel installs it
+    dense = copy / "nn" / "dense.py"
+    anchor = "visible = self.mask.visible(start, end, lo, end, device=self.pos.device)  # (B|1, 1, rows, keys)"
+    assert anchor in dense.read_text()
+    dense.write_text(dense.read_text().replace(anchor, anchor + "\n        visible = torch.ones_like(visible)"))
+    env = {**cli_env(), "PYTHONPATH": str(copy.parent), V.CACHE_ENV: str(tmp_path / "cache")}
+    env.pop(ENV_VAR, None)
+    run = run_cli("train", "encoding=alibi", *TINY, "hydra.run.dir=run", cwd=tmp_path, env=env, new_python=True)
+    assert run.returncode == 0, run.stderr[-3000:]
+    provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert provenance["code"]["posenc.nn.encodings.alibi.ALiBi"]["file"].startswith(str(copy))  # the copy ran
+    check = json.loads((tmp_path / "run" / "summary.json").read_text())["check"]
+    assert check["from"] == "measured" and check["holds"] is False and CAUSAL in check["failed"], check
+    assert "warning: encoding 'alibi' fails posenc check (" in run.stderr
+
+
+def test_the_key_is_the_whole_path_the_precision_and_the_libraries(monkeypatch):
+    """Not only the encoding's code: the attention code, the training precision and torch's version
+    each make another key (a verdict measured with one is not carried to the other)."""
+    cfg = compose(["encoding=alibi"], bench=False)
+    key = V.key_of(cfg)
+    assert V.key_of(compose(["encoding=alibi", "trainer.precision=bf16"], bench=False)) != key
+    assert V.key_of(compose(["encoding=alibi", "eval.lengths=[1,64]"], bench=False)) != key  # 64 × 256 positions
+    assert V.key_of(compose(["encoding=alibi", "trainer.seq_len=32"], bench=False)) == key  # 16 × 32 ≤ 4096
+    real = V.library_versions()
+    assert set(real) == {"torch", "triton", "fla"} and real["torch"].split("+")[0] == torch_version()
+    monkeypatch.setattr(V, "library_versions", lambda: {**real, "torch": "0.0"})
+    assert V.key_of(cfg) != key
+    assert "posenc/nn/dense.py" in V.path_files() and "posenc/nn/recurrence.py" in V.path_files()
+    assert "posenc/train/state.py" in V.path_files() and "posenc/check/cuda.py" not in V.path_files()
+
+
+def torch_version() -> str:
+    import torch
+
+    return torch.__version__.split("+")[0]
+
+
+def test_a_warning_names_the_variant_of_a_shipped_encoding():
+    """`rope scaling=dynamic`, not `rope`: the run's options where they differ from the encoding's file,
+    and the `posenc check` that shows its rows."""
+    cfg = compose(["encoding=rope", "encoding.scaling=dynamic", "encoding.scaling_factor=4",
+                   "trainer.precision=bf16"], bench=False)
+    assert V.variant(cfg) == "rope scaling=dynamic scaling_factor=4"
+    line = V.Verdict("k", ("some row",), "measured").warning(V.variant(cfg), V.check_command(cfg))
+    assert line.startswith("encoding 'rope scaling=dynamic scaling_factor=4' fails posenc check (some row)")
+    assert ("`posenc check encoding=rope encoding.scaling=dynamic encoding.scaling_factor=4 trainer.precision=bf16`"
+            in line)
+    assert V.variant(compose(["encoding=fox", "encoding@encoding.inner=alibi"], bench=False)) == "fox inner=alibi"
+    assert V.variant(compose(["encoding=rope"], bench=False)) == "rope"
+
+
+def test_cache_files_are_written_through_temporary_files_of_their_own(tmp_path):
+    """Two writers of one path never share a temporary file, and none is left behind."""
+    from posenc.record.directory import write_json_atomic
+
+    path = tmp_path / "k.json"
+    threads = [threading.Thread(target=write_json_atomic, args=(path, {"n": n, "pad": "x" * 100_000}))
+               for n in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert json.loads(path.read_text())["n"] in range(8) and [p.name for p in tmp_path.iterdir()] == ["k.json"]
 
 
 def test_a_run_shorter_than_the_checks_window_is_measured_at_its_own_length(tmp_path, monkeypatch):

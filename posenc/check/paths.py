@@ -23,7 +23,7 @@ from torch import Tensor
 
 from posenc.check import reference as ref
 from posenc.check.hooks import layer_encodings
-from posenc.check.results import CheckResult, Measured, holds, in_modes, max_abs, not_offered
+from posenc.check.results import CheckResult, Measured, holds, in_modes, max_abs, not_offered, rounding_bound
 from posenc.check.subject import MODE_NAMES, MODES, Subject
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context, PositionalEncoding
@@ -231,7 +231,9 @@ def bias_form_gaps(encoding: PositionalEncoding, T: int) -> Iterator[tuple[float
 
 def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
     """A relative bias (distance_bias offered) and rotary scores q·k after transform_qk depend on
-    positions only through i - j: shifting every position changes neither."""
+    positions only through i - j: shifting every position changes neither, beyond the rounding of a
+    float64 computation whose positions and angles may be float32 (results.rounding_bound at the
+    largest position: 2.9e-5 of |q||k| for the scores, of |b| + 1 for the bias)."""
     T = s.T
     pos = torch.arange(T)
     n = T + shift  # one bound for both, so a length-dependent scaling sees the same length
@@ -244,8 +246,9 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
         with torch.no_grad():
             if encoding.offers("distance_bias"):
                 biased = True
-                bias_worst = max(bias_worst, max_abs(encoding.position_bias(pos + shift, pos + shift),
-                                                     encoding.position_bias(pos, pos)))
+                before = encoding.position_bias(pos, pos).double()
+                after = encoding.position_bias(pos + shift, pos + shift).double()
+                bias_worst = max(bias_worst, float(((after - before).abs() / (before.abs() + 1.0)).max()))
             if encoding.offers("transform_qk"):
                 rotary = True
                 q, k = (torch.randn(B, encoding.n_head, T, encoding.head_dim, generator=g, dtype=torch.float64)
@@ -254,16 +257,18 @@ def shift_invariance(s: Subject, shift: int = 37) -> list[CheckResult]:
                 for p in (pos, pos + shift):
                     tq, tk = encoding.transform_qk(q, k, Context.at(p, torch.float64, n_positions=n), 0)
                     scores.append(tq @ tk.transpose(-1, -2))
-                score_worst = max(score_worst, max_abs(*scores))
+                norms = q.norm(dim=-1)[..., :, None] * k.norm(dim=-1)[..., None, :]  # |q_m||k_n|
+                score_worst = max(score_worst, float(((scores[0] - scores[1]).abs() / norms).max()))
     rows = []
+    bound = rounding_bound(torch.float64, n)  # float64, positions and angles in float32 at least
     name = "bias depends on i − j only"
     has_bias = any(e.offers("position_bias") for _, e in layer_encodings(s))
-    rows.append(holds(name, bias_worst <= TOLERANCE, f"max |Δ| {bias_worst:.1e} (+{shift})",
+    rows.append(holds(name, bias_worst <= bound, f"max |Δ| {bias_worst:.1e}·(|b| + 1) (+{shift}; ≤ {bound:.1e})",
                       "distance_bias is offered, so the bias must depend on i − j alone") if biased else
                 not_offered(name, "the position bias offers no distance_bias, so may depend on i and j apart"
                             if has_bias else "no position bias"))
     name = "rotary q·k depends on m − n only"
-    rows.append(holds(name, score_worst <= 1e-6, f"max |Δ| {score_worst:.1e} (+{shift})",
+    rows.append(holds(name, score_worst <= bound, f"max |Δ| {score_worst:.1e}·|q||k| (+{shift}; ≤ {bound:.1e})",
                       "scores change when every position shifts: transform_qk is not relative") if rotary else
                 not_offered(name, "no transform_qk"))
     return rows

@@ -7,7 +7,8 @@ still applies — and a window of T = 24 tokens (``SEQ_LEN``; the run's own wher
 ``check_length``). The model is built by posenc.build, as training builds it.
 
 Two things of the run are kept beside the window (``Subject.of``): the positions its evaluation
-reaches, max(eval.lengths) × trainer.seq_len (``longest``: 16 × 256 = 4096 by default), and the
+reaches, max(eval.lengths) × trainer.seq_len (``longest``: 16 × 256 = 4096 by default; rounded up to
+a power of 2, at least 4096: ``measured_positions``), and the
 precision it trains in (``precision``: trainer.precision, ``auto`` resolved as training resolves it),
 which the precision rows measure in (posenc/check/precision.py).
 
@@ -37,6 +38,8 @@ from posenc.nn.model import GPT
 SEQ_LEN = 24
 #: the tiny shape, before the user's overrides
 SHAPE = ["model.d_model=32", "model.n_head=4", "model.n_layer=2", "model.dropout=0.0"]
+#: the fewest positions the precision rows reach (``measured_positions``): the default config's evaluation's
+MIN_POSITIONS = 16 * 256
 #: the vocabulary of the random tokens the checks feed the model
 VOCAB = 64
 #: three documents in the first row (7 + 10 + 7 tokens), two in the second (15 + 9)
@@ -85,6 +88,13 @@ def longest_position(cfg: DictConfig) -> int:
     return max(int(max(lengths) * int(cfg.trainer.seq_len)), int(cfg.trainer.seq_len))
 
 
+def measured_positions(cfg: DictConfig) -> int:
+    """The positions the precision rows reach: the run's evaluation's (``longest_position``), rounded
+    up to a power of 2 and at least MIN_POSITIONS — so that the verdicts measured for the default
+    config (16 × 256 = 4096) are those of every run whose evaluation reaches no further."""
+    return max(MIN_POSITIONS, 1 << (longest_position(cfg) - 1).bit_length())
+
+
 def training_precision(cfg: DictConfig) -> str:
     """The precision the run trains in: trainer.precision, ``auto`` resolved as posenc/hardware.py
     resolves it on the run's device (bf16 on CUDA, fp32 on a CPU)."""
@@ -101,11 +111,11 @@ def training_precision(cfg: DictConfig) -> str:
 @dataclass
 class Subject:
     """The config under check and what every property builds from it: cfg on the check's window;
-    longest: the positions the run's evaluation reaches; precision: the run's training precision
+    longest: the positions the precision rows reach (``measured_positions``); precision: the run's training precision
     (fp32 | bf16 | fp16)."""
 
     cfg: DictConfig
-    longest: int = 16 * SEQ_LEN
+    longest: int = MIN_POSITIONS
     precision: str = "fp32"
 
     @classmethod
@@ -115,7 +125,7 @@ class Subject:
         cfg = copy.deepcopy(run)
         OmegaConf.set_readonly(cfg, False)
         OmegaConf.update(cfg, "trainer.seq_len", check_length(run), merge=False)
-        return cls(cfg, longest_position(run), training_precision(run))
+        return cls(cfg, measured_positions(run), training_precision(run))
 
     @property
     def T(self) -> int:

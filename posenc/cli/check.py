@@ -41,7 +41,8 @@ def check(ctx: typer.Context,
                                              "layout and rewrite the verdicts posenc ships (posenc/check/shipped.json)")
           ) -> None:
     """Check an encoding's contract: causality, every attention path against a float64 reference,
-    shift invariance, documents and windows, every parameter able to learn, checkpoints, long inputs.
+    shift invariance, the run's training precision (trainer.precision) up to its longest evaluation,
+    batches, documents and windows, every parameter able to learn, checkpoints, long inputs.
 
     The arguments are Hydra overrides. Examples: `posenc check encoding=rope`,
     `posenc check encoding=fox encoding@encoding.inner=alibi`, `posenc check --config-dir mine encoding=logdist`,
@@ -114,11 +115,16 @@ def table(subject: Subject, rows: list[CheckResult]) -> Table:
     from rich.markup import escape
     from rich.table import Table
 
+    from posenc.check.verdict import variant  # start-up: posenc.check imports torch
+
     cfg = subject.cfg
-    shape = f"d_model {cfg.model.d_model}, {cfg.model.n_head} heads, {cfg.model.n_layer} layers, T {subject.T}"
-    t = Table(title=f"encoding {cfg.encoding.name}, layout {cfg.layout.name} ({shape})",
+    shape = (f"d_model {cfg.model.d_model}, {cfg.model.n_head} heads, {cfg.model.n_layer} layers, T {subject.T}; "
+             f"precision rows in {subject.precision} to position {subject.longest}")
+    t = Table(title=f"encoding {variant(cfg)}, layout {cfg.layout.name} ({shape})",
               title_justify="left", caption="reference: float64 attention written out from the encoding hooks; masks: "
-              "causal, documents, sliding 5, documents+sliding 5, documents+chunks of 4", caption_justify="left")
+              "causal, documents, sliding 5, documents+sliding 5, documents+chunks of 4; tolerances: float64 against "
+              "float64 1e-10, the shift and precision rows the rounding of their dtype (the bound they show)",
+              caption_justify="left")
     t.add_column("property", style="bold", no_wrap=True)
     t.add_column("measured")
     t.add_column("", no_wrap=True, min_width=1)

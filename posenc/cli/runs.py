@@ -99,7 +99,7 @@ def run_verdict(path: Path) -> dict | None:
     except Exception:  # noqa: BLE001 - an unreadable config: no verdict, as for a run that cannot say
         return None
     verdict = lookup(cfg)
-    return None if verdict.source == "error" else announce(verdict, str(cfg.encoding.get("name", "?")))
+    return None if verdict.source == "error" else announce(verdict, cfg)
 
 
 def convert(

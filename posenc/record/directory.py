@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -26,10 +27,19 @@ from posenc.config import parse_overrides
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON via a temp file and rename, so a reader never sees half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    """Write JSON via a temporary file of its own in the same directory and a rename, so a reader
+    never sees half a file and two writers of one path (two sweep jobs caching one verdict) never
+    write into each other's: the temporary name is unique (``.<name>.<random>.tmp``, created
+    exclusively, with the permissions any new file gets), and removed if the write fails."""
+    text = json.dumps(obj, indent=2, default=str) + "\n"
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with open(tmp, "x") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict]:
