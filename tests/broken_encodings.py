@@ -38,7 +38,7 @@ class TrainingLeak(PositionalEncoding):
     """A learned absolute table that, in training only, adds the mean of the whole window's embeddings:
     every token then sees its future while the model trains, and never while it is evaluated."""
 
-    def __init__(self, d_model: int, n_head: int, name: str = "training_leak", max_len: int = 1024) -> None:
+    def __init__(self, d_model: int, n_head: int, name: str = "training_leak", max_len: int = 4096) -> None:
         super().__init__(d_model, n_head, name)
         self.table = nn.Parameter(0.02 * torch.randn(max_len, d_model))
 

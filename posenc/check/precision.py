@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.check.results import CheckResult, holds, not_offered, rounding_bound
+from posenc.check.results import CheckResult, holds, not_offered, raised, rounding_bound
 from posenc.check.subject import Subject
 from posenc.hardware import PRECISIONS, autocast_context
 from posenc.nn.encodings.base import Context, PositionalEncoding, PositionOutOfRange
@@ -74,16 +74,33 @@ def names(s: Subject) -> tuple[str, str]:
 
 
 def precision_rows(s: Subject) -> list[CheckResult]:
-    """Both rows in the run's precision (the module doc)."""
+    """Both rows in the run's precision (the module doc); a row whose hooks raise at the evaluation's
+    positions (an index past a table that does not refuse them) is a ✗ naming the exception."""
     agree, relative = names(s)
     run, reference = encodings(s)
     dtype = PRECISIONS[s.precision]
+    rows = []
+    for name, row in ((agree, agreement), (relative, rotary_row)):
+        try:
+            rows.append(row(name, s, run, reference, dtype))
+        except Exception as e:  # noqa: BLE001 - a hook that raises at those positions fails the row, with why
+            failed = raised(name, e)
+            rows.append(CheckResult(name, failed.status, failed.measured,
+                                    f"at positions up to {s.longest - 1}: {failed.note}"))
+    return rows
+
+
+def agreement(name: str, s: Subject, run: list, reference: list, dtype: torch.dtype) -> CheckResult:
+    """The hooks' row: each hook at the first and the last positions against float64."""
     gaps, refused = hook_gaps(run, reference, s.longest, dtype, s.precision)
-    rows = [agreement_row(agree, s, run, reference, gaps, refused, dtype)]
+    return agreement_row(name, s, run, reference, gaps, refused, dtype)
+
+
+def rotary_row(name: str, s: Subject, run: list, reference: list, dtype: torch.dtype) -> CheckResult:
+    """The rotary row: q·k at the last positions against the same q and k at the first."""
     rotary = [a for a in run if a[1].offers("transform_qk")]
     if not rotary:
-        rows.append(not_offered(relative, "no transform_qk"))
-        return rows
+        return not_offered(name, "no transform_qk")
     worst = max(rotary_shift_gap(a, s.longest, dtype, s.precision) for a in rotary)
     bound = rounding_bound(dtype, s.longest)
     far = f"{s.longest - WINDOW}..{s.longest - 1}"
@@ -94,9 +111,8 @@ def precision_rows(s: Subject) -> list[CheckResult]:
         note = (f"in {DTYPE_NAMES[dtype]} (trainer.precision={s.precision}) the scores at positions {far} differ from "
                 f"those of the same q and k at 0..{WINDOW - 1} by {worst:.1e} of |q||k|, where its rounding allows "
                 f"{bound:.1e}" + dtype_cause(dtype, wide, rounding_bound(torch.float32, s.longest), "transform_qk"))
-    rows.append(holds(relative, worst <= bound, f"max |Δ| {worst:.1e}·|q||k| (0..{WINDOW - 1} against {far}; "
-                      f"≤ {bound:.1e})", note))
-    return rows
+    return holds(name, worst <= bound, f"max |Δ| {worst:.1e}·|q||k| (0..{WINDOW - 1} against {far}; ≤ {bound:.1e})",
+                 note)
 
 
 def dtype_cause(dtype: torch.dtype, in_float32: float | None, bound: float, hook: str) -> str:
