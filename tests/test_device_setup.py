@@ -32,11 +32,21 @@ def test_train_eval_probe_and_bench_each_set_up_the_device_as_training_does(tmp_
     OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")  # what Hydra writes into a run dir
     train(cfg, tmp_path)
     assert set_up == ["cpu"]
-    eval_run(tmp_path, ["eval.lengths=[1]"])
+    record, _ = eval_run(tmp_path, ["eval.lengths=[1]"])
+    assert record["precision"] == "fp32"  # auto on a CPU, recorded beside the numbers it computed
     probe_run(tmp_path, [], multiples=(1,), windows=1)
     bench([*TINY, "device=cpu", "bench.encodings=[rope]", "bench.reference=false", "bench.steps=1",
            "bench.rounds=1", "bench.warmup=0"])
     assert set_up == ["cpu"] * 4
+
+
+def test_eval_records_the_precision_it_computed_in(tmp_path: Path):
+    cfg = compose([*TINY, "device=cpu"], bench=False)
+    (tmp_path / ".hydra").mkdir()
+    OmegaConf.save(cfg, tmp_path / ".hydra" / "config.yaml")
+    train(cfg, tmp_path)
+    record, path = eval_run(tmp_path, ["eval.lengths=[1]", "trainer.precision=bf16"])
+    assert record["precision"] == "bf16" and json.loads(path.read_text())["precision"] == "bf16"
 
 
 def test_precision_auto_is_fp32_on_the_cpu_with_no_autocast():

@@ -22,7 +22,7 @@ from posenc.config import parse_overrides
 from posenc.display.terminal import make_console
 from posenc.eval import evaluation, final
 from posenc.eval.progress import StageLines
-from posenc.hardware import setup_device
+from posenc.hardware import resolve_precision, setup_device
 from posenc.record import kernel_record, provenance
 from posenc.record.directory import plain_number, short_keys, write_json_atomic
 from posenc.record.rundir import RunDir, eval_file_name, load_run_config
@@ -90,7 +90,7 @@ def show_kernels(evaluated: dict, trained: dict | None) -> None:
 def eval_run(run_dir: Path, overrides: list[str],
              verdict_of: Callable[[DictConfig], dict | None] | None = None) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path). The
-    record holds what changed in the encoding's code since training (``code_changes``) and, where
+    record holds the precision it computed in (trainer.precision resolved, as training resolves it), what changed in the encoding's code since training (``code_changes``) and, where
     verdict_of is given (the CLI's: posenc/check/verdict.py), `posenc check`'s verdict on it."""
 
     run = RunDir(run_dir)
@@ -99,6 +99,7 @@ def eval_run(run_dir: Path, overrides: list[str],
     out = run.path / output_name(overrides)
     header = {"run_dir": str(run.path), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device),
+              "precision": resolve_precision(cfg.trainer.precision, device),  # what autocast computed in
               "code_changes": provenance.changes(run),  # the same list the warning named (its parses cached)
               **({"check": verdict_of(cfg)} if verdict_of is not None else {})}
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
