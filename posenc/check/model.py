@@ -81,7 +81,7 @@ def default_positions(s: Subject) -> list[CheckResult]:
     return [in_modes("default positions = 0..T−1", found, MODE_NAMES)]
 
 
-BATCH_NAME = "batch: a sequence ignores the others in its batch"
+BATCH_NAME = "batch: sequences are independent"
 
 
 def batch_independence(s: Subject) -> list[CheckResult]:
