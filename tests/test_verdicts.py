@@ -20,6 +20,7 @@ import pytest
 from broken_encodings import IMPORTS, TRAINING_LEAK
 from conftest import TINY, cli_env, run_cli
 
+from posenc.check import identity as I
 from posenc.check import verdict as V
 from posenc.check.shipped import PRECISIONS, entries, label, measured, shipped_path
 from posenc.config import compose
@@ -203,19 +204,20 @@ def test_a_copy_of_posenc_whose_attention_leaks_the_future_carries_no_shipped_ve
 
 
 def test_the_key_is_the_whole_path_the_precision_and_the_libraries(monkeypatch):
-    """Not only the encoding's code: the attention code, the training precision and torch's version
-    each make another key (a verdict measured with one is not carried to the other)."""
+    """Not only the encoding's code: the attention code, the training precision, the positions measured
+    and torch's version each make another key (a verdict measured with one is not carried to the other)."""
     cfg = compose(["encoding=alibi"], bench=False)
-    key = V.key_of(cfg)
-    assert V.key_of(compose(["encoding=alibi", "trainer.precision=bf16"], bench=False)) != key
-    assert V.key_of(compose(["encoding=alibi", "eval.lengths=[1,64]"], bench=False)) != key  # 64 × 256 positions
-    assert V.key_of(compose(["encoding=alibi", "trainer.seq_len=32"], bench=False)) == key  # 16 × 32 ≤ 4096
-    real = V.library_versions()
+    key = I.key_of(cfg)
+    assert I.key_of(compose(["encoding=alibi", "trainer.precision=bf16"], bench=False)) != key
+    assert I.key_of(compose(["encoding=alibi", "eval.lengths=[1,64]"], bench=False)) != key  # 64 × 256 positions
+    assert I.key_of(compose(["encoding=alibi", "trainer.seq_len=32"], bench=False)) == key  # 16 × 32 ≤ 4096
+    real = I.library_versions()
     assert set(real) == {"torch", "triton", "fla"} and real["torch"].split("+")[0] == torch_version()
-    monkeypatch.setattr(V, "library_versions", lambda: {**real, "torch": "0.0"})
-    assert V.key_of(cfg) != key
-    assert "posenc/nn/dense.py" in V.path_files() and "posenc/nn/recurrence.py" in V.path_files()
-    assert "posenc/train/state.py" in V.path_files() and "posenc/check/cuda.py" not in V.path_files()
+    monkeypatch.setattr(I, "library_versions", lambda: {**real, "torch": "0.0"})
+    assert I.key_of(cfg) != key
+    on_the_path = I.path_files()
+    assert {"posenc/nn/dense.py", "posenc/nn/recurrence.py", "posenc/train/state.py"} <= set(on_the_path)
+    assert "posenc/check/cuda.py" not in on_the_path and "posenc/check/verdict.py" not in on_the_path
 
 
 def torch_version() -> str:
@@ -229,13 +231,13 @@ def test_a_warning_names_the_variant_of_a_shipped_encoding():
     and the `posenc check` that shows its rows."""
     cfg = compose(["encoding=rope", "encoding.scaling=dynamic", "encoding.scaling_factor=4",
                    "trainer.precision=bf16"], bench=False)
-    assert V.variant(cfg) == "rope scaling=dynamic scaling_factor=4"
-    line = V.Verdict("k", ("some row",), "measured").warning(V.variant(cfg), V.check_command(cfg))
+    assert I.variant(cfg) == "rope scaling=dynamic scaling_factor=4"
+    line = V.Verdict("k", ("some row",), "measured").warning(I.variant(cfg), I.check_command(cfg))
     assert line.startswith("encoding 'rope scaling=dynamic scaling_factor=4' fails posenc check (some row)")
     assert ("`posenc check encoding=rope encoding.scaling=dynamic encoding.scaling_factor=4 trainer.precision=bf16`"
             in line)
-    assert V.variant(compose(["encoding=fox", "encoding@encoding.inner=alibi"], bench=False)) == "fox inner=alibi"
-    assert V.variant(compose(["encoding=rope"], bench=False)) == "rope"
+    assert I.variant(compose(["encoding=fox", "encoding@encoding.inner=alibi"], bench=False)) == "fox inner=alibi"
+    assert I.variant(compose(["encoding=rope"], bench=False)) == "rope"
 
 
 def test_cache_files_are_written_through_temporary_files_of_their_own(tmp_path):

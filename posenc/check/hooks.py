@@ -66,31 +66,28 @@ def hooks_reading(s: Subject, change: str, mode: str = "eval") -> list[str]:
         whole = hook_outputs(encoding, q, k, x, scores, layer)
         if change == "length":
             other = hook_outputs(encoding, q[..., :t, :], k[..., :t, :], x[:, :t], scores[..., :t, :t], layer)
-        elif change == "batch":  # every sequence but the first drawn anew
-            later = [v.clone() for v in (q, k, x, scores)]
-            for v in later:
-                v[1:] = torch.randn(v[1:].shape, generator=g, dtype=torch.float64)
-            other = hook_outputs(encoding, *later, layer)
-            for hook, out in other.items():
-                if hook in whole and max_abs(first_sequence(first(whole[hook], T)), first_sequence(first(out, T))) > EXACT:
-                    found.append(hook if len(encodings) == 1 else f"{hook} (layer {layer})")
-            continue
-        else:  # the inputs from position t on drawn anew, the window's length kept
+        else:  # future: the inputs from position t on drawn anew, the window's length kept; batch: every sequence
+            # but the first drawn anew
             later = [v.clone() for v in (q, k, x, scores)]
             for v, dim in zip(later, (-2, -2, 1, -2)):
-                v.narrow(dim, t, T - t).copy_(torch.randn(v.narrow(dim, t, T - t).shape, generator=g,
-                                                          dtype=torch.float64))
-            later[3][..., :, t:] = torch.randn(*later[3].shape[:-1], T - t, generator=g, dtype=torch.float64)
+                part = v[1:] if change == "batch" else v.narrow(dim, t, T - t)
+                part.copy_(torch.randn(part.shape, generator=g, dtype=torch.float64))
+            if change == "future":
+                later[3][..., :, t:] = torch.randn(*later[3].shape[:-1], T - t, generator=g, dtype=torch.float64)
             other = hook_outputs(encoding, *later, layer)
         for hook, out in other.items():
-            if hook in whole and max_abs(first(whole[hook], t), first(out, t)) > EXACT:
+            if hook in whole and max_abs(*(compared(v, change, T, t) for v in (whole[hook], out))) > EXACT:
                 found.append(hook if len(encodings) == 1 else f"{hook} (layer {layer})")
     return found
 
 
-def first_sequence(x: Tensor) -> Tensor:
-    """A hook's output for the first sequence of a batch of 2 (BATCH), or the whole of an output
-    without a batch dimension (position_bias: (H, T, T))."""
+def compared(value: tuple[Tensor, bool], change: str, T: int, t: int) -> Tensor:
+    """What of a hook's output a change must leave alone: the first t positions (``future``,
+    ``length``); the first sequence, every position (``batch``; an output without a batch dimension,
+    position_bias's (H, T, T), whole)."""
+    if change != "batch":
+        return first(value, t)
+    x = first(value, T)
     return x[:1] if x.dim() >= 3 and x.shape[0] == BATCH else x
 
 
