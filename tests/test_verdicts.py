@@ -23,6 +23,7 @@ from conftest import TINY, cli_env, run_cli
 from posenc.check import identity as I
 from posenc.check import verdict as V
 from posenc.check.shipped import PRECISIONS, entries, label, measured, shipped_path
+from posenc.check.subject import check_length
 from posenc.config import compose
 from posenc.config.searchpath import CONFIG_MODULE, ENV_VAR
 
@@ -259,7 +260,7 @@ def test_a_run_shorter_than_the_checks_window_is_measured_at_its_own_length(tmp_
     tokens it would raise in every row (PositionOutOfRange) and be recorded as failing."""
     monkeypatch.setenv(V.CACHE_ENV, str(tmp_path))
     short = compose(["encoding=learned", "encoding.max_len=16", "trainer.seq_len=16"], bench=False)
-    assert V.check_length(short) == 16 and V.check_length(compose([], bench=False)) == 24
+    assert check_length(short) == 16 and check_length(compose([], bench=False)) == 24
     verdict = V.lookup(short)
     assert verdict.source == "measured" and verdict.failed == ()
     longer = compose(["encoding=learned", "encoding.max_len=16", "trainer.seq_len=12"], bench=False)
