@@ -251,9 +251,9 @@ def test_rope_whose_angles_are_computed_in_bf16_fails_the_precision_rows_naming_
     failed = failures(["encoding=bf16_rope", "trainer.precision=bf16"])
     assert set(failed) == {"bf16: hooks = float64 up to position 4096", "bf16: rotary q·k depends on m − n only"}
     hooks = failed["bf16: hooks = float64 up to position 4096"]
-    assert "transform_qk's error grows with position" in hooks and "(trainer.precision=bf16)" in hooks
-    assert "in float32 it is" in hooks and "the error is bfloat16's" in hooks
-    assert "the error is bfloat16's" in failed["bf16: rotary q·k depends on m − n only"]
+    assert "the error of transform_qk grows with position" in hooks and "(trainer.precision=bf16)" in hooks
+    assert "in float32 it is" in hooks and "the error comes from bfloat16" in hooks
+    assert "the error comes from bfloat16" in failed["bf16: rotary q·k depends on m − n only"]
     assert not failures(["encoding=rope", "trainer.precision=bf16"])  # RoPE's angles in float32: every row holds
 
 

@@ -114,8 +114,8 @@ def dtype_cause(dtype: torch.dtype, in_float32: float | None, bound: float, hook
     if in_float32 is None:
         return ""
     if in_float32 <= bound:
-        return (f"; in float32 it is {in_float32:.1e}: the error is {DTYPE_NAMES[dtype]}'s — {hook} computes positions "
-                f"or angles in the activations' dtype; compute them in float32 and cast the result")
+        return (f"; in float32 it is {in_float32:.1e}: the error comes from {DTYPE_NAMES[dtype]} — {hook} computes "
+                f"positions or angles in the dtype of the activations; compute them in float32 and cast the result")
     return f"; in float32 too ({in_float32:.1e})"
 
 
@@ -177,8 +177,8 @@ def agreement_row(name: str, s: Subject, run: list, reference: list, gaps: list[
     notes = []
     for g in failing:
         where = "grows with position" if g.far > g.far_bound and g.far > 4 * g.near else "exceeds its rounding"
-        text = (f"{g.hook}'s error {where}: {g.near:.1e} of its magnitude at positions 0..{WINDOW - 1}, {g.far:.1e} at "
-                f"{s.longest - WINDOW}..{s.longest - 1}, where {DTYPE_NAMES[dtype]}'s rounding allows {g.near_bound:.1e} "
+        text = (f"the error of {g.hook} {where}: {g.near:.1e} of its magnitude at positions 0..{WINDOW - 1}, {g.far:.1e} at "
+                f"{s.longest - WINDOW}..{s.longest - 1}, where rounding in {DTYPE_NAMES[dtype]} allows {g.near_bound:.1e} "
                 f"and {g.far_bound:.1e} (trainer.precision={s.precision})")
         other = wide.get(g.hook)
         if other is not None:
