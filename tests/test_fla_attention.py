@@ -9,7 +9,8 @@ On CPU the adapters run with fla's naive references (fla/ops/<op>/naive.py, load
 document by document where fla's kernel takes cu_seqlens) in place of the Triton ops, through the
 very kernel the encoding offers on CUDA (the device stubbed, as test_attention_paths.py does), in
 float64 against posenc's own path, values and gradients of q, k, v and every parameter of the
-encoding. On a GPU the same tests run fla's Triton kernels (marked cuda, skipped without CUDA).
+encoding. On a GPU the same tests run fla's Triton kernels (marked cuda, skipped without CUDA); on a
+CPU, tests/test_fla_interpreter.py runs them under Triton's interpreter.
 """
 
 from __future__ import annotations
@@ -21,43 +22,17 @@ import warnings
 
 import pytest
 import torch
+from fla_cases import FUSED, assert_close, context, encoding_of, inputs, layer_and_grads, segments_of
 from fla_reference import fla_naive
 
 from posenc import errors
-from posenc.build import build_encoding
 from posenc.config import compose
 from posenc.nn import attention
 from posenc.nn.encodings import fla_attention
 from posenc.nn.encodings.base import Context
-from posenc.nn.mask import AttentionMask, Window
+from posenc.nn.mask import Window
 
-FUSED = ["fox", "fox_rope", "path", "path_fox", "stick_breaking"]
-B, H, HD = 2, 2, 64
-SHAPE = ["model.n_layer=2", f"model.n_head={H}", f"model.d_model={H * HD}", "trainer.seq_len=1024"]
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@functools.cache
-def config(name: str):
-    return compose([f"encoding={name}", *SHAPE])
-
-
-def encoding_of(name: str, dtype: torch.dtype = torch.float64, device: str = "cpu") -> torch.nn.Module:
-    torch.manual_seed(0)
-    encoding = build_encoding(config(name)).to(device, dtype)
-    with torch.no_grad():
-        for p in encoding.parameters():  # gates and transforms away from their initial values
-            p.add_(torch.randn_like(p) * 0.1)
-        if hasattr(encoding, "gate_bias"):  # forget gates near σ(4) ≈ 0.98, where trained FoX's are:
-            encoding.gate_bias.add_(0.5)  # keys hundreds of tokens back still count (and windows matter)
-    return encoding
-
-
-def segments_of(T: int, seed: int) -> torch.Tensor:
-    """(B, T) document ids: a few runs of random length per row."""
-    g = torch.Generator().manual_seed(seed)
-    cuts = [sorted(torch.randperm(T - 1, generator=g)[:3].add(1).tolist()) for _ in range(B)]
-    return torch.stack([torch.bucketize(torch.arange(T), torch.tensor(c), right=True) for c in cuts])
 
 
 # --- fla's naive references with the Triton ops' signatures -------------------------------------
@@ -116,11 +91,6 @@ def on_cuda(monkeypatch, fresh):
     return stub
 
 
-def context(T: int, doc: torch.Tensor | None, window: Window, dtype: torch.dtype, device: str = "cpu") -> Context:
-    doc = None if doc is None else doc.to(device)
-    return Context.arange(T, device, dtype, doc, (AttentionMask(T, doc, window),) * 2)
-
-
 # --- which plan ---------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("window", [Window(), Window(64, chunked=True)])
@@ -160,13 +130,21 @@ def test_what_flas_kernel_does_not_take_falls_back_with_one_warning(name, why, o
 HOPPER = "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results"
 
 
+def in_fla(source: str) -> dict:
+    """source's definitions, as if written in fla's package (its file is fla's forgetting attention):
+    what fla raises there is fla's own (``failures.refuses``)."""
+    namespace: dict = {}
+    exec(compile(source, "/site-packages/fla/ops/forgetting_attn/parallel.py", "exec"), namespace)
+    return namespace
+
+
 @pytest.mark.parametrize("name", FUSED)
 @pytest.mark.parametrize("failure", [ImportError("No module named 'fla'"), RuntimeError(HOPPER)])
 def test_without_fla_or_when_it_refuses_at_import_the_plan_is_posencs_own_with_one_warning(name, failure, on_cuda,
                                                                                          monkeypatch):
-    def import_module(module):
+    def import_fla(module):
         raise failure
-    monkeypatch.setattr(fla_attention, "importlib", types.SimpleNamespace(import_module=import_module))
+    monkeypatch.setattr(fla_attention, "import_fla", import_fla)
     encoding = encoding_of(name, torch.float32)
     on_cuda(naive=False)
     with warnings.catch_warnings(record=True) as said:
@@ -179,13 +157,12 @@ def test_without_fla_or_when_it_refuses_at_import_the_plan_is_posencs_own_with_o
 
 @pytest.mark.parametrize("name", FUSED)
 def test_a_kernel_that_refuses_when_it_runs_leaves_the_layer_to_posencs_path(name, on_cuda, monkeypatch):
-    """fla refusing when its kernel runs (a RuntimeError) is one warning; that layer, and the next
-    forward's plan, are posenc's own path, with the same output."""
-    def refusing(*args, **kwargs):
-        raise RuntimeError(HOPPER)
+    """fla refusing when its kernel runs (a RuntimeError fla raises) is one warning; that layer, and the
+    next forward's plan, are posenc's own path, with the same output."""
+    refusing = in_fla(f"def refusing(*args, **kwargs):\n    raise RuntimeError({HOPPER!r})\n")["refusing"]
     fla = types.SimpleNamespace(parallel_forgetting_attn=refusing, parallel_path_attn=refusing,
                                 parallel_stickbreaking_attn=refusing)
-    monkeypatch.setattr(fla_attention, "importlib", types.SimpleNamespace(import_module=lambda module: fla))
+    monkeypatch.setattr(fla_attention, "import_fla", lambda module: fla)
     encoding = encoding_of(name)
     encoding.prepare(128)
     q, k, v, x = inputs(128, seed=3)
@@ -206,26 +183,6 @@ def test_a_kernel_that_refuses_when_it_runs_leaves_the_layer_to_posencs_path(nam
 
 
 # --- parity: fla's maths through posenc's arguments = posenc's own path --------------------------------
-def inputs(T: int, seed: int, dtype: torch.dtype = torch.float64, device: str = "cpu"):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, H, T, HD, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_()
-               for _ in range(3))
-    x = torch.randn(B, T, H * HD, generator=g, dtype=torch.float64).to(device, dtype)
-    return q, k, v, x
-
-
-def layer_and_grads(encoding, ctx: Context, q, k, v, x, layer: int = 1):
-    """The layer's attention through the plan ctx gives, and the gradients of a fixed projection of it
-    with respect to q, k, v and every parameter of the encoding."""
-    encoding.prepare(ctx.T)  # RoPE's table, as the model asks once per forward
-    chosen = attention.plan(encoding, ctx, layer, 0.0)
-    out = attention.attend_layer(q, k, v, encoding, ctx.with_input(x), layer, chosen)
-    probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(out)
-    wrt = [q, k, v, *encoding.parameters()]
-    grads = torch.autograd.grad((out * probe).sum(), wrt, allow_unused=True)
-    return chosen, out, [torch.zeros_like(t) if g is None else g for t, g in zip(wrt, grads)]
-
-
 MASKS = {"causal": (False, Window()), "documents": (True, Window()), "chunked": (True, Window(128, chunked=True)),
          "sliding": (True, Window(48))}
 #: each kernel under each way posenc hands it a mask: none; documents (cu_seqlens); a chunked window (its
@@ -237,11 +194,6 @@ CASES = [("fox", "causal"), ("fox", "sliding"), ("fox_rope", "chunked"), ("path"
 #: stick-breaking reference stays in float64 (1e-15 measured)
 TOLERANCE = {"naive": {"fox": 1e-5, "fox_rope": 1e-5, "path": 1e-5, "path_fox": 1e-5, "stick_breaking": 1e-12},
              "triton": dict.fromkeys(FUSED, 5e-3)}
-
-
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, tolerance: float, what: str) -> None:
-    """|actual - expected| <= tolerance · max |expected|, everywhere."""
-    torch.testing.assert_close(actual, expected, atol=tolerance * expected.abs().max().item(), rtol=0, msg=what)
 
 
 @pytest.mark.parametrize("backend", ["naive", pytest.param("triton", marks=[pytest.mark.cuda, cuda])])
@@ -292,8 +244,7 @@ def test_a_kernel_that_refuses_in_its_backward_costs_the_step_one_retry_not_the_
               "    @staticmethod\n"
               "    def backward(ctx, grad):\n"
               f"        raise RuntimeError({HOPPER!r})\n")
-    namespace: dict = {}
-    exec(compile(source, "/site-packages/fla/ops/forgetting_attn/parallel.py", "exec"), namespace)
+    namespace = in_fla(source)
     [naive] = naive_ops()[fla_attention.FORGETTING[0]]
 
     def refusing_in_backward(q, k, v, g, scale, window_size=None, cu_seqlens=None):

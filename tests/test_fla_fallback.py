@@ -3,8 +3,9 @@
 What a user on a GPU relies on: fla missing, failing at import, or refusing in its backward
 (fla-core 0.6 on Hopper with Triton 3.4-3.7: ``RuntimeError: ... gated chunk_bwd_dqkwg (see #640)``)
 gives one warning that names the error, then the chunked PyTorch recurrence, whose run is the run
-without fla. fla never runs on a CPU, so these tests make the CPU one of the devices fla is tried
-on (``fla_kernels.DEVICES``) and put the fla they need where Python imports it from.
+without fla. fla is tried on a CPU where Triton's interpreter is asked for (TRITON_INTERPRET=1,
+posenc/nn/fla_runtime.py), so these tests ask for it and put the fla they need where Python imports
+it from (fla's real chunked kernels do not run in the interpreter: tests/test_fla_interpreter.py).
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ RUN = [*TINY, "model.n_layer=2", "layout=qwen3_next"]
 
 @pytest.fixture
 def fla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """fla tried on the CPU, no kernel tried yet in this process, no fla module imported, and the
-    warnings the module gives recorded (returned)."""
-    monkeypatch.setattr(fla_kernels, "DEVICES", {"cpu"})
+    """fla tried on the CPU (the interpreter asked for), no kernel tried yet in this process, no fla
+    module imported, and the warnings the module gives recorded (returned)."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(fla_kernels, "_imported", {})
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)

@@ -246,3 +246,36 @@ def test_a_hybrid_checkpoint_restores_the_same_model(tmp_path: Path) -> None:
     x = tokens(4)
     with torch.no_grad():
         torch.testing.assert_close(fresh(x)[0], model(x)[0])
+
+
+# --- CUDA -----------------------------------------------------------------------------------
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_flas_chunk_gated_delta_rule_is_the_chunked_form_on_cuda():
+    """fla's chunk_gated_delta_rule, as the layer calls it (documents as cu_seqlens), against the
+    chunked PyTorch form on the same GPU, values and gradients, at head_dim 64 and T = 1024 in bf16
+    inputs; skipped where fla is not installed or refuses (its warning says why). A GPU's test alone:
+    fla's chunked kernels do not run in Triton's interpreter (docs/gpu.md)."""
+    from posenc.nn import fla_kernels
+    from posenc.nn.kernels import KernelPolicy
+
+    gen = torch.Generator().manual_seed(6)
+    b, h, t, d = 2, 4, 1024, 64
+    q = torch.randn(b, h, t, d, generator=gen) / 8
+    k = F.normalize(torch.randn(b, h, t, d, generator=gen), dim=-1)
+    v = torch.randn(b, h, t, d, generator=gen)
+    g, beta = -torch.rand(b, h, t, generator=gen) * 0.1, torch.rand(b, h, t, generator=gen)
+    q, k, v, g, beta = (x.cuda() for x in (q, k, v, g, beta))
+    seg = torch.repeat_interleave(torch.arange(3), torch.tensor([300, 500, 224]))[None].expand(2, -1).cuda()
+    policy = KernelPolicy()
+    if not fla_kernels.usable("gated_delta", q.bfloat16(), v.bfloat16(), policy):
+        pytest.skip("fla's chunk_gated_delta_rule is not usable here: "
+                    f"{policy.fla_refused.get('gated_delta', 'fla not installed')}")
+    leaves = [x.bfloat16().requires_grad_() for x in (q, k, v)] + [g.requires_grad_(), beta.requires_grad_()]
+    up = torch.randn(2, 4, 1024, 64, device="cuda")
+    ours = chunked_gated_delta_rule(*leaves, seg)
+    theirs = fla_kernels.mix("gated_delta", *leaves, seg)
+    torch.testing.assert_close(theirs.float(), ours.float(), rtol=2e-2, atol=2e-2)
+    for a, e in zip(torch.autograd.grad(theirs, leaves, up.to(theirs.dtype)),
+                    torch.autograd.grad(ours, leaves, up.to(ours.dtype)), strict=True):
+        torch.testing.assert_close(a.float(), e.float(), rtol=5e-2, atol=5e-2)

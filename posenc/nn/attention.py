@@ -7,7 +7,7 @@ Which kernel runs is chosen from those offers and from what the device can do (`
 never from the encoding's name (docs/mechanisms.md):
 
 - a kernel of the encoding's own, where it offers one for this context (``fused_attention``:
-  fla's FoX, PaTH and stick-breaking kernels on CUDA, posenc/nn/kernel_plan.py): given q and k
+  fla's FoX, PaTH and stick-breaking kernels, posenc/nn/kernel_plan.py): given q and k
   transformed and scaled, it computes the whole layer (``attend_layer``); otherwise, from the hooks:
 - nothing but causality: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN /
   memory-efficient), the fast common case; a logit scale multiplies q and keeps it;

@@ -9,8 +9,9 @@ exceptions wrapped by whoever caught them first: dynamo wraps a backend's failur
 - ``RECOMPILE_LIMIT``: dynamo refusing to compile a function once more (``FailOnRecompileLimitHit``,
   raised as an error under ``loud_recompile_limit``);
 - ``FLA_REFUSAL``: flash-linear-attention refusing inside one of its kernels (a frame of the
-  traceback in fla's package, and an error fla raises to refuse: a ``RuntimeError`` other than
-  running out of memory, an ``AssertionError`` on what its kernels take, a Triton error);
+  traceback in fla's package, and what fla raises to refuse, ``refuses``: a ``RuntimeError`` of a
+  ``raise`` statement of fla's own, or Triton failing to build a kernel for the GPU); what fla asserts
+  or raises about the arguments it was given is posenc's bug, raised;
 - ``COMPILE``: the compiler failing to build what it was given. Either an error of the compiler's
   own (``InductorError``, ``LoweringException``, ``NoTritonConfigsError``, a C++/CUDA compile error,
   Triton's ``OutOfResources`` or ``CompilationError``), or a ``BackendCompilerFailed`` whose innermost
@@ -35,6 +36,7 @@ a CPU.
 
 from __future__ import annotations
 
+import dis
 import functools
 import importlib
 import os
@@ -131,11 +133,37 @@ def through(error: BaseException, place: str) -> bool:
 
 
 def refuses(error: BaseException) -> bool:
-    """Whether an error raised by an fla kernel is fla refusing this device or version: a RuntimeError
-    other than running out of memory, an assertion on what its kernels take, a Triton error."""
+    """Whether an error raised by an fla kernel's call is fla refusing this device or versions, not the
+    arguments posenc gave it. A refusal is
+
+    - a RuntimeError fla raises itself (``raised_by``: a ``raise`` statement in fla's package), as fla 0.6
+      refuses the gated backward on Hopper GPUs with Triton 3.4 to 3.7.0 (fla/ops/common/chunk_o.py);
+    - Triton failing to build a kernel for the GPU (out of shared memory or registers, ptxas, a
+      compilation error).
+
+    Not a refusal, a bug to see: what fla asserts or raises as a ValueError about its inputs (shapes,
+    layouts, float32 gates, head dims: posenc's adapters pass what it takes, posenc/nn/encodings/
+    fla_attention.py), an error torch raises inside fla's code (a shape, a device, a dtype), an error of
+    Triton's interpreter running the kernel, running out of memory."""
     if isinstance(error, torch.OutOfMemoryError):
         return False
-    return isinstance(error, (RuntimeError, AssertionError, *triton_errors()))
+    if isinstance(error, triton_errors()):
+        return True
+    return isinstance(error, RuntimeError) and raised_by(error, "/fla/")
+
+
+def raised_by(error: BaseException, place: str) -> bool:
+    """Whether error was raised by a ``raise`` statement of code in place (a package's directory): its
+    innermost frame is there and stopped on a raise. An error a C++ operator raised while that code called
+    it stops the frame on the call instead (torch's shape and dtype errors inside fla's functions)."""
+    tb = error.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    code = tb.tb_frame.f_code
+    return (place in code.co_filename.replace("\\", "/")
+            and dis.opname[code.co_code[tb.tb_lasti]] == "RAISE_VARARGS")
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,11 @@
-"""flash-linear-attention's chunked Triton kernels for the recurrent layer kinds, on CUDA.
+"""flash-linear-attention's chunked Triton kernels for the recurrent layer kinds, where fla's kernels
+run (posenc/nn/fla_runtime.py: CUDA, or a CPU under Triton's interpreter).
 
-Optional (``pip install posenc[fla]``): off CUDA the recurrent layers use the chunked PyTorch form
-(posenc/nn/recurrence.py), which computes the same thing and is the designed path there. fla takes
+Optional (``pip install posenc[fla]``): elsewhere the recurrent layers use the chunked PyTorch form
+(posenc/nn/recurrence.py), which computes the same thing and is the designed path there. Under
+Triton's interpreter fla 0.6's chunked kernels do not run (the interpreter gives a kernel's loop
+counter as a Python int, on which fla's ``i_t.to(tl.int64)`` fails: docs/gpu.md), so there the first
+use refuses them with one warning and the run takes the chunked form, as below. fla takes
 (B, T, H, d) tensors and, for packed documents, one flattened sequence with ``cu_seqlens`` (the
 offsets where each document starts): the same reset of the state at every document.
 
@@ -24,7 +28,6 @@ exception there is fla's refusal.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -32,13 +35,11 @@ import torch
 from torch import Tensor
 
 from posenc.nn import failures
+from posenc.nn.fla_runtime import fla_device, import_fla
 
 if TYPE_CHECKING:
     from posenc.nn.kernels import KernelPolicy
 
-#: the device types fla's Triton kernels run on: a set, so that a test can take the paths of a
-#: refusing or missing fla on a CPU
-DEVICES: set[str] = {"cuda"}
 #: each recurrent mixer's kernel: (module, function)
 KERNELS: dict[str, tuple[str, str]] = {
     "gated_delta": ("fla.ops.gated_delta_rule", "chunk_gated_delta_rule"),
@@ -52,10 +53,10 @@ _imported: dict[str, Callable] = {}
 
 
 def usable(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
-    """Whether fla's kernel for ``rule`` computes this call: a device fla runs on, and the kernel
-    imported and run once forwards and backwards at this dtype and head sizes in this run (one
-    warning if not)."""
-    if q.device.type not in DEVICES or policy.fla_is_refused(rule):
+    """Whether fla's kernel for ``rule`` computes this call: a device fla runs on (``fla_device``), and
+    the kernel imported and run once forwards and backwards at this dtype and head sizes in this run
+    (one warning if not)."""
+    if not fla_device(q.device) or policy.fla_is_refused(rule):
         return False
     if (rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1]) not in policy.fla_passed:
         return _first_use(rule, q, v, policy)
@@ -65,7 +66,7 @@ def usable(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
 def path(rule: str, device_type: str, policy: KernelPolicy) -> str:
     """The path a recurrence of ``rule`` takes on device_type in this run, as the run's record names it
     (posenc/nn/kernels.py): fla's kernel once its first use passed here, else the chunked form."""
-    if device_type in DEVICES and not policy.fla_is_refused(rule) \
+    if fla_device(device_type) and not policy.fla_is_refused(rule) \
             and any(p[0] == rule and p[1] == device_type for p in policy.fla_passed):
         return f"fla:{KERNELS[rule][1]}"
     return "chunked"
@@ -96,7 +97,7 @@ def _first_use(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> bool:
 def _kernel(rule: str) -> Callable:
     if rule not in _imported:
         module, name = KERNELS[rule]
-        _imported[rule] = getattr(importlib.import_module(module), name)
+        _imported[rule] = getattr(import_fla(module), name)
     return _imported[rule]
 
 

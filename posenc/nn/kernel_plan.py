@@ -1,8 +1,8 @@
 """An encoding's own kernel as a layer's plan: the contract's ``fused_attention`` hook.
 
 An encoding that overrides ``fused_attention`` may offer, for a forward's context, a kernel that
-computes a layer's whole attention (flash-linear-attention's FoX, PaTH and stick-breaking kernels on
-CUDA: posenc/nn/encodings/fla_attention.py; a plug-in's the same way). Attention asks once per forward and
+computes a layer's whole attention (flash-linear-attention's FoX, PaTH and stick-breaking kernels:
+posenc/nn/encodings/fla_attention.py; a plug-in's the same way). Attention asks once per forward and
 layer kind (``fused_plan``) and, where one is offered, hands it q and k after the encoding's
 ``transform_qk`` and logit scale, v, and the block's context; everything else the encoding does
 (decays, PaTH's transforms, the normaliser) is the kernel's to compute. Where none is offered, or

@@ -29,8 +29,9 @@ against 4 d²), grouped value heads, negative eigenvalues (allow_neg_eigval), KD
 
 The convolution and the recurrence both restart at every document under documents packing, as
 fla's ``cu_seqlens`` does. On CUDA with flash-linear-attention installed (``pip install
-posenc[fla]``) the recurrence runs in fla's chunked Triton kernels; otherwise (and always on CPU,
-and wherever fla refuses: posenc/nn/fla_kernels.py) in the chunked PyTorch form.
+posenc[fla]``) the recurrence runs in fla's chunked Triton kernels; otherwise (on a CPU, where Triton's
+interpreter cannot run them either, and wherever fla refuses: posenc/nn/fla_kernels.py) in the
+chunked PyTorch form.
 """
 
 from __future__ import annotations
@@ -127,7 +128,7 @@ class RecurrentMixer(nn.Module):
         return -wide(self.A_log).exp()[:, None, None] * F.softplus(f.contiguous() + bias)
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
-        """The recurrence: fla's kernels on CUDA when installed and usable, the chunked PyTorch form otherwise."""
+        """The recurrence: fla's kernels where they run and are usable, the chunked PyTorch form otherwise."""
         policy = self.kernels or kernels.OUTSIDE
         usable = fla_kernels.usable(self.attention, q, v, policy)
         if not torch.compiler.is_compiling():  # in a compiled model: GPT.planned records it

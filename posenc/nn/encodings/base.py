@@ -34,7 +34,7 @@ optional hook, computed in each layer:
   value (attention sinks: GPT-OSS);
 - ``normalise(scores, q_idx, k_idx)``: replaces softmax itself (stick-breaking attention);
 - ``fused_attention(ctx, layer)``: a kernel of the encoding's own for a layer's whole attention, equal
-  to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels on CUDA).
+  to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels: posenc/nn/fla_runtime.py).
 
 Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
 sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each

@@ -18,7 +18,7 @@ Vocabulary, one name per concept:
     sink           a logit s_h of a key with zero value that every query sees;
     normaliser     what turns a row of logits into weights: softmax unless replaced;
     fused_attention a kernel of the encoding's own computing a layer's whole attention (fla's FoX,
-                   PaTH and stick-breaking kernels on CUDA), equal to what the other hooks define.
+                   PaTH and stick-breaking kernels), equal to what the other hooks define.
 """
 
 from __future__ import annotations

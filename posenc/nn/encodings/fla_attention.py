@@ -1,33 +1,36 @@
-"""flash-linear-attention's attention kernels for the mechanisms that have one, on CUDA: FoX
+"""flash-linear-attention's attention kernels for the mechanisms that have one: FoX
 (``parallel_forgetting_attn``), PaTH and PaTH-FoX (``parallel_path_attn``), stick-breaking
 (``parallel_stickbreaking_attn``). Each computes a layer's whole attention block by block, never
 writing its logits out; the encodings offer them through the contract's ``fused_attention`` hook
 (posenc/nn/encodings/base.py), and attention takes them as a ``FusedPlan`` (posenc/nn/kernel_plan.py).
+They run where fla's kernels run (posenc/nn/fla_runtime.py): on CUDA, and on a CPU under Triton's
+interpreter, the same kernels through the same adapters.
 
 The adapters (``forgetting_attention``, ``path_attention``, ``stick_breaking_attention``) are where
 posenc's definitions meet fla's arguments: (B, H, T, d) to fla's (B, T, H, d); documents, and a
 chunked window's chunks, as segments of one flattened sequence (``cu_seqlens``, no key seen across
 one); a sliding window as fla's ``window_size`` where the kernel takes one; gates and remainders as
-posenc defines them (each adapter says how). tests/test_fla_attention.py runs them with fla's naive
-references in place of the Triton ops, against posenc's own path.
+posenc defines them (each adapter says how). tests/test_fla_attention.py runs fla's Triton kernels
+under the interpreter (and its naive references in their place) against posenc's own path.
 
-Optional (``pip install 'posenc[fla]'``). On a CPU the encodings' hooks are the design; on CUDA a
-kernel is not taken, with one warning per run naming why, where fla is absent or refuses (an
-ImportError, a RuntimeError at import or when a kernel runs, as fla 0.6's refusal of some Triton
-versions on Hopper), or the layer is beyond it (dtype, head dim, a sliding window it does not take,
-attention dropout).
+Optional (``pip install 'posenc[fla]'``). On a CPU without the interpreter the encodings' hooks are
+the design; where fla's kernels run, a kernel is not taken, with one warning per run naming why, where
+fla is absent or refuses (an ImportError, a RuntimeError at import or when a kernel runs, as fla 0.6's
+refusal of some Triton versions on Hopper), or the layer is beyond it (dtype, head dim, a sliding
+window it does not take, attention dropout).
 
 Only fla's own refusal counts as fla refusing: the adapters call fla's op through ``guarded``, which
-turns an error the op raises (``failures.refuses``: a RuntimeError, an assertion, a Triton error) into
-``KernelUnavailable``; an error of posenc's own code around the call (the reshapes of ``to_fla``, the
-gates) is raised as it is, a bug to see, never a permanent O(T²) path blamed on fla. The run's policy
+turns what fla raises to refuse (``failures.refuses``: a RuntimeError of fla's own ``raise``, a Triton
+error building the kernel) into ``KernelUnavailable``; anything else is raised as it is: an error of
+posenc's own code around the call (the reshapes of ``to_fla``, the gates), and what fla or torch raise
+about the arguments posenc passed (a shape, a layout, a dtype: fla's assertions and ValueErrors), a
+bug to see, never a permanent O(T²) path blamed on fla. The run's policy
 (posenc/nn/kernels.py) records a refusal and keeps the layer kind on its hooks from then on; a
 refusal inside a kernel's backward reaches it through the train step (posenc/train/recovery.py).
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 
@@ -36,6 +39,7 @@ from torch import Tensor
 
 from posenc.nn import failures, planning
 from posenc.nn.encodings.context import Context, FusedAttention, KernelUnavailable
+from posenc.nn.fla_runtime import fla_device, import_fla
 from posenc.nn.fla_kernels import (
     cu_seqlens,  # the recurrent layers' offsets: the same convention
 )
@@ -67,7 +71,7 @@ def load(module: str, names: tuple[str, ...]) -> tuple | None:
     key = (module, names)
     if key not in _loaded:
         try:
-            found = importlib.import_module(module)
+            found = import_fla(module)
             _loaded[key] = tuple(getattr(found, name) for name in names)
         except (ImportError, AttributeError, RuntimeError) as e:
             _loaded[key], _import_error[key] = None, failures.first_line(e)
@@ -104,9 +108,10 @@ def offered(kernel: FusedAttention, key: tuple[str, tuple[str, ...]]) -> FusedAt
 
 def ops_here(key: tuple[str, tuple[str, ...]], ctx: Context, layer: int, head_dim: int, name: str,
              head_dims: range | tuple[int, ...], sliding: bool) -> tuple | None:
-    """fla's ops for this layer in this context, or None: off CUDA silently (the hooks are the design
-    there), on CUDA with one warning that says why. sliding: whether the kernel takes a sliding window."""
-    if ctx.device.type != "cuda":
+    """fla's ops for this layer in this context, or None: silently where fla's kernels do not run (the
+    hooks are the design there), else with one warning that says why. sliding: whether the kernel takes a
+    sliding window."""
+    if not fla_device(ctx.device):
         return None
     window = ctx.mask(layer).window
     why = None

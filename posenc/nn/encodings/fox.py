@@ -81,8 +81,8 @@ class FoX(Mechanism):
         return c if inner is None else c + inner
 
     def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
-        """On CUDA, flash-linear-attention's forgetting attention around an encoding that acts on q and k
-        alone (FoX, FoX-RoPE), or the inner encoding's own kernel given the gates (PaTH-FoX)."""
+        """Where fla's kernels run, flash-linear-attention's forgetting attention around an encoding that
+        acts on q and k alone (FoX, FoX-RoPE), or the inner encoding's own kernel given the gates (PaTH-FoX)."""
         def gates(ctx: Context, layer: int) -> Tensor:  # log f_t (B, H, T): fla sums them itself
             return self.log_forget_gates(ctx.x, layer)
 

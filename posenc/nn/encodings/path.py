@@ -20,7 +20,7 @@ H_t = I and PaTH is NoPE. PaTH with FoX's forget gate (the paper's PaTH-FoX) is
 s_ij cannot be written as a map of q and k alone, so PaTH is the contract's ``qk_scores`` hook:
 attention writes the logits out, computed by the paper's chunked UT algorithm
 (posenc/nn/encodings/householder.py) a block of queries at a time, O(T·(C + d)) beside the
-scores; on CUDA, with flash-linear-attention installed, its fused PaTH kernel computes the whole
+scores; where fla's kernels run (CUDA; a CPU under Triton's interpreter), its fused PaTH kernel computes the whole
 layer instead (``fused_attention``, posenc/nn/encodings/fla_attention.py). Under documents packing a visible
 pair never spans a boundary, so its product holds only its own document's transforms; the short
 convolution does not reach across one either (fla resets it at each ``cu_seqlens`` boundary). It
@@ -131,8 +131,8 @@ class PaTH(Mechanism):
             return PathScores(q.to(dtype), k.to(dtype), w, beta).rows
 
     def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
-        """On CUDA, flash-linear-attention's PaTH attention (given a wrapping FoX's gates: PaTH-FoX) around
-        an encoding that acts on q and k alone."""
+        """Where fla's kernels run, flash-linear-attention's PaTH attention (given a wrapping FoX's gates:
+        PaTH-FoX) around an encoding that acts on q and k alone."""
         def transforms(ctx: Context, layer: int) -> tuple[Tensor, Tensor]:  # w, β in float32, as fla takes them
             with torch.autocast(ctx.x.device.type, enabled=False):
                 return self.householder_vectors(ctx.x, ctx.doc, layer)

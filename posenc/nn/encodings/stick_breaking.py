@@ -19,7 +19,8 @@ A hidden key (another document, outside a window, the future) has z = -inf, henc
 takes nothing and leaves the stick whole, so every mask is respected by construction.
 
 This is the contract's ``normalise`` hook: attention writes the logits out (dense on CPU, in
-query chunks for long sequences). On CUDA flash-linear-attention's stick-breaking kernel computes
+query chunks for long sequences). Where fla's kernels run (CUDA; a CPU under Triton's interpreter),
+flash-linear-attention's stick-breaking kernel computes
 the whole layer (``fused_attention``, posenc/nn/encodings/fla_attention.py: its output plus its remainder on
 the query's value); without fla, or under a sliding window it does not take, attention falls back to
 the explicit path with one warning (FlexAttention computes a softmax). No parameters of its own.
@@ -69,8 +70,8 @@ class StickBreaking(Mechanism):
         return weights + rest * (k_idx[None, :] == q_idx[:, None])  # the remainder on key i = query i
 
     def fused_attention(self, ctx: Context, layer: int = 0, log_gates: bool = False) -> FusedAttention | None:
-        """On CUDA, flash-linear-attention's stick-breaking attention around an encoding that acts on q and k
-        alone; none under a wrapping FoX (fla's kernel takes no gates)."""
+        """Where fla's kernels run, flash-linear-attention's stick-breaking attention around an encoding
+        that acts on q and k alone; none under a wrapping FoX (fla's kernel takes no gates)."""
         if log_gates or not self.inner_acts_on_qk():
             return None
         return fla_attention.stick_breaking_kernel(ctx, layer, self.head_dim, self.name)
