@@ -11,8 +11,8 @@ eval``, ``probe``, a resume's later steps, an ``init_from`` child's start) is ab
 So each checkpoint holds ``proof`` (``train/checkpoint.py``): ``PROBE_SEQUENCES`` sequences of
 ``min(seq_len, PROBE_LEN)`` tokens drawn by a generator seeded ``PROBE_SEED`` over the vocabulary,
 the log-probability the model gives each next token (``(B, T - 1)``) and its full logits at each
-sequence's last position (``(B, V)``: the whole window behind it): 2·63 + 2·V floats, 2.5 KB at a
-byte vocabulary, 400 KB at GPT-2's 50,257 tokens. They are computed in evaluation mode, in float32
+sequence's last position (``(B, V)``: the whole window behind it): 2·63 + 2·V floats, 3 KB in the
+file at a byte vocabulary, 395 KB at GPT-2's 50,257 tokens. They are computed in evaluation mode, in float32
 (no autocast, no TF32 on CUDA), without gradients, leaving the RNGs and the run's kernel record as
 they were. ``posenc eval`` and ``probe``, a resume and an ``init_from`` child rebuild the model and
 compute them again (``verify``).
@@ -24,9 +24,9 @@ Mary, "A new approach to probabilistic rounding error analysis", SIAM J. Sci. Co
 model is ``n_layer + 1`` such stages (its blocks, then the head) whose errors add along the residual
 stream. So the logits may differ by ``(n_layer + 1)·√K·u`` of their largest magnitude, K the longest
 sum (a linear layer's input width, or the window's keys), and a log-probability by twice that plus
-the log-sum-exp's own √V·u. Measured (docs/running.md): GPT-2 small's shape (12 layers, d = 768,
-50,257 tokens) on 1 and on 2 threads moved its logits by 7.4e-7 of their scale, against 4.3e-5
-allowed; two processes on one thread count agreed bit for bit.
+the log-sum-exp's own √V·u. Measured on a CPU (docs/running.md): ``model=base`` (GPT-2 small's shape:
+12 layers, d = 768, 50,257 tokens) on 1 and on 2 threads moved its logits by 1.1e-6 of their scale,
+against 3.5e-5 allowed; two processes on one thread count agreed bit for bit.
 
 **Beyond it**, one ``warning:`` line names what differs, in this order: the code (the run's
 provenance, posenc/record/provenance.py: which definitions changed since training); else a

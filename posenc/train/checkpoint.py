@@ -80,8 +80,10 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
                     val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf,
-                    reshapes: list[dict] | None = None, proofs: list[dict] | None = None) -> Path:
-    """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives."""
+                    reshapes: list[dict] | None = None, proofs: list[dict] | None = None,
+                    probe: dict | None = None) -> Path:
+    """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives.
+    probe: the model's outputs on the probe batch where already computed (eval/proof.py)."""
     run = RunDir(run_dir)
     path = run.checkpoint(kind)
     path.parent.mkdir(exist_ok=True)
@@ -107,7 +109,7 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "reshapes": list(reshapes or []),  # each resume that changed those (trainer.resume_reshape=true)
         "threads": torch.get_num_threads(),  # a CPU step's sums change in their last bits with it: a resume keeps it
         # the model's outputs on a fixed probe batch: whatever rebuilds the model from this file compares (eval/proof.py)
-        proof.KEY: proof.probe(state.model, int(cfg.trainer.seq_len)),
+        proof.KEY: probe or proof.probe(state.model, int(cfg.trainer.seq_len)),
         "proofs": list(proofs or []),  # each rebuild of the run's model so far (a resume, an init_from parent) compared
     }
     save_state(saved, path)
@@ -228,6 +230,7 @@ class Checkpoints:
         self.run_dir, self.kind, self.best_val_loss = Path(run_dir), kind, best_val_loss
         self.reshapes = list(reshapes or [])  # carried by every checkpoint (check_world)
         self.proofs = list(proofs or [])  # carried by every checkpoint: each rebuild of the model compared
+        self.probe: dict | None = None  # the last checkpoint's probe (eval/proof.py), its weights the model's since
     def evaluated(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """After an evaluation: checkpoints/best.safetensors when val/loss is the lowest yet (kind best)."""
         loss = val.get("val/loss")
@@ -238,23 +241,29 @@ class Checkpoints:
     def save(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """At a checkpoint step or a stop: checkpoints/last.safetensors, what resume continues from (kinds last, best)."""
         if self.kind != "none":
+            self.probe = proof.probe(state.model, int(cfg.trainer.seq_len))
             save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss, self.reshapes,
-                            self.proofs)
+                            self.proofs, self.probe)
 
-    def prove(self, cfg: DictConfig, device: torch.device, vocab_size: int) -> list[dict]:
+    def prove(self, cfg: DictConfig, state: TrainState) -> list[dict]:
         """At the end of a run: the checkpoint `posenc eval` will read (the best where kept, else the
-        last) loaded into a model built afresh as the run's config and seed make it, against the probe
-        batch it holds; one warning where it does not reproduce it. Every proof of the run, for the summary."""
+        last, saved at this last step from the model as it is now) loaded into a model built afresh as
+        the run's config and seed make it, against the probe batch it holds; one warning where it does
+        not reproduce it. Every proof of the run, for the summary."""
         run = RunDir(self.run_dir)
-        path = next((p for p in (run.checkpoint("best"), run.checkpoint()) if p.is_file()), None)
-        if path is None:  # trainer.checkpoint=none
+        if self.kind == "none" or self.probe is None and self.kind == "last":
             return self.proofs
-        saved = run.load_checkpoint(path.stem)
+        if self.kind == "best":
+            saved = run.load_checkpoint("best")
+        else:  # the last checkpoint holds the model's weights as they are now: not read back
+            saved = {"model": state.model.state_dict(), proof.KEY: self.probe, "step": state.step}
+        vocab = state.model.lm_head.out_features
         with proof.kept_rng():
-            model = proof.rebuild(cfg, vocab_size)
+            model = proof.rebuild(cfg, vocab)
+        path = run.checkpoint(self.kind)
         restore_weights(model, saved, path)
-        record = proof.verify(model.to(device), saved, str(path.relative_to(run.path)), lambda: [],
-                              lambda: proof.rebuild(cfg, vocab_size))
+        record = proof.verify(model.to(state.device), saved, str(path.relative_to(run.path)), lambda: [],
+                              lambda: proof.rebuild(cfg, vocab))
         proof.say(record)
         return [*self.proofs, {**record, "at": f"end of training, step {saved['step']}"}]
 

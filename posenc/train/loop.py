@@ -136,7 +136,7 @@ def how_it_ran(state: TrainState, verdict: dict | None, checkpoints: Checkpoints
     path, compiled or not, and every fallback; `posenc check`'s verdict on the encoding; the resumes that
     changed the processes or the global batch; each rebuild of the model from a checkpoint compared with
     it, the one eval reads rebuilt now (rank 0: eval/proof.py)."""
-    proofs = checkpoints.prove(cfg, state.device, state.model.lm_head.out_features) if distributed.is_main() else []
+    proofs = checkpoints.prove(cfg, state) if distributed.is_main() else []
     return {"kernels": state.kernels.record(), **verdict_facts(verdict), "reshapes": checkpoints.reshapes,
             RECORDS: proofs}
 
