@@ -222,8 +222,9 @@ def buffers_that_differ(build: Callable[[], nn.Module]) -> list[str]:
             or not torch.equal(first[name], second[name])]
 
 
-def cause(code_changes: list[str], build: Callable[[], nn.Module] | None) -> str:
-    """What differs: the code since training, else the buffers two builds disagree on, else unknown."""
+def cause(code_changes: list[str], build: Callable[[], nn.Module] | None, devices: tuple[str, str] = ("", "")) -> str:
+    """What differs: the code since training, else the buffers two builds disagree on, else unknown
+    (devices: where the probe was computed, and where now, named where they differ)."""
     if code_changes:
         return f"the code changed since training ({'; '.join(code_changes)})"
     differ = buffers_that_differ(build) if build is not None else []
@@ -231,6 +232,9 @@ def cause(code_changes: list[str], build: Callable[[], nn.Module] | None) -> str
         return (f"the non-persistent buffer{'s' if len(differ) > 1 else ''} {', '.join(differ)} "
                 f"differ{'' if len(differ) > 1 else 's'} between two builds of the model and "
                 f"{'are' if len(differ) > 1 else 'is'} not in the checkpoint")
+    if devices[0] and devices[0] != devices[1]:
+        return (f"unknown (the code is the run's and two builds agree; the probe was computed on {devices[0]} and this "
+                f"rebuild runs on {devices[1]}, whose kernels may sum in another order)")
     return "unknown (the code is the run's, and two builds of the model agree)"
 
 
@@ -246,7 +250,8 @@ def verify(model: nn.Module, state: dict, checkpoint: str, code_changes: Callabl
                 "cause": "cannot prove: the checkpoint was saved before checkpoints held a probe batch"}
     record = {"checkpoint": checkpoint, **compare(saved, outputs(model, saved["tokens"]))}
     if not record["holds"]:
-        record["cause"] = cause(code_changes(), build)
+        here = next(model.parameters()).device.type
+        record["cause"] = cause(code_changes(), build, (str(saved.get("device") or ""), here))
     return record
 
 

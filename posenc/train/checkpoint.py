@@ -181,9 +181,11 @@ class Resumed:
     proofs: list[dict] = field(default_factory=list)  # each rebuild of the model compared with its checkpoint (eval/proof.py)
 
 
-def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
+def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState, say: bool = False) -> Resumed:
     """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
-    for an exact resume (on a CPU, the torch threads the run started with too)."""
+    for an exact resume (on a CPU, the torch threads the run started with too). The resumed model is
+    compared with the checkpoint's probe batch (``proofs``, eval/proof.py); say: print its warning
+    where it does not reproduce it (a training run; `posenc check`'s resume row keeps the record)."""
     run = RunDir(run_dir)
     path = run.checkpoint()
     saved = run.load_checkpoint("last")
@@ -198,6 +200,8 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
                     reshaped["from"]["world_size"], reshaped["from"]["global_batch"], saved["step"], RESHAPE_KEY)
     restore_weights(state.model, saved, path)
     proved = prove_resumed(state.model, saved, run, cfg)
+    if say:
+        proof.say(proved)
     state.optimizer.load_state_dict(saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     state.batches.load_state_dict(saved["sampler"])
@@ -212,14 +216,11 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
 
 def prove_resumed(model: torch.nn.Module, saved: dict, run: RunDir, cfg: DictConfig) -> dict:
     """The resumed model (built by this process, the checkpoint's weights loaded) against the probe its
-    checkpoint holds; one warning where it does not reproduce it (eval/proof.py), the record for the
-    summary."""
+    checkpoint holds (eval/proof.py): the record for the summary."""
     vocab = model.lm_head.out_features
-    record = {**proof.verify(model, saved, str(run.checkpoint().relative_to(run.path)),
-                             lambda: provenance.changes(run), lambda: proof.rebuild(cfg, vocab)),
-              "at": f"resume at step {saved['step']}"}
-    proof.say(record)
-    return record
+    return {**proof.verify(model, saved, str(run.checkpoint().relative_to(run.path)),
+                           lambda: provenance.changes(run), lambda: proof.rebuild(cfg, vocab)),
+            "at": f"resume at step {saved['step']}"}
 
 
 class Checkpoints:

@@ -124,7 +124,7 @@ def training_parts(cfg: DictConfig, run_dir: Path, model: torch.nn.Module, data,
     batches = data.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(),
                            world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
-    resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed(proofs=init_from.proofs(parent))
+    resumed = resume_training(run_dir, cfg, state, say=True) if t.get("resume") else Resumed(proofs=init_from.proofs(parent))
     # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
     evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
                          world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
