@@ -11,20 +11,25 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 from broken_encodings import IMPORTS, UNSEEDED_ROPE
-from conftest import TINY, cli_env, run_cli, run_dirs
+from conftest import TINY, cli_env, run_cli
+from omegaconf import OmegaConf
 
 from posenc.build import build_model, seed_everything
-from posenc.config import compose
+from posenc.config import compose, group_options
 from posenc.config.searchpath import ENV_VAR
 from posenc.eval import proof
 from posenc.record.statefile import load_state, save_state
 
 RUN = [*TINY, "check=false", "eval.at_end=true", "eval.lengths=[1,2]"]
+#: TINY's model, as every shipped encoding builds it
+MODEL = ["model.n_layer=2", "model.n_head=2", "model.d_model=32", "trainer.seq_len=32"]
 BUFFER = "encoding.drawn_freq"
 NOT_REPRODUCED = "does not reproduce the logits it was saved with"
 
@@ -219,3 +224,44 @@ def test_the_probe_leaves_training_as_it_was():
     assert model.training and torch.equal(torch.get_rng_state(), rng) and model.kernels.record() == record
     assert saved["tokens"].shape == (2, 32) and saved["logprob"].shape == (2, 31) and saved["logits"].shape == (2, 256)
     assert saved["logits"].dtype == torch.float32
+
+
+REBUILD = """
+import json, sys
+from omegaconf import OmegaConf
+from posenc.config.load import typed_run_config
+from posenc.eval import proof
+from posenc.record.statefile import load_state
+
+out = {}
+for name, path in json.loads(sys.argv[1]).items():
+    saved = load_state(path)
+    model = proof.rebuild(typed_run_config(OmegaConf.create(saved["config"]), []), 256)  # as a run dir is read
+    model.load_state_dict(saved["model"])
+    out[name] = proof.verify(model, saved, path, lambda: [], None)
+print(json.dumps(out))
+"""
+
+
+def test_every_shipped_encodings_checkpoint_proves_itself_in_another_process_on_another_thread_count(tmp_path):
+    """Each shipped encoding's model, its weights and probe saved here, rebuilt by a new Python on
+    another thread count from its config and seed alone: its outputs are the saved ones (no shipped
+    encoding draws a buffer the seed does not reach)."""
+    saved = {}
+    for name in group_options("encoding"):
+        cfg = compose([*MODEL, f"encoding={name}"], bench=False)
+        model = proof.rebuild(cfg, 256)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(0.01 * torch.randn_like(p))  # weights of their own, as a trained model's: a checkpoint's
+        path = tmp_path / f"{name}.safetensors"
+        save_state({"model": model.state_dict(), proof.KEY: proof.probe(model, 32),
+                    "config": OmegaConf.to_container(cfg, resolve=True)}, path)
+        saved[name] = str(path)
+    other = 1 if torch.get_num_threads() > 1 else 2
+    result = subprocess.run([sys.executable, "-c", REBUILD, json.dumps(saved)], capture_output=True, text=True,
+                            timeout=300, env={**cli_env(), "OMP_NUM_THREADS": str(other)})
+    assert result.returncode == 0, result.stderr[-3000:]
+    records = json.loads(result.stdout.strip().splitlines()[-1])
+    assert records.keys() == saved.keys()
+    assert {name: r for name, r in records.items() if not r["holds"]} == {}
