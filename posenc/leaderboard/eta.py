@@ -8,10 +8,11 @@ median of 22.3, the leaderboard page says), so every run waited for a core most 
 bounds, 4× to 8× a quiet machine's, and no estimate of this machine's.
 
 So before its runs each arm is measured here, on one torch thread as the arms run
-(posenc/cli/leaderboard_run.py: one_torch_thread): its model and data built (``setup_s``), one training
-step taken to warm up and ``PACE_STEPS`` more timed (``step_s``, their median: the real
-``train_step``), one validation and the end-of-run evaluation (extrapolation or task accuracy, and the
-per-position loss) timed once. A run is then setup + steps × step + its evaluations, an arm its seeds'
+(posenc/cli/leaderboard_run.py: one_torch_thread): its model and data built (``setup_s``),
+``WARM_STEPS`` training steps taken to warm up and ``PACE_STEPS`` more timed (``step_s``, their median:
+the real ``train_step``), a validation and the end-of-run evaluation (extrapolation or task
+accuracy, and the per-position loss) timed once each, after one at the first length alone has
+imported what they need (seconds, once for the whole process: not a run's). A run is then setup + steps × step + its evaluations, an arm its seeds'
 runs, the placement its arms'.
 When an arm ends, the arms left are rescaled by how long the finished ones took against their estimate
 (the machine's load moves, and each job's start-up and files are not measured), and the ETA said again.
@@ -19,16 +20,18 @@ When an arm ends, the arms left are rescaled by how long the finished ones took 
 
 from __future__ import annotations
 
+import copy
 import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-#: training steps timed per arm, after one that warms up (allocations, caches)
-PACE_STEPS = 5
+#: training steps timed per arm, after WARM_STEPS that warm up (allocations, caches)
+PACE_STEPS = 8
+WARM_STEPS = 2
 
 
 @dataclass(frozen=True)
@@ -80,7 +83,8 @@ def measure(cfg: DictConfig, arm: str) -> Pace:
         model = build_model(cfg, data.vocab_size).to(device)
         state = new_train_state(model, t, data.batches(t.seq_len, t.batch_size, seed=cfg.seed), device, autocast)
         setup = time.perf_counter() - started
-        train_step(state, micro_batches(state))  # the first step allocates: not the pace
+        for _ in range(WARM_STEPS):  # the first steps allocate: not the pace
+            train_step(state, micro_batches(state))
         steps = []
         for _ in range(PACE_STEPS):
             started = time.perf_counter()
@@ -89,17 +93,34 @@ def measure(cfg: DictConfig, arm: str) -> Pace:
         step = statistics.median(steps)  # a step another process held up is not the pace
         model.eval()
         with torch.no_grad():
+            validate = validator(model, data, t, device, autocast)
+            validate()  # the process's first imports what scoring needs (datasets, pandas: seconds), once for all runs
             started = time.perf_counter()
-            validator(model, data, t, device, autocast)()
+            validate()
             validation = time.perf_counter() - started
-            started = time.perf_counter()
-            if cfg.eval.at_end:
-                evaluation.evaluate(data, model, cfg, device, autocast)
-                per_position.per_position(model, evaluation.evaluation_batches(data, cfg), int(t.seq_len),
+            def evaluate(at: DictConfig) -> float:
+                started = time.perf_counter()
+                evaluation.evaluate(data, model, at, device, autocast)
+                per_position.per_position(model, evaluation.evaluation_batches(data, at), int(t.seq_len),
                                           device=device, autocast=autocast)
-            evaluated = time.perf_counter() - started
+                return time.perf_counter() - started
+
+            if cfg.eval.at_end:
+                evaluate(first_length(cfg))  # imports what evaluating needs (scipy: seconds), once for all runs
+            evaluated = evaluate(cfg) if cfg.eval.at_end else 0.0
     return Pace(arm, setup, step, int(t.max_steps), validation,
                 len(eval_schedule(int(t.max_steps), int(t.eval_interval), int(t.early_evals))), evaluated)
+
+
+def first_length(cfg: DictConfig) -> DictConfig:
+    """cfg evaluated at its first length alone (a corpus's eval.lengths, a task's dataset.eval_multiples):
+    the cheapest evaluation that runs the code the whole one runs."""
+    cheap = copy.deepcopy(cfg)
+    for key in ("eval.lengths", "dataset.eval_multiples"):
+        lengths = OmegaConf.select(cheap, key, default=None)
+        if lengths:
+            OmegaConf.update(cheap, key, [lengths[0]], merge=False)
+    return cheap
 
 
 @dataclass
