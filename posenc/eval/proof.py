@@ -107,7 +107,8 @@ def exact_float32(device: torch.device) -> Iterator[None]:
 def outputs(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
     """The model's log-probability of each next token (B, T-1) and its logits at each sequence's last
     position (B, V), float32 on the CPU: in evaluation mode, exact float32, the RNGs and the model's
-    kernel record (``GPT.kernels``, what the run writes) as they were, its mode restored."""
+    kernel record (``GPT.kernels``, what the run writes) as they were, its mode restored. A kernel
+    that falls back in the probe's forward says nothing: the run, or the command, says its own."""
     device = next(model.parameters()).device
     kernels = getattr(model, "kernels", None)
     was_training = model.training
@@ -115,7 +116,8 @@ def outputs(model: nn.Module, tokens: Tensor) -> dict[str, Tensor]:
     if kernels is not None:  # the probe's own path is no path of the run's
         model.kernels = copy.deepcopy(kernels)
     try:
-        with kept_rng(), exact_float32(device):
+        with kept_rng(), exact_float32(device), warnings.catch_warnings():
+            warnings.simplefilter("ignore", PosencWarning)
             logits = model(tokens.to(device))[0].float()  # (B, T, V)
     finally:
         model.train(was_training)

@@ -64,18 +64,14 @@ def clock_time(seconds: float) -> str:
 
 def measure(cfg: DictConfig, arm: str) -> Pace:
     """``cfg`` (an arm's config, its encoding and first seed) timed on this process's threads (module doc)."""
-    import torch  # start-up: the leaderboard's modules load when it runs
-
-    from posenc.build import build_data, build_model, seed_everything
-    from posenc.eval import evaluation, per_position
-    from posenc.eval.loss import validator
+    from posenc.build import build_data, build_model, seed_everything  # start-up: torch, when the command runs
     from posenc.eval.proof import kept_rng
     from posenc.hardware import setup_device
     from posenc.train.loop import eval_schedule
-    from posenc.train.state import micro_batches, new_train_state, train_step
+    from posenc.train.state import new_train_state
 
     t = cfg.trainer
-    with kept_rng():
+    with kept_rng():  # the runs seed themselves; nothing here is theirs
         started = time.perf_counter()
         device, _, autocast = setup_device(cfg.device, t.precision)
         data = build_data(cfg)
@@ -83,33 +79,53 @@ def measure(cfg: DictConfig, arm: str) -> Pace:
         model = build_model(cfg, data.vocab_size).to(device)
         state = new_train_state(model, t, data.batches(t.seq_len, t.batch_size, seed=cfg.seed), device, autocast)
         setup = time.perf_counter() - started
-        for _ in range(WARM_STEPS):  # the first steps allocate: not the pace
-            train_step(state, micro_batches(state))
-        steps = []
-        for _ in range(PACE_STEPS):
-            started = time.perf_counter()
-            train_step(state, micro_batches(state))
-            steps.append(time.perf_counter() - started)
-        step = statistics.median(steps)  # a step another process held up is not the pace
-        model.eval()
-        with torch.no_grad():
-            validate = validator(model, data, t, device, autocast)
-            validate()  # the process's first imports what scoring needs (datasets, pandas: seconds), once for all runs
-            started = time.perf_counter()
-            validate()
-            validation = time.perf_counter() - started
-            def evaluate(at: DictConfig) -> float:
-                started = time.perf_counter()
-                evaluation.evaluate(data, model, at, device, autocast)
-                per_position.per_position(model, evaluation.evaluation_batches(data, at), int(t.seq_len),
-                                          device=device, autocast=autocast)
-                return time.perf_counter() - started
-
-            if cfg.eval.at_end:
-                evaluate(first_length(cfg))  # imports what evaluating needs (scipy: seconds), once for all runs
-            evaluated = evaluate(cfg) if cfg.eval.at_end else 0.0
+        step = step_time(state)
+        validation, evaluated = evaluation_times(model, data, cfg, device, autocast)
     return Pace(arm, setup, step, int(t.max_steps), validation,
                 len(eval_schedule(int(t.max_steps), int(t.eval_interval), int(t.early_evals))), evaluated)
+
+
+def step_time(state) -> float:
+    """Seconds of one real training step: the median of PACE_STEPS after WARM_STEPS that allocate."""
+    from posenc.train.state import micro_batches, train_step
+
+    for _ in range(WARM_STEPS):
+        train_step(state, micro_batches(state))
+    steps = []
+    for _ in range(PACE_STEPS):
+        started = time.perf_counter()
+        train_step(state, micro_batches(state))
+        steps.append(time.perf_counter() - started)
+    return statistics.median(steps)  # a step another process held up is not the pace
+
+
+def evaluation_times(model, data, cfg: DictConfig, device, autocast) -> tuple[float, float]:
+    """Seconds of one validation and of the end-of-run evaluation (0 without one), each timed after a
+    first that imports what it needs (datasets, scipy: seconds, once for the whole process)."""
+    import torch
+
+    from posenc.eval import evaluation, per_position
+    from posenc.eval.loss import validator
+
+    def timed(work) -> float:
+        started = time.perf_counter()
+        work()
+        return time.perf_counter() - started
+
+    def evaluate(at: DictConfig) -> None:
+        evaluation.evaluate(data, model, at, device, autocast)
+        per_position.per_position(model, evaluation.evaluation_batches(data, at), int(cfg.trainer.seq_len),
+                                  device=device, autocast=autocast)
+
+    model.eval()
+    with torch.no_grad():
+        validate = validator(model, data, cfg.trainer, device, autocast)
+        validate()
+        validation = timed(validate)
+        if not cfg.eval.at_end:
+            return validation, 0.0
+        evaluate(first_length(cfg))
+        return validation, timed(lambda: evaluate(cfg))
 
 
 def first_length(cfg: DictConfig) -> DictConfig:

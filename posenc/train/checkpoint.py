@@ -28,6 +28,7 @@ then carry (``reshapes``: at which step, from what, to what).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -261,6 +262,7 @@ class Checkpoints:
         vocab = state.model.lm_head.out_features
         with proof.kept_rng():
             model = proof.rebuild(cfg, vocab)
+        model.kernels = copy.deepcopy(state.model.kernels)  # the kernels the run ended on: no failed compile again
         path = run.checkpoint(self.kind)
         restore_weights(model, saved, path)
         record = proof.verify(model.to(state.device), saved, str(path.relative_to(run.path)), lambda: [],
