@@ -2,10 +2,11 @@
 on this machine, now.
 
 The estimate used to be the shipped rows' run times (baselines/*.json, ``wall_time_s``): 7.0 min for
-the median encoding, where a placement of RoPE took 1 min 44 s. Those times were taken while
-``--regenerate --jobs 2`` shared a 2-CPU machine with other work (its 1-minute load average had a
-median of 22.3, the leaderboard page says), so every run waited for a core most of the time: upper
-bounds, 4× to 8× a quiet machine's, and no estimate of this machine's.
+the median encoding, where placing RoPE took 51 s end to end (its six runs 34 s) on a 2-CPU machine
+at a load of about 2. Those times were taken while ``--regenerate --jobs 2`` shared a 2-CPU machine
+with other work (its 1-minute load average had a median of 22.3, the leaderboard page says), so every
+run waited for a core most of the time: upper bounds, several times a quiet machine's, and no
+estimate of this machine's.
 
 So before its runs each arm is measured here, on one torch thread as the arms run
 (posenc/cli/leaderboard_run.py: one_torch_thread): its model and data built (``setup_s``),
