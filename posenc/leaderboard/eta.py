@@ -17,6 +17,10 @@ imported what they need (seconds, once for the whole process: not a run's). A ru
 runs, the placement its arms'.
 When an arm ends, the arms left are rescaled by how long the finished ones took against their estimate
 (the machine's load moves, and each job's start-up and files are not measured), and the ETA said again.
+
+Measured, placing RoPE on 2 CPUs at a load of about 4: estimated 0:32 before the runs, which took
+0:37; after the lm arm (0:17 against 0:15), 0:18 for the rest, which took 0:20. Timing the arms costs
+4.4 s (10 s in a fresh process, most of it imports the runs would otherwise make).
 """
 
 from __future__ import annotations
