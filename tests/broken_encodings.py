@@ -7,7 +7,10 @@ while behaving otherwise in training. Module text, written into a plug-in direct
   row fails, naming training);
 - RANDOM_POSITIONS: RoPE at random positions in training (Ruoss et al., 2023), which passes;
 - KERNEL_ALIBI: a learned-slope ALiBi with a kernel of its own (fused_attention); kernel_factor=2 is a
-  kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it).
+  kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it);
+- UNSEEDED_ROPE: RoPE whose frequencies come from a generator seeded by the OS into a non-persistent
+  buffer: every build of the model, in every process, rotates by other frequencies, and no checkpoint
+  holds them (tests/test_proof.py: eval of its run warns, naming the buffer).
 """
 
 IMPORTS = """import math
@@ -146,12 +149,16 @@ from posenc.nn.encodings.rope import RoPE
 
 
 class UnseededRoPE(RoPE):
-    """RoPE whose frequencies are jittered by a generator seeded from the operating system into its
-    non-persistent inv_freq buffer: every build of the model draws others, and no checkpoint holds them."""
+    """RoPE at frequencies θ_i = base^(-e_i) with the exponents e_i drawn uniformly from [0, 1) by a
+    generator the run's seed never reaches, kept where checkpoints leave it out (persistent=False)."""
 
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__(*args, **kwargs)
-        g = torch.Generator()
-        g.seed()  # a nondeterministic seed: nothing a run records
-        self.inv_freq = self.inv_freq * (1 + 0.1 * torch.rand(self.inv_freq.shape, generator=g))
+    def __init__(self, d_model: int, n_head: int, name: str = "unseeded_rope", **kwargs) -> None:
+        super().__init__(d_model, n_head, name, **kwargs)
+        draw = torch.Generator()
+        draw.seed()  # from the OS: another draw in every build
+        exponents = torch.rand(self.rot_dim // 2, generator=draw).sort().values
+        self.register_buffer("drawn_freq", self.base ** -exponents, persistent=False)
+
+    def angles(self, pos):
+        return pos.to(torch.float32)[:, None] * self.drawn_freq[None, :]
 '''

@@ -276,7 +276,7 @@ def test_a_buffer_no_checkpoint_holds_is_named_where_a_state_row_fails(plugin, m
     failed = failures(["encoding=unseeded_rope"])
     assert set(failed) == {"safetensors round trip", "resume is bit-exact"}, failed
     for note in failed.values():
-        assert "encoding.inv_freq differs between two builds of the model and is not in the state dict" in note
+        assert "encoding.drawn_freq differs between two builds of the model and is not in the state dict" in note
         assert "wte" not in note
 
 

@@ -1,5 +1,6 @@
 """The path of one `posenc train` does each thing once: the config is composed once and
-validated once, the encoding is built once, and a resume reads its checkpoint's tensors once
+validated once, the encoding is built once for training (and once more at the end, by the rebuild
+that proves the checkpoint: posenc/eval/proof.py), and a resume reads its checkpoint's tensors once
 (the CLI reads the header). `posenc eval RUN_DIR` reads each file of the run once."""
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _config_loader_class() -> type:
 def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     import posenc.build
     import posenc.config
+    import posenc.eval.proof
     import posenc.record.statefile
     import posenc.train.loop
 
@@ -52,6 +54,7 @@ def _train(args: list[str], monkeypatch: pytest.MonkeyPatch) -> Counter:
     _counting(monkeypatch, counts, "validate", posenc.train.loop, "validate_config")
     _counting(monkeypatch, counts, "tensor reads", posenc.record.statefile, "read_tensors")
     _counting(monkeypatch, counts, "encoding builds", posenc.build, "build_encoding")
+    _counting(monkeypatch, counts, "proof rebuilds", posenc.eval.proof, "rebuild")
     result = CliRunner().invoke(app, ["train", *args])
     assert result.exit_code == 0, (result.stdout + result.stderr)[-2000:]
     return counts
@@ -61,7 +64,7 @@ def test_a_run_is_composed_and_validated_once(workdir: Path, monkeypatch: pytest
     counts = _train([*TINY, "trainer.max_steps=2", "eval.at_end=false"], monkeypatch)
     assert counts["compose"] == 1
     assert counts["validate"] == 1
-    assert counts["encoding builds"] == 1
+    assert counts["encoding builds"] == 2 and counts["proof rebuilds"] == 1  # training's, and the proof's at its end
 
 
 def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -69,7 +72,8 @@ def test_a_resume_reads_the_checkpoints_tensors_once(workdir: Path, monkeypatch:
     [run_dir] = run_dirs(workdir)
     counts = _train([f"trainer.resume={run_dir}", "trainer.max_steps=4"], monkeypatch)
     assert counts["tensor reads"] == 1
-    assert counts["compose"] == 1 and counts["validate"] == 1 and counts["encoding builds"] == 1
+    assert counts["compose"] == 1 and counts["validate"] == 1
+    assert counts["encoding builds"] == 2 and counts["proof rebuilds"] == 1
     assert run_dirs(workdir) == [run_dir]
 
 

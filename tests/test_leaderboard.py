@@ -6,6 +6,7 @@ end to end on a tiny protocol given as a file."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from broken_encodings import IMPORTS, WINDOW_LENGTH
 from posenc.check import check_version
 from posenc.config.searchpath import ENV_VAR
 from posenc.leaderboard.data import Row, baselines_path, load_baselines
+from posenc.leaderboard.eta import Clock, Pace
 from posenc.leaderboard.match import (
     DIFFERENT,
     DRAW,
@@ -244,6 +246,10 @@ def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
 
     placed = runner.invoke(app, ["leaderboard", "encoding=rope", "encoding.base=500", "--protocol", str(path)])
     assert placed.exit_code == 0, placed.output
+    # one ETA for the whole placement, from a run of each arm timed here, and what it took against it
+    assert re.search(r"1 run: about 0:00:\d\d here \(a run of each arm timed on this machine now: flip_flop \d+ ms/step "
+                     r"× 3 steps \+ [\d.]+ s to build and evaluate\)", placed.output), placed.output
+    assert re.search(r"1 run took 0:00:\d\d \(estimated 0:00:\d\d before they ran\)", placed.output), placed.output
     assert "▶ rope base=500" in placed.output and "rope base=500 against each shipped row" in placed.output
     assert next(line for line in placed.output.splitlines() if "▶ rope base=500" in line).rstrip(" │").endswith("✓")
     [saved] = (workdir / "outputs" / "leaderboard" / "tiny-test").rglob("*_rope_base=500/benchmark.json")
@@ -351,3 +357,16 @@ def test_the_old_command_name_is_an_alias_for_a_release(workdir):
     commands = {line.split()[1] for line in listed.splitlines() if line.startswith("│ ") and len(line.split()) > 1}
     assert "leaderboard" in commands and "benchmark" not in commands
     assert not list(workdir.iterdir())
+
+
+def test_the_placements_eta_is_each_arms_measured_run_rescaled_by_what_the_finished_arms_took():
+    """The shipped rows' times came from a loaded machine; the estimate is this machine's measured pace
+    (posenc/leaderboard/eta.py), and once an arm has run, the arms left are scaled as it was."""
+    lm = Pace("lm", setup_s=1.0, step_s=0.05, steps=100, validation_s=0.5, validations=2, evaluation_s=2.0)
+    flip = Pace("flip_flop", setup_s=1.0, step_s=0.02, steps=200, validation_s=0.0, validations=1, evaluation_s=1.0)
+    clock = Clock([lm, flip], seeds=3)
+    assert lm.run_s == pytest.approx(1.0 + 5.0 + 1.0 + 2.0) and clock.total == pytest.approx(3 * 9.0 + 3 * 6.0)
+    assert clock.left() == pytest.approx(clock.total)
+    clock.arm_done("lm", 2 * 27.0)  # the machine got twice as busy
+    assert clock.left() == pytest.approx(2 * 18.0)
+    assert clock.progress() == "ETA 0:00:36 for the rest (lm took 0:00:54, estimated 0:00:27)"

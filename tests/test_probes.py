@@ -194,7 +194,8 @@ def test_posenc_probe_writes_its_figures_into_the_run_dir(workdir):
     result = run_cli("probe", str(run), cwd=workdir)
     assert result.returncode == 0, result.stderr
     probes = json.loads((run / "probes" / "probes.json").read_text())
-    assert set(probes) == {"32", "64", "128"}  # TINY trains at 32 tokens
+    assert set(probes) == {"32", "64", "128", "checkpoint_proof"}  # TINY trains at 32 tokens
+    assert probes["checkpoint_proof"]["holds"] is True  # the checkpoint rebuilt the model that trained (eval/proof.py)
     assert (run / "probes" / "entropy_vs_length.png").stat().st_size > 0
     assert list((run / "probes" / "T32").glob("*.png"))
     assert (run / "probes" / "T128" / "bias.png").stat().st_size > 0

@@ -51,11 +51,12 @@ def runs(leak, tmp_path_factory) -> dict:
            V.CACHE_ENV: str(cache)}
     env.pop(ENV_VAR, None)
     out = {"cwd": cwd, "cache": cache}
-    for name, extra in (("first", []), ("second", []), ("off", ["check=false"])):
+    at_lengths = ["eval.at_end=true", "eval.lengths=[1,2]"]  # for `posenc plot extrapolation`
+    for name, extra in (("first", at_lengths), ("second", []), ("off", ["check=false"])):
         out[name] = run_cli("train", "--config-dir", str(leak / "conf"), "encoding=training_leak", *TINY, *extra,
                             f"hydra.run.dir={name}", cwd=cwd, env=env)
         assert out[name].returncode == 0, out[name].stderr[-3000:]
-    out["rope"] = run_cli("train", "encoding=rope", *TINY, "hydra.run.dir=rope", cwd=cwd, env=env)
+    out["rope"] = run_cli("train", "encoding=rope", *TINY, *at_lengths, "hydra.run.dir=rope", cwd=cwd, env=env)
     return out
 
 
@@ -108,6 +109,12 @@ def test_compare_marks_the_failing_arm_and_looks_up_a_run_that_recorded_none(run
     unchecked = run_cli("compare", str(old), str(runs["cwd"] / "rope"), "--no-check", "--out", str(tmp_path / "r2"),
                         cwd=tmp_path)
     assert unchecked.returncode == 0 and "✗check" not in unchecked.stdout
+    # its figure of perplexity against length marks the arm as compare does, and says why
+    plotted = run_cli("plot", "extrapolation", str(runs["cwd"] / "first"), str(runs["cwd"] / "rope"), "--out",
+                      str(tmp_path / "ppl.png"), cwd=tmp_path)
+    assert plotted.returncode == 0, plotted.stderr[-2000:]
+    assert f"warning: training_leak ✗check: its encoding fails posenc check ({CAUSAL}" in " ".join(plotted.stdout.split())
+    assert "rope ✗check" not in plotted.stdout
 
 
 def test_jobs_asking_for_one_verdict_at_once_measure_it_once(tmp_path, monkeypatch):

@@ -6,17 +6,17 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from statistics import median
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from posenc.cli.leaderboard_run import OUTPUTS, run_encoding, stamp
+from posenc.cli.leaderboard_run import OUTPUTS, run_encoding, stamp, time_arms
 from posenc.errors import UserError
 from posenc.leaderboard.checked import check_cell, check_record
 from posenc.leaderboard.data import Baselines, cpu_model, row_to_json, versions
+from posenc.leaderboard.eta import Clock
 from posenc.leaderboard.match import DIFFERENT, DRAW, EXACT, SeedMatch, match, overall
 from posenc.leaderboard.page import cell, fmt_of, sort_key
 from posenc.leaderboard.place import Placement, place
@@ -28,16 +28,15 @@ from posenc.report.tables import format_difference
 VERDICT_MARK = {BETTER: "better", WORSE: "worse"}
 
 
-def announce(protocol: Protocol, baselines: Baselines, label: str, console: Console) -> None:
-    """What is about to run, and how long the shipped rows took each."""
-    runs = len(protocol.arms) * len(protocol.seeds)
-    minutes = [sum(t or 0 for ts in r.wall_time_s.values() for t in ts) / 60 for r in baselines.rows]
-    machine = baselines.raw["machine"]
-    console.print(f"benchmark {protocol.name} (hash {baselines.hash}) for [bold]{escape(label)}[/]: {runs} runs "
-                  f"({len(protocol.arms)} arms × seeds {','.join(map(str, protocol.seeds))}); a shipped encoding took "
-                  f"{median(minutes):.1f} min of run time (median; {min(minutes):.1f}–{max(minutes):.1f}) on "
-                  f"{machine['cpu']} ({machine['cpus']} CPUs, shared), plus ~10 s to start each arm",
-                  highlight=False, soft_wrap=True)
+def announce(protocol: Protocol, baselines: Baselines, label: str, args: list[str], console: Console) -> Clock:
+    """What is about to run, and how long it will take here: each arm's run measured on this machine
+    now (posenc/leaderboard/eta.py; the shipped rows' times were taken on a loaded machine)."""
+    console.print(f"benchmark {protocol.name} (hash {baselines.hash}) for [bold]{escape(label)}[/]: "
+                  f"{len(protocol.arms)} arms × seeds {','.join(map(str, protocol.seeds))}; timing a few steps of each "
+                  f"arm here…", highlight=False, soft_wrap=True)
+    clock = time_arms(protocol, args)
+    console.print(escape(clock.plan()), highlight=False, soft_wrap=True)
+    return clock
 
 
 def placement_table(placements: list[Placement], protocol: Protocol, new: str,
@@ -121,9 +120,10 @@ def place_new(protocol: Protocol, baselines: Baselines, hash_: str, args: list[s
 
     label = label_of(args)
     check = checked_first(args, label, despite_check, console)
-    announce(protocol, baselines, label, console)
+    clock = announce(protocol, baselines, label, args, console)
     root = OUTPUTS / protocol.name / f"{stamp()}_{safe(label)}"
-    row = run_encoding(protocol, label, args, config_dir, root, lambda s: console.print(s, highlight=False, soft_wrap=True))
+    row = run_encoding(protocol, label, args, config_dir, root, lambda s: console.print(s, highlight=False, soft_wrap=True),
+                       clock)
     row = dataclasses.replace(row, check=check)
     write_json_atomic(root / "benchmark.json", {"protocol": protocol.name, "hash": hash_, "label": label,
                                                 "overrides": args, "versions": versions(), **row_to_json(row)})
@@ -146,10 +146,10 @@ def reproduce_row(protocol: Protocol, baselines: Baselines, hash_: str, name: st
     shipped = next((r for r in baselines.rows if r.label == name), None)
     if shipped is None:
         raise UserError(f"--reproduce {name}: no shipped row of that name — one of {', '.join(r.label for r in baselines.rows)}")
-    announce(protocol, baselines, name, console)
+    clock = announce(protocol, baselines, name, [f"encoding={name}"], console)
     root = OUTPUTS / protocol.name / f"{stamp()}_reproduce_{safe(name)}"
     rerun = run_encoding(protocol, name, [f"encoding={name}"], None, root,
-                         lambda s: console.print(s, highlight=False, soft_wrap=True))
+                         lambda s: console.print(s, highlight=False, soft_wrap=True), clock)
     matches = match(shipped, rerun, protocol)
     console.print(reproduction_table(matches, protocol, baselines, name))
     verdict = overall(matches)

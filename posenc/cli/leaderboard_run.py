@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager
@@ -23,7 +24,9 @@ from posenc.cli.hydra_commands import check_run
 from posenc.cli.hydra_entry import run_hydra
 from posenc.cli.job_returns import outcome
 from posenc.errors import UserError
+from posenc.config import compose
 from posenc.leaderboard.data import Row
+from posenc.leaderboard.eta import Clock, measure
 from posenc.leaderboard.protocol import Arm, Protocol, load_protocol
 from posenc.record import kernel_record
 from posenc.record.directory import write_json_atomic
@@ -81,14 +84,28 @@ def one_torch_thread() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def time_arms(protocol: Protocol, encoding_args: list[str]) -> Clock:
+    """Each arm's run measured on this machine now, as the arms run (one torch thread): the placement's
+    clock (posenc/leaderboard/eta.py)."""
+    with one_torch_thread():
+        paces = [measure(compose([f"experiment={arm.experiment}", *arm.overrides, *encoding_args,
+                                  f"seed={protocol.seeds[0]}"], bench=False), arm.name) for arm in protocol.arms]
+    return Clock(paces, len(protocol.seeds))
+
+
 def run_encoding(protocol: Protocol, label: str, encoding_args: list[str], config_dir: str | None,
-                 root: Path, echo: Echo) -> Row:
-    """Every arm of the protocol for one encoding; its runs under root/<arm>/."""
+                 root: Path, echo: Echo, clock: Clock | None = None) -> Row:
+    """Every arm of the protocol for one encoding; its runs under root/<arm>/. clock: the placement's
+    ETA, said again as each arm ends."""
     parts = {}
     for i, arm in enumerate(protocol.arms, 1):
         echo(f"[{i}/{len(protocol.arms)}] {label}: arm {arm.name} (experiment={arm.experiment}), "
              f"seeds {','.join(map(str, protocol.seeds))} -> {root / arm.name}")
+        started = time.monotonic()
         parts[arm.name] = run_arm(arm, protocol.seeds, encoding_args, config_dir, root / arm.name)
+        if clock is not None:
+            clock.arm_done(arm.name, time.monotonic() - started)
+            echo(clock.progress() if i < len(protocol.arms) else clock.summary())
     return merge(label, parts)
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import typer
+from rich.markup import escape
 
 from posenc.cli.common import console, fail, run_guarded
 
@@ -54,14 +55,23 @@ def extrapolation(
     paths: list[Path] = typer.Argument(..., help="run directories or sweep directories (as for `posenc compare`)"),
     out: Path = typer.Option(None, help=f"PNG file (x.png) or a directory to write into [default: {FIGURE} in the one "
                                         f"directory given, else {PLOTS_DIR}/]"),
+    no_check: bool = typer.Option(False, "--no-check", help="do not look up `posenc check`'s verdict for runs that "
+                                  "recorded none (recorded verdicts still mark their arms)"),
 ) -> None:
     """Perplexity against evaluation length (log-x), one line per group of `posenc compare`
-    (geometric mean and 95% interval over seeds, as compare's tables), training length marked.
+    (geometric mean and 95% interval over seeds, as compare's tables), training length marked; an arm
+    is marked as compare marks it (✗check: its encoding fails `posenc check`; ✗ckpt: a checkpoint of
+    its runs does not rebuild the model that trained), with a line saying why.
     Never overwrites the extrapolation.png of compare's report, nor writes a copy of it beside it."""
-    from posenc.report.plots_length import extrapolation_groups, plot_extrapolation  # start-up
+    from posenc.cli.runs import run_verdict  # start-up
+    from posenc.report.checked import mark_arms
+    from posenc.report.plots_length import extrapolation_groups, plot_extrapolation
 
     def plot() -> Path | None:
         groups = extrapolation_groups(paths)  # refuses missing paths before anything is written
+        for lines in mark_arms(groups, None if no_check else run_verdict):
+            for line in lines:
+                console.print(f"[yellow]warning: {escape(line)}[/]", highlight=False, soft_wrap=True)
         report = compare_figure(paths)
         if out is None and report is not None:
             return None

@@ -136,17 +136,18 @@ def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | N
 
 
 def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None,
-                 title: str | None = None) -> list[Path]:
+                 title: str | None = None, about: dict | None = None) -> list[Path]:
     """probes.json plus each length's figures (in T<length>/ when there are several lengths)
     and entropy_vs_length.png: each layer's mean entropy over heads and queries against T, on a
-    log axis ticked at the probed lengths. ``title`` (the run and its encoding) heads every figure."""
+    log axis ticked at the probed lengths. ``title`` (the run and its encoding) heads every figure;
+    ``about``: entries probes.json holds beside the lengths (whether the checkpoint rebuilt its model)."""
     import json
 
     plt = pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     tmp = out / f"{PROBES_FILE}.tmp"
-    tmp.write_text(json.dumps(probes_by_length))
+    tmp.write_text(json.dumps({**probes_by_length, **(about or {})}))
     tmp.replace(out / PROBES_FILE)  # never a half-written file
     paths = [out / PROBES_FILE]
     several = len(probes_by_length) > 1

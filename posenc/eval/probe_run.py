@@ -18,6 +18,7 @@ from omegaconf import DictConfig
 from posenc.build import encoding_summary
 from posenc.eval.evaluation import probe_windows
 from posenc.eval.probes import probe_lengths, write_probes
+from posenc.eval.proof import RECORD_KEY
 from posenc.eval.run import load_trained
 from posenc.record.directory import plain_numbers
 from posenc.record.rundir import RunDir
@@ -34,7 +35,7 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
     W&B gets the figures as images in its W&B run (resumed by id). verdict_of: the CLI's lookup
     of `posenc check`'s verdict (posenc/check/verdict.py), which warns where the encoding fails."""
     run = RunDir(run_dir)
-    cfg, data, model, state, _ = load_trained(run, overrides, command="probe")
+    cfg, data, model, state, _, proved = load_trained(run, overrides, command="probe")
     if verdict_of is not None:
         verdict_of(cfg)
     device = next(model.parameters()).device
@@ -48,7 +49,7 @@ def probe_run(run_dir: Path, overrides: list[str], multiples=MULTIPLES, windows:
     with torch.no_grad():
         probes = probe_lengths(model, idx)
     title = f"{run.path.name} · {encoding_title(model.encoding)}"
-    paths = write_probes(probes, run.probes_dir, T, title)
+    paths = write_probes(probes, run.probes_dir, T, title, about={RECORD_KEY: proved})
     _log_to_wandb(run, cfg, state, [p for p in paths if p.suffix == ".png"])
     return paths
 

@@ -16,11 +16,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from omegaconf import DictConfig
+from torch import nn
 
-from posenc.build import build_data, build_model, encoding_summary, restore_weights
+from posenc.build import build_data, build_model, encoding_summary, restore_weights, seed_everything
 from posenc.config import parse_overrides
 from posenc.display.terminal import make_console
-from posenc.eval import evaluation, final
+from posenc.eval import evaluation, final, proof
 from posenc.eval.progress import StageLines
 from posenc.hardware import resolve_precision, setup_device
 from posenc.record import kernel_record, provenance
@@ -49,20 +50,34 @@ def output_name(overrides: list[str]) -> str:
 
 
 def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"):
-    """(cfg, data, model on its device, checkpoint state, autocast) of a finished or stopped run:
-    what `posenc eval` and `posenc probe` (command) start from. Every file is read through one
-    RunDir: its config once, its checkpoint resolved once."""
+    """(cfg, data, model on its device, checkpoint state, autocast, proof) of a finished or stopped
+    run: what `posenc eval` and `posenc probe` (command) start from. Every file is read through one
+    RunDir: its config once, its checkpoint resolved once. The model is built as training built it
+    (the run's seed set first) and proved against its checkpoint's probe batch (``proof``, the
+    record eval.json and probes.json keep; one warning where it does not reproduce it)."""
 
     run = RunDir.of(run)
     run.require_run(command)  # missing, a sweep's dir or any other folder: said so, not "no checkpoint"
     state = run.load_checkpoint()  # missing, corrupt or foreign: one line saying so
-    warn_code_changes(run)
+    changed = warn_code_changes(run)
     cfg = load_run_config(run, overrides)
     device, _, autocast = setup_device(cfg.device, cfg.trainer.precision)  # as training: TF32, autocast
     data = build_data(cfg)
+    seed_everything(cfg.seed)  # a buffer drawn from the seeded generator is the run's own
     model = build_model(cfg, data.vocab_size)
     restore_weights(model, state, run.checkpoint_to_load())
-    return cfg, data, model.to(device), state, autocast
+    model = model.to(device)
+    proved = prove(run, state, model, cfg, changed)
+    return cfg, data, model, state, autocast, proved
+
+
+def prove(run: RunDir, state: dict, model: nn.Module, cfg: DictConfig, changed: list[str]) -> dict:
+    """The rebuilt model against the probe batch its checkpoint holds (eval/proof.py): one warning line
+    where it does not reproduce it, or where the checkpoint holds no probe; the record."""
+    checkpoint = str(run.checkpoint_to_load().relative_to(run.path))
+    record = proof.prove(model, state, checkpoint, load_run_config(run, []), cfg, lambda: changed)
+    proof.say(record, lambda line: err_console.print(line, highlight=False, soft_wrap=True))
+    return record
 
 
 def warn_code_changes(run: RunDir | Path) -> list[str]:
@@ -94,13 +109,14 @@ def eval_run(run_dir: Path, overrides: list[str],
     verdict_of is given (the CLI's: posenc/check/verdict.py), `posenc check`'s verdict on it."""
 
     run = RunDir(run_dir)
-    cfg, data, model, state, autocast = load_trained(run, overrides)
+    cfg, data, model, state, autocast, proved = load_trained(run, overrides)
     device = next(model.parameters()).device
     out = run.path / output_name(overrides)
     header = {"run_dir": str(run.path), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device),
               "precision": resolve_precision(cfg.trainer.precision, device),  # what autocast computed in
               "code_changes": provenance.changes(run),  # the same list the warning named (its parses cached)
+              proof.RECORD_KEY: proved,  # whether the checkpoint rebuilt the model that trained (eval/proof.py)
               **({"check": verdict_of(cfg)} if verdict_of is not None else {})}
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
     # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)

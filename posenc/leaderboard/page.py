@@ -161,7 +161,9 @@ def render(b: Baselines, protocol: Protocol) -> str:
         f"Run wall time per encoding (both arms, {len(seeds)} seeds, the machine above): median "
         f"{median(minutes):.1f} min, {min(minutes):.1f}–{max(minutes):.1f} min, while its 1-minute load average "
         f"was {min(loads):.1f}–{max(loads):.1f} (median {median(loads):.1f}) on {b.raw['machine']['cpus']} CPUs: "
-        "a shared machine, so these times are upper bounds.", "",
+        "a shared machine, so these times are upper bounds, several times a quiet machine's: `posenc leaderboard` "
+        "estimates a placement from a run of each arm timed on your machine before it starts (step times, a "
+        "validation and the evaluation), and says one ETA for all its runs as each arm ends.", "",
         "## Every seed", "",
         *seeds_table(b, metrics), "",
         "## Reproducing a row", "",

@@ -15,8 +15,7 @@ A run directory (Hydra's output dir) holds:
   ``per_position.json``/``.png`` (``per_position_<eval file>.*`` beside an evaluation), ``probes/``
   (``probes.json`` and PNGs), and W&B's own ``wandb/`` (``wandb.init(dir=<run dir>)`` makes it).
 
-A sweep directory (Hydra's multirun) holds Hydra's ``multirun.yaml``, posenc's ``sweep.json``
-and a run directory per job (sweepdir.py).
+A sweep directory (Hydra's multirun) holds ``multirun.yaml``, ``sweep.json`` and a run dir per job (sweepdir.py).
 
 A RunDir reads each file once: the config, the overrides and Hydra's choices are parsed on first
 use and kept, and the checkpoint a finished run is evaluated from is resolved once. One RunDir
@@ -121,8 +120,7 @@ class RunDir:
         return self._read[key]
 
     def saved_config(self) -> DictConfig:
-        """.hydra/config.yaml as the run saved it (untyped: load_run_config below types it),
-        read once and shared, so read-only."""
+        """.hydra/config.yaml as the run saved it (untyped: load_run_config types it), read once, shared: read-only."""
         saved = self._once(self.config_file, OmegaConf.create)
         if saved is None:
             raise UserError(f"{self.path} has no {HYDRA_DIR}/{CONFIG_FILE} — pass a run directory made by "
@@ -150,6 +148,11 @@ class RunDir:
     def summary(self) -> dict | None:
         """summary.json as it is now (None: still running, or killed)."""
         return json.loads(self.summary_file.read_text()) if self.summary_file.is_file() else None
+
+    def evaluations(self) -> dict[str, dict]:
+        """{file name: record} of every evaluation `posenc eval` wrote (eval.json, eval_<settings>.json)."""
+        return {p.name: json.loads(p.read_text()) for p in sorted(self.path.glob(f"{EVAL_STEM}*.json"))
+                if p.name == eval_file_name() or p.name.startswith(f"{EVAL_STEM}_")}
 
     def metrics(self) -> list[dict]:
         """metrics.jsonl's rows, one per log step, as the file holds them now."""
@@ -181,14 +184,12 @@ class RunDir:
         return kind or "last"
 
     def legacy_checkpoints(self) -> list[Path]:
-        """The pickled checkpoints (checkpoints/last.pt, best.pt) of a run made before checkpoint
-        format 2, where no converted file sits beside them."""
+        """The pickled checkpoints (last.pt, best.pt) of a run before checkpoint format 2, with no converted file beside."""
         return [p for kind in ("last", "best") if (p := self.checkpoints_dir / f"{kind}{LEGACY_SUFFIX}").is_file()
                 and not self.checkpoint(kind).is_file()]
 
     def refuse_legacy(self) -> None:
-        """Pickled checkpoints are refused (unpickling runs whatever code the file names), with the
-        command that converts them (reading tensors and RNG state only)."""
+        """Pickled checkpoints refused (unpickling runs any code they name), with the command that converts them."""
         old = self.legacy_checkpoints()
         if old:
             names = ", ".join(str(p.relative_to(self.path)) for p in old)

@@ -1,6 +1,7 @@
-"""What a reader of a comparison must not over-read: arms whose encoding fails `posenc check`, timings
-taken on a loaded machine or on unlike kernel paths, runs at different global batches, convergence
-targets no run crossed. One line each, printed under compare's tables and written into its report."""
+"""What a reader of a comparison must not over-read: arms whose encoding fails `posenc check` or whose
+checkpoints do not rebuild the model that trained, timings taken on a loaded machine or on unlike
+kernel paths, runs at different global batches, convergence targets no run crossed. One line each,
+printed under compare's tables and written into its report."""
 
 from __future__ import annotations
 
@@ -17,9 +18,9 @@ from posenc.report.runs import Run
 
 
 def warning_lines(c: Comparison) -> list[str]:
-    """What a reader must not over-read: arms whose encoding fails `posenc check`, timings from a loaded
-    machine, targets left out."""
-    out = list(c.unchecked)
+    """What a reader must not over-read: arms whose encoding fails `posenc check` or whose checkpoints do
+    not rebuild their model (report/proved.py), timings from a loaded machine, targets left out."""
+    out = [*c.unchecked, *c.unproved]
     loaded = [(r, r.metric(MACHINE_LOAD.name), r.metric(MACHINE_CPUS.name) or 1) for r in c.runs if r.ok]
     loaded = [(r, load, cpus) for r, load, cpus in loaded if load is not None and load > LOADED_PER_CPU * cpus]
     if loaded:

@@ -1,13 +1,16 @@
 """Which arms of a comparison run an encoding that fails `posenc check`: their label carries MARK in
 every table and figure, and one line says which properties fail. A run records the verdict when it
 trains (summary.json's ``check``: posenc/check/verdict.py); a run made before that gets one from the
-lookup the CLI hands `posenc compare` (``verdict_of``), or none."""
+lookup the CLI hands `posenc compare` and `posenc plot extrapolation` (``verdict_of``), or none.
+``mark_arms`` marks both what `posenc check` fails and what a checkpoint does not rebuild
+(report/proved.py), as every comparison of arms does."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from posenc.report.proved import mark_unproved
 from posenc.report.runs import Group, Run
 
 #: what a failing arm's label ends with
@@ -46,3 +49,11 @@ def mark_failing(groups: Sequence[Group]) -> list[str]:
                          f"are not about positional encoding alone")
             group.label += MARK
     return lines
+
+
+def mark_arms(groups: Sequence[Group], verdict_of: VerdictOf | None) -> tuple[list[str], list[str]]:
+    """Every group marked as a comparison marks it: ✗check where its encoding fails `posenc check`
+    (runs that recorded no verdict asking verdict_of), ✗ckpt where a checkpoint of its runs does not
+    rebuild the model that trained; the lines for each."""
+    fill_verdicts([run for group in groups for run in group.runs], verdict_of)
+    return mark_failing(groups), mark_unproved(groups)

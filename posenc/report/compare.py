@@ -37,7 +37,7 @@ from posenc.record.metrics import (
 )
 from posenc.record.rundir import SUMMARY_FILE
 from posenc.report.caveats import warning_lines
-from posenc.report.checked import VerdictOf, fill_verdicts, mark_failing
+from posenc.report.checked import VerdictOf, mark_arms
 from posenc.report.comparison import Comparison, columns_for, is_task_run, length_order
 from posenc.report.format import format_value
 from posenc.report.rank_tables import rank_text_tables, verdict_lines
@@ -167,7 +167,8 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
                      within: str | None = None, verdict_of: VerdictOf | None = None) -> Comparison:
     """The whole comparison, computed before anything is written, so a mistaken option is
     refused (UserError naming the closest valid choices) with nothing on disk. Groups whose encoding
-    fails `posenc check` are marked (report/checked.py; verdict_of: for runs that recorded none)."""
+    fails `posenc check` are marked (report/checked.py; verdict_of: for runs that recorded none), and so
+    are those with a run whose checkpoint does not rebuild its model (report/proved.py)."""
     runs, duplicates = deduplicate(runs)
     check_keys(runs, by, within)
     by = list(by) if by else [k for k in varying_keys(runs) if k != within]
@@ -179,12 +180,12 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     metric = metric or default_metric(runs)
     groups = group_runs(runs, by + ([within] if within else []))  # a cell never pools two values of --within
     base = find_baseline(groups, baseline) if baseline is not None else None  # as the user names it: unmarked
-    fill_verdicts(runs, verdict_of)
-    unchecked = mark_failing(groups)
+    unchecked, unproved = mark_arms(groups, verdict_of)
     fixed, varied = setup_split(runs)
     c = Comparison(by, groups, columns_for(runs, metric, shown), shown, {}, {}, metric, list(runs), duplicates,
                    fixed, varied, dropped_targets=[t for t in chosen if t not in shown], within=within)
     c.unchecked = unchecked
+    c.unproved = unproved
     values = fill_cells(c)
     if base is not None:
         c.baseline = base

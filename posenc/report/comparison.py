@@ -103,6 +103,7 @@ class Comparison:
     rankings: dict[str, Ranking] = field(default_factory=dict)       # within-value -> the groups ranked there
     agreements: list[Agreement] = field(default_factory=list)        # Kendall τ between within-values
     unchecked: list[str] = field(default_factory=list)               # a line per arm failing `posenc check`
+    unproved: list[str] = field(default_factory=list)                # a line per arm whose checkpoints do not rebuild its model
 
     @property
     def failed(self) -> list[Run]:

@@ -28,6 +28,7 @@ then carry (``reshapes``: at which step, from what, to what).
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import random
@@ -40,8 +41,10 @@ from omegaconf import DictConfig, OmegaConf
 
 from posenc.build import restore_weights
 from posenc.errors import UserError
+from posenc.eval import proof
 from posenc.eval.loss import global_batch
 from posenc.hardware import keep_cpu_threads
+from posenc.record import provenance
 from posenc.record.rundir import RunDir
 from posenc.record.statefile import CHECKPOINT_VERSION, save_state
 from posenc.train import distributed
@@ -78,8 +81,10 @@ def set_rng_state(state: dict) -> None:
 
 def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id: str | None,
                     val: dict | None = None, kind: str = "last", best_val_loss: float = math.inf,
-                    reshapes: list[dict] | None = None) -> Path:
-    """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives."""
+                    reshapes: list[dict] | None = None, proofs: list[dict] | None = None,
+                    probe: dict | None = None) -> Path:
+    """checkpoints/<kind>.safetensors, written to a temp file and renamed: the last good one survives.
+    probe: the model's outputs on the probe batch where already computed (eval/proof.py)."""
     run = RunDir(run_dir)
     path = run.checkpoint(kind)
     path.parent.mkdir(exist_ok=True)
@@ -104,6 +109,9 @@ def save_checkpoint(run_dir: Path, state: TrainState, cfg: DictConfig, wandb_id:
         "global_batch": global_batch(cfg.trainer, distributed.world_size()),
         "reshapes": list(reshapes or []),  # each resume that changed those (trainer.resume_reshape=true)
         "threads": torch.get_num_threads(),  # a CPU step's sums change in their last bits with it: a resume keeps it
+        # the model's outputs on a fixed probe batch: whatever rebuilds the model from this file compares (eval/proof.py)
+        proof.KEY: probe or proof.probe(state.model, int(cfg.trainer.seq_len)),
+        "proofs": list(proofs or []),  # each rebuild of the run's model so far (a resume, an init_from parent) compared
     }
     save_state(saved, path)
     return path
@@ -171,11 +179,14 @@ class Resumed:
     wandb_id: str | None = None
     best_val_loss: float = math.inf
     reshapes: list[dict] = field(default_factory=list)  # changes of world size or global batch (check_world)
+    proofs: list[dict] = field(default_factory=list)  # each rebuild of the model compared with its checkpoint (eval/proof.py)
 
 
-def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resumed:
+def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState, say: bool = False) -> Resumed:
     """Restore every piece of the TrainState (in place) and the RNGs from run_dir's checkpoint,
-    for an exact resume (on a CPU, the torch threads the run started with too)."""
+    for an exact resume (on a CPU, the torch threads the run started with too). The resumed model is
+    compared with the checkpoint's probe batch (``proofs``, eval/proof.py); say: print its warning
+    where it does not reproduce it (a training run; `posenc check`'s resume row keeps the record)."""
     run = RunDir(run_dir)
     path = run.checkpoint()
     saved = run.load_checkpoint("last")
@@ -189,6 +200,9 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
                     "(%s=true): recorded in the checkpoint and the run's summary (reshapes)", world, reshaped["to"]["global_batch"],
                     reshaped["from"]["world_size"], reshaped["from"]["global_batch"], saved["step"], RESHAPE_KEY)
     restore_weights(state.model, saved, path)
+    proved = prove_resumed(state.model, saved, run, cfg)
+    if say:
+        proof.say(proved)
     state.optimizer.load_state_dict(saved["optimizer"])
     state.scheduler.load_state_dict(saved["scheduler"])
     state.batches.load_state_dict(saved["sampler"])
@@ -197,28 +211,64 @@ def resume_training(run_dir: Path, cfg: DictConfig, state: TrainState) -> Resume
     keep_cpu_threads(saved.get("threads"), state.device)
     truncate_metrics(run_dir, saved.get("metrics_bytes", 0))
     log.info("resumed at step %d (%s tokens) from %s", state.step, f"{state.tokens:,}", path)
-    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf), reshapes)
+    return Resumed(dict(saved.get("val") or {}), saved.get("wandb_id"), saved.get("best_val_loss", math.inf), reshapes,
+                   [*saved.get("proofs", []), proved])
+
+
+def prove_resumed(model: torch.nn.Module, saved: dict, run: RunDir, cfg: DictConfig) -> dict:
+    """The resumed model (built by this process, the checkpoint's weights loaded) against the probe its
+    checkpoint holds (eval/proof.py): the record for the summary."""
+    vocab = model.lm_head.out_features
+    return {**proof.verify(model, saved, str(run.checkpoint().relative_to(run.path)),
+                           lambda: provenance.changes(run), lambda: proof.rebuild(cfg, vocab)),
+            "at": f"resume at step {saved['step']}"}
 
 
 class Checkpoints:
     """What trainer.checkpoint keeps (last | best | none; see the module docstring)."""
 
     def __init__(self, run_dir: Path, kind: str, best_val_loss: float = math.inf,
-                 reshapes: list[dict] | None = None) -> None:
+                 reshapes: list[dict] | None = None, proofs: list[dict] | None = None) -> None:
         self.run_dir, self.kind, self.best_val_loss = Path(run_dir), kind, best_val_loss
         self.reshapes = list(reshapes or [])  # carried by every checkpoint (check_world)
-
+        self.proofs = list(proofs or [])  # carried by every checkpoint: each rebuild of the model compared
+        self.probe: dict | None = None  # the last checkpoint's probe (eval/proof.py), its weights the model's since
     def evaluated(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """After an evaluation: checkpoints/best.safetensors when val/loss is the lowest yet (kind best)."""
         loss = val.get("val/loss")
         if self.kind == "best" and loss is not None and loss < self.best_val_loss:
             self.best_val_loss = loss
-            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss, self.reshapes)
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "best", loss, self.reshapes, self.proofs)
 
     def save(self, state: TrainState, cfg: DictConfig, wandb_id: str | None, val: dict) -> None:
         """At a checkpoint step or a stop: checkpoints/last.safetensors, what resume continues from (kinds last, best)."""
         if self.kind != "none":
-            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss, self.reshapes)
+            self.probe = proof.probe(state.model, int(cfg.trainer.seq_len))
+            save_checkpoint(self.run_dir, state, cfg, wandb_id, val, "last", self.best_val_loss, self.reshapes,
+                            self.proofs, self.probe)
+
+    def prove(self, cfg: DictConfig, state: TrainState) -> list[dict]:
+        """At the end of a run: the checkpoint `posenc eval` will read (the best where kept, else the
+        last, saved at this last step from the model as it is now) loaded into a model built afresh as
+        the run's config and seed make it, against the probe batch it holds; one warning where it does
+        not reproduce it. Every proof of the run, for the summary."""
+        run = RunDir(self.run_dir)
+        if self.kind == "none" or self.probe is None and self.kind == "last":
+            return self.proofs
+        if self.kind == "best":
+            saved = run.load_checkpoint("best")
+        else:  # the last checkpoint holds the model's weights as they are now: not read back
+            saved = {"model": state.model.state_dict(), proof.KEY: self.probe, "step": state.step}
+        vocab = state.model.lm_head.out_features
+        with proof.kept_rng():
+            model = proof.rebuild(cfg, vocab)
+        model.kernels = copy.deepcopy(state.model.kernels)  # the kernels the run ended on: no failed compile again
+        path = run.checkpoint(self.kind)
+        restore_weights(model, saved, path)
+        record = proof.verify(model.to(state.device), saved, str(path.relative_to(run.path)), lambda: [],
+                              lambda: proof.rebuild(cfg, vocab))
+        proof.say(record)
+        return [*self.proofs, {**record, "at": f"end of training, step {saved['step']}"}]
 
     def finish(self) -> dict:
         """At the end of a completed run: drop the last checkpoint if only the best is kept; return what is

@@ -18,7 +18,8 @@ scaling's training length ``encoding.original_max_len`` is not given on the comm
 child takes the parent's ``trainer.seq_len``: the T the parent was trained at, not the child's
 new, longer seq_len (parent_overrides), whether the command line names the parent's encoding
 (``encoding=rope``) or leaves it to the default. The child's dir holds ``parent.json`` (the parent's
-path, step and config) and its summary a ``parent`` entry.
+path, step and config) and its summary a ``parent`` entry, with whether the parent's checkpoint
+rebuilt the model that trained (``checkpoint_proof``: posenc/eval/proof.py; one warning where not).
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.build import build_encoding, restore_weights
 from posenc.config import parse_overrides
 from posenc.errors import UserError
+from posenc.eval import proof
+from posenc.record import provenance
 from posenc.record.directory import write_json_atomic
 from posenc.record.rundir import LAST_CHECKPOINT, RunDir, load_run_config
 
@@ -226,10 +229,22 @@ def start_from_parent(cfg: DictConfig, model: torch.nn.Module, run_dir: Path, wr
     parent_run = RunDir(parent)
     state = parent_run.load_checkpoint()
     restore_weights(model, state, parent_run.checkpoint_to_load())  # weights only: no optimiser, step or RNG
+    # the parent's model rebuilt from its checkpoint (with its own scaling, where the child changes it), compared
+    checkpoint = parent_run.checkpoint_to_load()
+    proved = proof.prove(model, state, str(checkpoint), parent_config(parent), cfg,
+                         lambda: provenance.changes(parent_run))
+    proof.say(proved)
     config = state["config"]
     record = {"path": str(parent), "step": state["step"], "tokens": state["tokens"],
-              "seq_len": config["trainer"]["seq_len"], "encoding": config["encoding"].get("name")}
+              "seq_len": config["trainer"]["seq_len"], "encoding": config["encoding"].get("name"),
+              proof.RECORD_KEY: {**proved, "at": f"init_from {parent}"}}
     if write:
         write_json_atomic(RunDir(run_dir).parent_file, {**record, "val": state.get("val"), "config": config})
     log.info("initialised from %s (step %d, trained at seq_len %d)", parent, state["step"], record["seq_len"])
     return {"parent": record}
+
+
+def proofs(parent: dict) -> list[dict]:
+    """The run's first proof (eval/proof.py): its parent's checkpoint rebuilt, where it has a parent."""
+    record = parent.get("parent", {}).get(proof.RECORD_KEY)
+    return [record] if record else []

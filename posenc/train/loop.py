@@ -31,6 +31,7 @@ from posenc.hardware import choose_cpu_threads, machine_load, peak_flops, setup_
 from posenc.record import metrics as M
 from posenc.record import provenance
 from posenc.record.directory import plain_numbers, wandb_group
+from posenc.record.proofs import RECORDS
 from posenc.record.rundir import RunDir
 from posenc.record.tracking import Tracker
 from posenc.train import distributed, init_from
@@ -73,14 +74,14 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
     encoding = plain_numbers(encoding_summary(model.encoding))  # base=10000 as typed, not 10000.0
     log.info("model: %s params, encoding %s, device %s, precision %s", f"{model.num_params():,}",
              ", ".join(f"{k}={v}" for k, v in encoding.items()), device, precision)
-    state, resumed, evaluate = training_parts(cfg, run_dir, model, data, device, autocast)
+    state, resumed, evaluate = training_parts(cfg, run_dir, model, data, device, autocast, parent)
 
     tracker = Tracker(run_dir, enabled=distributed.is_main())  # rank 0 alone writes the run's files
     exit_code = 1
     try:
         if cfg.logger.name == "wandb":
             start_wandb(tracker, cfg, model.encoding.name, run_dir, resumed.wandb_id)
-        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss, resumed.reshapes)
+        checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss, resumed.reshapes, resumed.proofs)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
                                       checkpoints=checkpoints)
@@ -99,7 +100,7 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
             M.TOKENS_PER_S.name: state.tokens / max(train_seconds, 1e-9),  # training loop, not setup or final eval
             **machine_load(),  # was the machine busy while tokens/s was measured? (the report flags it)
             **run_facts(cfg, model, data, encoding, device, precision),
-            **how_it_ran(state, verdict, checkpoints),
+            **how_it_ran(state, verdict, checkpoints, cfg),
             "checkpoint": share_checkpoint(tracker, cfg, checkpoints.finish(), run_dir, state.step)
             if distributed.is_main() else {"kind": t.checkpoint},
             **parent,
@@ -116,25 +117,28 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
 
 
 def training_parts(cfg: DictConfig, run_dir: Path, model: torch.nn.Module, data, device: torch.device,
-                   autocast) -> tuple[TrainState, Resumed, Callable[[], dict]]:
-    """The train state (resumed where trainer.resume says) and the validation it is scored by."""
+                   autocast, parent: dict) -> tuple[TrainState, Resumed, Callable[[], dict]]:
+    """The train state (resumed where trainer.resume says, else its parent's proof first) and its validation."""
     t = cfg.trainer
     # a corpus's random windows (cut as dataset.packing says) or generated task instances
     batches = data.batches(t.seq_len, t.batch_size, seed=cfg.seed, rank=distributed.rank(),
                            world_size=distributed.world_size())
     state = new_train_state(model, t, batches, device, autocast)
-    resumed = resume_training(run_dir, cfg, state) if t.get("resume") else Resumed()
+    resumed = resume_training(run_dir, cfg, state, say=True) if t.get("resume") else Resumed(proofs=init_from.proofs(parent))
     # the same held-out windows at every evaluation, eval_batches × the global batch, shared out over the ranks
     evaluate = validator(model, data, t, device, autocast, rank=distributed.rank(),
                          world_size=distributed.world_size(), reduce=distributed.sum_over_ranks)
     return state, resumed, evaluate
 
 
-def how_it_ran(state: TrainState, verdict: dict | None, checkpoints: Checkpoints) -> dict:
-    """What changes a run's numbers beside its config, for the summary and W&B: each layer kind's
-    kernel path, compiled or not, and every fallback; `posenc check`'s verdict on the encoding; the
-    resumes that changed the processes or the global batch."""
-    return {"kernels": state.kernels.record(), **verdict_facts(verdict), "reshapes": checkpoints.reshapes}
+def how_it_ran(state: TrainState, verdict: dict | None, checkpoints: Checkpoints, cfg: DictConfig) -> dict:
+    """What changes a run's numbers beside its config, for the summary and W&B: each layer kind's kernel
+    path, compiled or not, and every fallback; `posenc check`'s verdict on the encoding; the resumes that
+    changed the processes or the global batch; each rebuild of the model from a checkpoint compared with
+    it, the one eval reads rebuilt now (rank 0: eval/proof.py)."""
+    proofs = checkpoints.prove(cfg, state) if distributed.is_main() else []
+    return {"kernels": state.kernels.record(), **verdict_facts(verdict), "reshapes": checkpoints.reshapes,
+            RECORDS: proofs}
 
 
 def start_wandb(tracker: Tracker, cfg: DictConfig, encoding_name: str, run_dir: Path, run_id: str | None) -> None:
@@ -267,9 +271,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
     return val, time.time() - loop_start
 
 
-# --- when the loop evaluates ------------------------------------------------------------------
-# When the training loop evaluates: denser early, where the loss falls fastest.
-#
+# --- when the loop evaluates: denser early, where the loss falls fastest ------------------------
 # A loss curve drops steeply in its first few hundred steps, which is where tokens-to-loss
 # targets are usually crossed; evaluating only every ``trainer.eval_interval`` steps leaves few
 # points there. So over the first ``2·eval_interval`` steps the loop evaluates
