@@ -7,7 +7,9 @@ while behaving otherwise in training. Module text, written into a plug-in direct
   row fails, naming training);
 - RANDOM_POSITIONS: RoPE at random positions in training (Ruoss et al., 2023), which passes;
 - KERNEL_ALIBI: a learned-slope ALiBi with a kernel of its own (fused_attention); kernel_factor=2 is a
-  kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it).
+  kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it);
+- UNROTATED_CACHE: RoPE whose decoding cache keeps its keys as they came, unrotated (the decoding row
+  fails, naming what the cache keeps).
 """
 
 IMPORTS = """import math
@@ -108,4 +110,25 @@ class KernelALiBi(PositionalEncoding):
             return F.scaled_dot_product_attention(q, k, v, attn_mask=bias.masked_fill(~visible, float("-inf")))
 
         return kernel
+'''
+
+UNROTATED_CACHE = '''
+from posenc.nn.encodings.cache import KeysAtPositions
+from posenc.nn.encodings.rope import RoPE
+
+
+class UnrotatedKeys(KeysAtPositions):
+    """A cache that forgets what RoPE does to a key: the query is rotated, the kept key is not."""
+
+    keeps = "keys as they came (unrotated), values"
+
+    def transform(self, q, k, ctx):
+        return super().transform(q, k, ctx)[0], k
+
+
+class UnrotatedCacheRoPE(RoPE):
+    """RoPE whose decoding cache keeps its keys unrotated, as a plug-in with a cache of its own might."""
+
+    def kv_cache(self, layer, window):
+        return UnrotatedKeys(self, layer, window)
 '''

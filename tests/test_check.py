@@ -13,11 +13,12 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from broken_encodings import KERNEL_ALIBI, RANDOM_POSITIONS, TRAINING_LEAK, WINDOW_LENGTH
+from broken_encodings import KERNEL_ALIBI, RANDOM_POSITIONS, TRAINING_LEAK, UNROTATED_CACHE, WINDOW_LENGTH
 
 from posenc.check import Status, compose_subject, run_checks
 from posenc.config import group_options
 from posenc.config.searchpath import ENV_VAR
+from posenc.leaderboard.checked import check_cell
 
 ENCODINGS = group_options("encoding")
 #: layouts (per-kind encodings, windows, chunks) and mechanisms around another encoding
@@ -52,7 +53,7 @@ class LogDistance(PositionalEncoding):
         return b + self.offset[:, None] if self.offset is not None else b
 
 
-''' + WINDOW_LENGTH + TRAINING_LEAK + RANDOM_POSITIONS + KERNEL_ALIBI
+''' + WINDOW_LENGTH + TRAINING_LEAK + RANDOM_POSITIONS + KERNEL_ALIBI + UNROTATED_CACHE
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +71,8 @@ def plugin(tmp_path_factory) -> Path:
             """))
     for name, target, extra in (("window_length", "WindowLength", ""), ("training_leak", "TrainingLeak", ""),
                                 ("random_rope", "RandomPositionsRoPE", ""), ("kernel_alibi", "KernelALiBi", ""),
-                                ("kernel_alibi_doubled", "KernelALiBi", "kernel_factor: 2.0\n")):
+                                ("kernel_alibi_doubled", "KernelALiBi", "kernel_factor: 2.0\n"),
+                                ("unrotated_cache", "UnrotatedCacheRoPE", "")):
         (root / "conf" / "encoding" / f"{name}.yaml").write_text(
             f"# a test encoding (tests/broken_encodings.py)\n_target_: logdist_plugin.{target}\nname: {name}\n{extra}")
     return root
@@ -184,6 +186,27 @@ def test_an_own_kernel_is_held_to_its_hooks_and_a_disagreeing_one_fails_naming_t
     [row] = run_checks(compose_subject(["encoding=kernel_alibi_doubled"]), only={"fused kernel"})
     assert row.failed and row.note.startswith("in evaluation (model.eval()) and in training (model.train()): ")
     assert "a term of the head and i − j alone" in row.note and "disagrees with distance_bias" in row.note
+
+
+def test_a_cache_that_keeps_keys_unrotated_fails_the_decoding_row_alone_naming_what_it_keeps(plugin, monkeypatch):
+    """Its hooks are RoPE's (every other row holds); decoding with its cache gives other logits from the first
+    decoded position on, and the note says what the cache keeps."""
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    failed = failures(["encoding=unrotated_cache"])
+    assert list(failed) == ["decoding: cached = full forward"]
+    assert "from position 5" in failed["decoding: cached = full forward"]
+    assert "keys as they came (unrotated)" in failed["decoding: cached = full forward"]
+
+
+def test_a_cache_that_goes_stale_passes_held_to_each_prefix_and_says_why():
+    """Dynamic NTK beyond its original length: decoding runs the sequence again, so the row holds, held to
+    each prefix's forward, with the reason as a caveat the leaderboard's table carries."""
+    (row,) = run_checks(compose_subject(["encoding=rope", "encoding.scaling=dynamic", "encoding.scaling_factor=2"]),
+                        only={"decoding"})
+    assert row.status is Status.PASS and "stale beyond 24" in row.caveat and "prefix" in row.note
+    record = {"version": "x", "failed": [], "caveats": [f"{row.name}: {row.caveat}"]}
+    assert check_cell(record).startswith("✓ (decoding: cached = full forward: cache stale beyond 24")
 
 
 def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, monkeypatch):

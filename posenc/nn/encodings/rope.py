@@ -198,11 +198,10 @@ class RoPE(PositionalEncoding):
     def stale_cache(self) -> str | None:
         if self.scaling not in LENGTH_DEPENDENT:
             return None
-        when = "at every new length" if self.scaling == "dynamic" else "once, at that length"
-        return (f"stale beyond {self.original_max_len}: scaling={self.scaling} changes every frequency once the "
-                f"sequence outgrows original_max_len={self.original_max_len} ({when}), and with them every "
-                f"layer's past outputs; decoding then runs the whole sequence again (a forward per token under "
-                f"dynamic), where Hugging Face keeps the stale keys")
+        when = "at every new length" if self.scaling == "dynamic" else "once"
+        return (f"cache stale beyond {self.original_max_len}: scaling={self.scaling} changes every frequency "
+                f"{when} past original_max_len, and every layer's past outputs with them; decoding runs the "
+                f"sequence again there")
 
     def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
         """θ'_i of every pair of head_dim (0 past rot_dim): what the rotation uses now."""
