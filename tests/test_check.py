@@ -117,12 +117,13 @@ def test_a_learned_per_head_constant_is_flagged_and_a_learned_slope_is_not(plugi
 
 def test_a_bias_that_reads_the_window_length_fails_the_prefix_row_and_every_note_says_so(plugin, monkeypatch):
     """-(i - j)(T - i)/T keeps causality (tokens change, T does not), so only running the first t
-    tokens alone shows it; the documents and chunked rows it also fails name the same cause."""
+    tokens alone shows it; the documents and chunked rows it also fails name the same cause, and decoding,
+    which asks it for one query's row at a time, gives other logits."""
     monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
     monkeypatch.syspath_prepend(str(plugin))
     failed = failures(["encoding=window_length"])
     assert set(failed) == {"prefix: first t tokens = them alone", "documents: B after A = B alone",
-                           "chunked (long eval) = reference"}, failed
+                           "chunked (long eval) = reference", "decoding: cached = full forward"}, failed
     assert "position_bias reads the window's length — its output for the first 12 positions differs between a " \
         "window of 24 and one of 12, and not when only the inputs after them change" in failed[
             "prefix: first t tokens = them alone"]
