@@ -6,14 +6,18 @@ stops growing, a recurrent state's that shrinks per token, learned positions ref
 from __future__ import annotations
 
 import io
+from contextlib import nullcontext
 
 import torch
 from conftest import TINY
 from rich.console import Console
 
 from posenc.bench import render
+from posenc.bench.decode import decode_costs
 from posenc.bench.reference import PlainCache, PlainGPT
 from posenc.bench.run import bench
+from posenc.build import build_model
+from posenc.config import compose
 from posenc.nn.flavors import get_flavor
 
 DECODE = [*TINY, "bench.steps=1", "bench.rounds=1", "bench.warmup=0", "bench.decode=true", "bench.decode_steps=2",
@@ -55,11 +59,18 @@ def test_decode_cells_say_speed_memory_and_path_against_a_forward_per_token_and_
     assert "decoding" in text and "beyond max_len" in text and "vs full forward" in text
 
 
+def decoded_alone(*overrides: str) -> dict[int, dict]:
+    """The decode cells of one model, without the bench's training rows or reference."""
+    cfg = compose([*DECODE, *overrides])
+    torch.manual_seed(0)
+    model = build_model(cfg, 256)
+    cells = decode_costs(model, None, 256, cfg.bench, torch.device("cpu"), nullcontext, lambda what: None)
+    return {c["multiple"]: c for c in cells["contexts"]}
+
+
 def test_a_sliding_window_and_a_recurrent_state_keep_less_per_token_as_the_context_grows():
-    window = cells(bench([*DECODE, "bench.encodings=[rope]", "bench.reference=false", "layout=sliding",
-                          "layout.window=8"]), "rope")
-    recurrent = cells(bench([*DECODE, "bench.encodings=[nope]", "bench.reference=false", "layout=jamba_like",
-                             "model.n_layer=2"]), "nope")
+    window = decoded_alone("encoding=rope", "layout=sliding", "layout.window=8")
+    recurrent = decoded_alone("encoding=nope", "layout=jamba_like", "model.n_layer=2")
     for kept in (window, recurrent):
         assert kept[4]["cache_bytes_per_token"] < kept[1]["cache_bytes_per_token"] / 3
     assert "recurrent state" in recurrent[1]["path"] and "vs_reference" not in window[1]
