@@ -8,9 +8,14 @@ while behaving otherwise in training. Module text, written into a plug-in direct
 - RANDOM_POSITIONS: RoPE at random positions in training (Ruoss et al., 2023), which passes;
 - KERNEL_ALIBI: a learned-slope ALiBi with a kernel of its own (fused_attention); kernel_factor=2 is a
   kernel whose slopes are twice its own distance_bias's (the fused-kernel row fails, naming it);
+- ACTIVATION_DTYPE_ROPE: RoPE whose angles are computed in the activations' dtype (exact in float32,
+  rounded in bf16: the precision rows fail, naming bfloat16);
+- BATCH_MEAN_ROPE: RoPE that adds the batch's running mean of keys to each query (the batch row fails);
 - UNSEEDED_ROPE: RoPE whose frequencies come from a generator seeded by the OS into a non-persistent
   buffer: every build of the model, in every process, rotates by other frequencies, and no checkpoint
-  holds them (tests/test_proof.py: eval of its run warns, naming the buffer).
+  holds them (tests/test_proof.py: eval of its run warns, naming the buffer);
+- UNROTATED_CACHE: RoPE whose decoding cache keeps its keys as they came, unrotated (the decoding row
+  fails, naming what the cache keeps).
 """
 
 IMPORTS = """import math
@@ -161,4 +166,25 @@ class UnseededRoPE(RoPE):
 
     def angles(self, pos):
         return pos.to(torch.float32)[:, None] * self.drawn_freq[None, :]
+'''
+
+UNROTATED_CACHE = '''
+from posenc.nn.encodings.cache import KeysAtPositions
+from posenc.nn.encodings.rope import RoPE
+
+
+class UnrotatedKeys(KeysAtPositions):
+    """A cache that forgets what RoPE does to a key: the query is rotated, the kept key is not."""
+
+    keeps = "keys as they came (unrotated), values"
+
+    def transform(self, q, k, ctx):
+        return super().transform(q, k, ctx)[0], k
+
+
+class UnrotatedCacheRoPE(RoPE):
+    """RoPE whose decoding cache keeps its keys unrotated, as a plug-in with a cache of its own might."""
+
+    def kv_cache(self, layer, window):
+        return UnrotatedKeys(self, layer, window)
 '''

@@ -21,12 +21,14 @@ from broken_encodings import (
     KERNEL_ALIBI,
     RANDOM_POSITIONS,
     TRAINING_LEAK,
+    UNROTATED_CACHE,
     UNSEEDED_ROPE,
     WINDOW_LENGTH,
 )
 
 from posenc.check import Status, compose_subject, run_checks
 from posenc.config.searchpath import ENV_VAR
+from posenc.leaderboard.checked import check_cell
 
 #: layouts (per-kind encodings, windows, chunks) and mechanisms around another encoding (the shipped
 #: layouts as they ship: tests/test_verdicts.py)
@@ -95,7 +97,7 @@ class LogDistance(PositionalEncoding):
 
 
 ''' + WINDOW_LENGTH + TRAINING_LEAK + RANDOM_POSITIONS + KERNEL_ALIBI + ACTIVATION_DTYPE_ROPE + BATCH_MEAN_ROPE \
-    + UNSEEDED_ROPE
+    + UNSEEDED_ROPE + UNROTATED_CACHE
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +117,7 @@ def plugin(tmp_path_factory) -> Path:
                                 ("random_rope", "RandomPositionsRoPE", ""), ("kernel_alibi", "KernelALiBi", ""),
                                 ("kernel_alibi_doubled", "KernelALiBi", "kernel_factor: 2.0\n"),
                                 ("bf16_rope", "ActivationDtypeRoPE", ""), ("batch_mean_rope", "BatchMeanRoPE", ""),
-                                ("unseeded_rope", "UnseededRoPE", "")):
+                                ("unseeded_rope", "UnseededRoPE", ""), ("unrotated_cache", "UnrotatedCacheRoPE", "")):
         (root / "conf" / "encoding" / f"{name}.yaml").write_text(
             f"# a test encoding (tests/broken_encodings.py)\n_target_: logdist_plugin.{target}\nname: {name}\n{extra}")
     return root
@@ -170,12 +172,13 @@ def test_a_learned_per_head_constant_is_flagged_and_a_learned_slope_is_not(plugi
 
 def test_a_bias_that_reads_the_window_length_fails_the_prefix_row_and_every_note_says_so(plugin, monkeypatch):
     """-(i - j)(T - i)/T keeps causality (tokens change, T does not), so only running the first t
-    tokens alone shows it; the documents and chunked rows it also fails name the same cause."""
+    tokens alone shows it; the documents and chunked rows it also fails name the same cause, and decoding,
+    which asks it for one query's row at a time, gives other logits."""
     monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
     monkeypatch.syspath_prepend(str(plugin))
     failed = failures(["encoding=window_length"])
     assert set(failed) == {"prefix: first t tokens = them alone", "documents: B after A = B alone",
-                           "chunked (long eval) = reference"}, failed
+                           "chunked (long eval) = reference", "decoding: cached = full forward"}, failed
     assert "position_bias reads the window's length — its output for the first 12 positions differs between a " \
         "window of 24 and one of 12, and not when only the inputs after them change" in failed[
             "prefix: first t tokens = them alone"]
@@ -278,6 +281,27 @@ def test_a_buffer_no_checkpoint_holds_is_named_where_a_state_row_fails(plugin, m
     for note in failed.values():
         assert "encoding.drawn_freq differs between two builds of the model and is not in the state dict" in note
         assert "wte" not in note
+
+
+def test_a_cache_that_keeps_keys_unrotated_fails_the_decoding_row_alone_naming_what_it_keeps(plugin, monkeypatch):
+    """Its hooks are RoPE's (every other row holds); decoding with its cache gives other logits from the first
+    decoded position on, and the note says what the cache keeps."""
+    monkeypatch.syspath_prepend(str(plugin))
+    monkeypatch.setenv(ENV_VAR, str(plugin / "conf"))
+    failed = failures(["encoding=unrotated_cache"])
+    assert list(failed) == ["decoding: cached = full forward"]
+    assert "from position 5" in failed["decoding: cached = full forward"]
+    assert "keys as they came (unrotated)" in failed["decoding: cached = full forward"]
+
+
+def test_a_cache_that_goes_stale_passes_held_to_each_prefix_and_says_why():
+    """Dynamic NTK beyond its original length: decoding runs the sequence again, so the row holds, held to
+    each prefix's forward, with the reason as a caveat the leaderboard's table carries."""
+    (row,) = run_checks(compose_subject(["encoding=rope", "encoding.scaling=dynamic", "encoding.scaling_factor=2"]),
+                        only={"decoding"})
+    assert row.status is Status.PASS and "stale beyond 24" in row.caveat and "prefix" in row.note
+    record = {"version": "x", "failed": [], "caveats": [f"{row.name}: {row.caveat}"]}
+    assert check_cell(record).startswith("✓ (decoding: cached = full forward: cache stale beyond 24")
 
 
 def test_the_command_checks_a_plugin_and_exits_1_on_a_failed_property(plugin, monkeypatch):

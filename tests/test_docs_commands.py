@@ -27,7 +27,7 @@ TUTORIAL = ROOT / "docs" / "extending.md"
 PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if p != TUTORIAL]
 #: flags handled by posenc or Hydra before composition, and placeholders for a run directory
 FLAGS = {"-m", "--multirun", "--debug", "--help", "-h", "--cfg", "job", "hydra", "--info", "--config-dir"}
-HYDRA_COMMANDS = {"train": False, "eval": True, "probe": True, "bench": False}  # takes a run dir first?
+HYDRA_COMMANDS = {"train": False, "eval": True, "probe": True, "bench": False, "generate": True}  # takes a run dir first?
 
 
 def shown_commands(page: Path) -> list[tuple[str, list[str]]]:

@@ -9,12 +9,14 @@ from torch import nn
 from posenc.data.synthetic import DIGITS, KEY_MARK, TASKS, make_task
 from posenc.eval.tasks import (
     as_metrics,
+    generated_answers,
     length_accuracy,
     task_accuracy,
     wilson_interval,
 )
 from posenc.nn.encodings.base import NoPE
 from posenc.nn.encodings.learned import Learned
+from posenc.nn.encodings.rope import RoPE
 from posenc.nn.model import GPT
 
 
@@ -141,3 +143,47 @@ def test_fractional_eval_multiples_score_a_fine_tuned_run_at_its_parents_lengths
     res = evaluate_task(oracle, spec, 128, seed=0)
     assert [r["length"] for r in res] == [32, 64, 128, 256] and [r["multiple"] for r in res] == [0.25, 0.5, 1, 2]
     assert [r["accuracy"] for r in res] == [1.0] * 4
+
+
+class Decoding(nn.Module):
+    """A reader decoding with a cache as GPT does, the cache being every token so far: what scoring="generated"
+    asks of a model (``new_cache``, ``model(x, cache=c)``)."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def new_cache(self):
+        return {"tokens": None}
+
+    def forward(self, x, cache=None):
+        if cache is None:
+            return self.inner(x)
+        cache["tokens"] = x if cache["tokens"] is None else torch.cat((cache["tokens"], x), dim=1)
+        return self.inner(cache["tokens"])[0][:, -x.shape[1]:], None
+
+
+def test_generated_scoring_has_the_model_produce_the_key():
+    """A reader that copies the key scores 100% when it must produce the digits itself, and the one-off
+    reader 0%: exact match as teacher forcing gives it (the first wrong digit is read from the same text)."""
+    right = task_accuracy(Decoding(PasskeyReader()), "passkey", 64, n=16, seed=1, scoring="generated")
+    wrong = task_accuracy(Decoding(PasskeyReader(shift=1)), "passkey", 64, n=16, seed=1, scoring="generated")
+    assert right["accuracy"] == 1.0 and right["scoring"] == "generated" and wrong["accuracy"] == 0.0
+
+
+@pytest.mark.parametrize("task", ["passkey", "mqar", "flip_flop"])
+def test_generated_answers_are_the_models_own_decoded_with_its_cache(task):
+    """With GPT's cache, each answer token is the argmax of the full forward over the instance's tokens with
+    every earlier answer replaced by the model's own: the same predictions as that loop without a cache
+    (mqar and flip-flop interleave answers with the instance's tokens)."""
+    torch.manual_seed(0)
+    model = GPT(256, RoPE(32, 4), n_layer=2, n_head=4, d_model=32).double().eval()
+    rows = make_task(task, 48, 3, seed=0).with_format("torch")[:3]
+    ids, mask = rows["ids"], rows["answer_mask"]
+    with torch.no_grad():
+        cached = generated_answers(model, ids, mask)
+        fed = ids.clone()
+        for t in range(48):  # the loop a user would write: a forward over everything, own answers fed back
+            predicted = model(fed[:, : t + 1])[0][:, -1].argmax(-1)
+            fed[:, t + 1] = torch.where(mask[:, t], predicted, ids[:, t + 1])
+    assert torch.equal(cached[mask], fed[:, 1:][mask])

@@ -73,3 +73,8 @@ def validate(b: DictConfig) -> None:
             raise UserError(f"bench.{key} must be positive, got {b[key]}")
     if b.warmup < 0 or b.eval_length_multiple < 0:
         raise UserError("bench.warmup and bench.eval_length_multiple must be >= 0")
+    if b.decode and (b.decode_steps <= 0 or not b.decode_contexts or
+                     min(b.decode_contexts) * b.seq_len <= b.decode_steps):
+        raise UserError(f"bench.decode_steps must be positive and below every context decoded at (bench.decode_contexts "
+                        f"× bench.seq_len, the last bench.decode_steps tokens of it decoded), got {b.decode_steps} and "
+                        f"{[c * b.seq_len for c in b.decode_contexts]}")

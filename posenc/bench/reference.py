@@ -7,6 +7,10 @@ and trained by the same train_step. Under ``gpt2`` it is nanoGPT's model (Karpat
 untied head); each recipe switch (``model.norm``, ``model.mlp``, ...) switches the same component
 here. posenc's ratio to it is the price of the framework, separate from the price of the encoding
 and of the recipe: a posenc model is never compared with a reference of another recipe.
+
+It decodes as nanoGPT-style decoders do (``PlainCache``: each block's keys and values concatenated,
+the new query attending to all of them through SDPA): the reference of `bench.decode`'s rows
+(posenc/bench/decode.py).
 """
 
 from __future__ import annotations
@@ -55,11 +59,15 @@ class PlainBlock(nn.Module):
         self.c_attn, self.c_proj = nn.Linear(d, 3 * d, bias=flavor.bias), nn.Linear(d, d, bias=flavor.bias)
         self.mlp = PlainMLP(d, flavor)
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, cache: PlainCache | None = None, layer: int = 0) -> Tensor:
         B, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(B, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).contiguous().view(B, T, C)
+        past = cache is not None and cache.length > 0
+        if cache is not None:  # the keys and values so far, these appended: (B, H, n + T, hd)
+            k, v = cache.keep(layer, k, v)
+        # one new token sees every key; a prompt is causal among itself (decoding feeds one token at a time)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=not past).transpose(1, 2).contiguous().view(B, T, C)
         x = x + self.c_proj(y)
         return x + self.mlp(self.ln_2(x))
 
@@ -79,10 +87,14 @@ class PlainGPT(nn.Module):
             self.lm_head.weight = self.wte.weight
         self.n_layer, self.d_model = n_layer, d_model
 
-    def forward(self, idx: Tensor, targets: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
-        for block in self.blocks:
-            x = block(x)
+    def forward(self, idx: Tensor, targets: Tensor | None = None,
+                cache: PlainCache | None = None) -> tuple[Tensor, Tensor | None]:
+        start = cache.length if cache is not None else 0
+        x = self.wte(idx) + self.wpe(torch.arange(start, start + idx.shape[1], device=idx.device))
+        for layer, block in enumerate(self.blocks):
+            x = block(x, cache, layer)
+        if cache is not None:
+            cache.length += idx.shape[1]
         logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
         if targets is None:
             return logits, None
@@ -94,3 +106,22 @@ class PlainGPT(nn.Module):
         lookups = ("wpe.",) if self.tied else ("wpe.", "wte.")
         n = sum(p.numel() for name, p in self.named_parameters() if not name.startswith(lookups))
         return 6 * n + 12 * self.n_layer * self.d_model * seq_len
+
+
+class PlainCache:
+    """The reference's KV cache: each block's keys and values (B, H, n, hd), a token appended at a time."""
+
+    def __init__(self, n_layer: int) -> None:
+        self.keys: list[Tensor | None] = [None] * n_layer
+        self.values: list[Tensor | None] = [None] * n_layer
+        self.length = 0
+
+    def keep(self, layer: int, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """Block ``layer``'s keys and values with k, v (B, H, t, hd) appended."""
+        if self.keys[layer] is not None:
+            k, v = torch.cat((self.keys[layer], k), dim=-2), torch.cat((self.values[layer], v), dim=-2)
+        self.keys[layer], self.values[layer] = k, v
+        return k, v
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values) if t is not None)

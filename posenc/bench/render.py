@@ -122,3 +122,56 @@ def line(r: dict) -> str:
     if "eval" in r:
         parts.append(f"long eval {long_eval_cell(r['eval'])}")
     return "  ".join([name_cell(r), *parts])
+
+
+#: the decode table (``bench.decode=true``, posenc/bench/decode.py): one row per model and context
+DECODE_COLUMNS = ("model", "context", "prefill tok/s", "decode tok/s", "cache/token", "vs full forward",
+                  "vs reference", "the cache keeps")
+DECODE_LEGEND = ("decoding, batch 1, eager: the context prefilled, then bench.decode_steps tokens one at a time; "
+                 "vs full forward: decode tokens/s over a forward of the whole sequence per token, 'of N' its "
+                 "tokens/s; vs reference: over the plain reference's KV cache; both medians of paired rounds "
+                 "(range); cache/token: the bytes the layers keep per token [the reference's]")
+
+
+def size(n: float | None) -> str:
+    """Bytes in KiB or MiB: '12.0 KiB'."""
+    if n is None:
+        return "—"
+    return f"{n / 2**20:.2f} MiB" if n >= 2**20 else f"{n / 2**10:.1f} KiB"
+
+
+def decode_cells(r: dict, cell: dict) -> list[str]:
+    """One decode cell's row, in DECODE_COLUMNS order."""
+    context = f"{cell['context']:,} ({cell['multiple']}×)"
+    if cell["status"] != "ok":
+        return [r["name"], context, cell["status"], *["—"] * (len(DECODE_COLUMNS) - 3)]
+    bytes_cell = size(cell["cache_bytes_per_token"]) + (
+        f" [{size(cell['reference_cache_bytes_per_token'])}]" if "reference_cache_bytes_per_token" in cell else "")
+    path = cell["path"] + (f" (run again {cell['restarts']}× as it went stale)" if cell.get("restarts") else "")
+    return [r["name"], context, _fmt(cell["prefill_tokens_per_s"], ",.0f"), _fmt(cell["decode_tokens_per_s"], ",.1f"),
+            bytes_cell, ratio(cell, "vs_recompute"), ratio(cell, "vs_reference"), path]
+
+
+def decode_table(result: dict) -> Table | None:
+    """The decode cells measured so far, or None where the bench decodes nothing."""
+    rows = [r for r in result["results"] if r.get("decode")]
+    if not rows:
+        return None
+    t = Table(title="decoding", title_justify="left", caption=DECODE_LEGEND, caption_justify="left")
+    for col in DECODE_COLUMNS:
+        t.add_column(col, justify="left" if col in ("model", "the cache keeps") else "right")
+    for r in rows:
+        for cell in r["decode"]["contexts"]:
+            t.add_row(*decode_cells(r, cell))
+    return t
+
+
+def decode_lines(r: dict) -> list[str]:
+    """A row's decode cells as plain lines, for logs and pipes."""
+    return ["  ".join([cells[0], *(f"{col} {c}" for col, c in zip(DECODE_COLUMNS[1:], cells[1:]))])
+            for cells in (decode_cells(r, cell) for cell in (r.get("decode") or {}).get("contexts", []))]
+
+
+def tables(result: dict) -> list[Table]:
+    """The training table, and the decode table where the bench decodes."""
+    return [table(result), *([t] if (t := decode_table(result)) is not None else [])]

@@ -45,7 +45,8 @@ from posenc.bench.plan import (
     select_encodings,
     validate,
 )
-from posenc.bench.reference import REFERENCE, recipe_of
+from posenc.bench.decode import decode_costs, reference_decoder
+from posenc.bench.reference import REFERENCE, PlainGPT, recipe_of
 from posenc.bench.timing import FixedBatch, Subject, build_subject, rate, time_subject
 from posenc.build import build_tokenizer
 from posenc.config import group_options
@@ -102,11 +103,12 @@ def bench(overrides: list[str], listener: Listener | None = None) -> dict:
     if "nope" not in order:
         listener.note(NO_NOPE)
     baselines: list[Subject] = []  # kept built: every later model's rounds alternate with theirs
+    decoder = reference_decoder(cfg, vocab, device) if b.decode and b.reference else None
     try:
         for done, name in enumerate(order, 1):
             config = (lambda: cfg) if name == REFERENCE else functools.partial(encoding_config, overrides, name)
             row, subject = measure(name, config, vocab, batch, device, autocast, peak, listener, baselines,
-                                   f"model {done} of {len(order)}")
+                                   f"model {done} of {len(order)}", decoder)
             if subject is not None:
                 baselines.append(subject)
             result["results"].append(row)
@@ -167,10 +169,11 @@ def plan_line(order: list[str], b: DictConfig, chosen: str, defaulted: bool, pre
 
 def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: FixedBatch, device: torch.device,
             autocast, peak: float | None, listener: Listener, baselines: list[Subject],
-            which: str = "") -> tuple[dict, Subject | None]:
+            which: str = "", decoder: PlainGPT | None = None) -> tuple[dict, Subject | None]:
     """One row: speed (rounds alternating with the baselines'), memory and (if asked) a long
-    forward of one model; a failure (its config included) is a row too. Returns the row, and the
-    subject when it is a baseline to keep for the later rows. which: 'model 3 of 7', for progress."""
+    forward and the decoding cost of one model (decoder: the reference's, its third arm); a failure
+    (its config included) is a row too. Returns the row, and the subject when it is a baseline to keep
+    for the later rows. which: 'model 3 of 7', for progress."""
     subject, keep = None, False
     at = f" ({which})" if which else ""
     try:
@@ -194,6 +197,9 @@ def measure(name: str, config: Callable[[], DictConfig], vocab: int, batch: Fixe
         if b.eval_length_multiple and name != REFERENCE:
             listener.progress(f"{b.eval_length_multiple}x length eval of {name}{at}")
             row["eval"] = long_eval(subject.state.model, device, autocast, vocab, int(b.seq_len * b.eval_length_multiple))
+        if b.decode and name != REFERENCE:
+            row["decode"] = decode_costs(subject.state.model, decoder, vocab, b, device, autocast,
+                                         lambda what: listener.progress(f"{name}{at}: {what}"))
         keep = name in BASELINES
         return row, subject if keep else None
     except Exception as e:  # noqa: BLE001 - one encoding's failure must not cost the others' rows

@@ -36,13 +36,16 @@ class Status(enum.Enum):
 
 @dataclass(frozen=True)
 class CheckResult:
-    """One property of one encoding: whether it holds, the number measured, and why where it does
-    not hold or does not apply (``note``)."""
+    """One property of one encoding: whether it holds, the number measured, why where it does not hold
+    or does not apply (``note``), and a qualification where it holds with one (``caveat``)."""
 
     name: str
     status: Status
     measured: str
     note: str = ""
+    #: what holds only with a qualification a user must know (a cache that goes stale beyond a length),
+    #: carried beside the verdict to the leaderboard's table
+    caveat: str = ""
 
     @property
     def failed(self) -> bool:

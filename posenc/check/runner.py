@@ -10,7 +10,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from posenc.check import cuda, flex_backward, kernel, learning, length, model, paths, precision, state
+from posenc.check import cuda, decoding, flex_backward, kernel, learning, length, model, paths, precision, state
 from posenc.check.results import CheckResult, raised
 from posenc.check.subject import Subject
 
@@ -35,6 +35,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("safetensors round trip", state.round_trip),
     ("resume", state.resume),
     ("past the training length", model.past_training),
+    ("decoding", decoding.cache_consistency),
     ("CUDA", cuda.cuda_checks),
 )
 

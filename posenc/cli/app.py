@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from posenc.cli.catalogue import register as add_catalogue
 from posenc.cli.check import register as add_check
+from posenc.cli.generate import register as add_generate
 from posenc.cli.hydra_commands import register as add_hydra_commands
 from posenc.cli.leaderboard import register as add_leaderboard
 from posenc.cli.plot import plot_app
@@ -71,6 +72,7 @@ add_hydra_commands(app)        # train, bench
 add_runs(app)                  # eval, probe, compare, convert
 add_catalogue(app)             # encodings
 add_check(app)                 # check: the encoding contract as properties
+add_generate(app)              # generate: text from a trained run, decoded with a KV cache
 add_leaderboard(app)           # leaderboard: the protocol, the shipped baselines (alias: benchmark)
 app.add_typer(plot_app, name="plot")  # plot decay | extrapolation
 

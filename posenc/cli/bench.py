@@ -64,7 +64,8 @@ class LinePrinter(Listener):
         if self.json_file:  # first the file, then the line: a row seen is a row saved
             write_json_atomic(self.json_file, result)
         for r in result["results"][self.printed :]:
-            self.console.print(render.line(r), highlight=False, soft_wrap=True)
+            for text in (render.line(r), *render.decode_lines(r)):
+                self.console.print(text, highlight=False, soft_wrap=True)
         self.printed = len(result["results"])
 
     def __enter__(self) -> LinePrinter:
@@ -83,7 +84,7 @@ class LiveTable(LinePrinter):
         self.live = Live(self.spinner, console=console, refresh_per_second=8, transient=False)
 
     def _show(self, done: bool = False) -> None:
-        parts = [render.table(self.result)] if self.result else []
+        parts = render.tables(self.result) if self.result else []
         self.live.update(Group(*parts) if done else Group(*parts, self.spinner), refresh=True)
 
     def started(self, result: dict) -> None:
@@ -146,7 +147,8 @@ def interrupted(printer: LinePrinter, json_to: str | None, json_file: Path | Non
     out = printer.console
     if not isinstance(printer, LiveTable):
         printer.row(result)
-        out.print(render.table(result))
+        for t in render.tables(result):
+            out.print(t)
     planned = len(result.get("planned") or result["results"])
     out.print(f"interrupted after {len(result['results'])} of {planned} models: the rows above are what was "
               f"measured", highlight=False, soft_wrap=True)

@@ -125,6 +125,9 @@ class BenchConfig:
     reference: bool = MISSING
     eval_length_multiple: int = MISSING
     document_length: Optional[int] = None       # N: every window packs documents of N tokens (documents masking)
+    decode: bool = False                        # also what decoding costs (posenc/bench/decode.py)
+    decode_contexts: List[int] = field(default_factory=lambda: [1, 4, 16])  # × seq_len, the contexts decoded at
+    decode_steps: int = 8                       # tokens decoded one at a time per round and context
 
 
 @dataclass

@@ -40,6 +40,9 @@ if TYPE_CHECKING:
 TASKS = ("passkey", "copy", "mqar", "selective_copy", "flip_flop")
 #: how training targets are built: only the answer (the papers' protocol) or every next token
 TARGETS = ("answer", "all")
+#: how evaluation scores an answer: the argmax at each answer position given the instance's own tokens
+#: (teacher forcing), or generated greedily with the model's cache, its own answer tokens fed back
+SCORINGS = ("teacher_forced", "generated")
 #: independent random streams: training batches, validation during training, the final evaluation
 _SPLIT_TAG = {"train": 1, "eval": 2, "validation": 3}
 VOCAB_SIZE = 256  # byte values: the tasks need no tokenizer
@@ -236,12 +239,14 @@ class SyntheticTask:
     rounded to whole tokens. A multiple may be a fraction: a run fine-tuned at 4T from a parent
     trained at T scores 0.25, 0.5, 1, 2, 4 × 4T = 1, 2, 4, 8, 16 × T, the parent's lengths.
     ``options`` go to the task's generator (passkey: digits; selective_copy: tokens;
-    flip_flop: p_ignore).
+    flip_flop: p_ignore). ``scoring``: teacher_forced, or generated (posenc/eval/tasks.py: the model
+    produces each answer with its cache, as a user decoding it would).
     """
 
     task: str = "passkey"
     name: str = "synthetic"
     targets: str = "answer"
+    scoring: str = "teacher_forced"
     eval_multiples: list[float] = field(default_factory=lambda: [1, 2, 4, 8])
     eval_instances: int = 256
     options: dict = field(default_factory=dict)
@@ -250,6 +255,8 @@ class SyntheticTask:
         check_task(self.task)
         if self.targets not in TARGETS:
             raise ValueError(f"dataset.targets must be one of {', '.join(TARGETS)}, got '{self.targets}'")
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"dataset.scoring must be one of {', '.join(SCORINGS)}, got '{self.scoring}'")
         if self.eval_instances < 1 or not self.eval_multiples or min(self.eval_multiples) <= 0:
             raise ValueError("dataset.eval_instances and every dataset.eval_multiples must be positive")
         # whole multiples stay ints (1, not 1.0: what summary.json and the logs have always shown)

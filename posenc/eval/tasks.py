@@ -4,6 +4,14 @@ An instance is correct iff the argmax prediction at every answer position is the
 (teacher-forced: one forward per batch, no sampling), as in the length-generalisation papers
 (Kazemnejad et al., 2023; Jelassi et al., 2024). Each length reports the accuracy over n
 instances with a 95% Wilson score interval, which stays inside [0, 1] and is honest at 0 and 1.
+
+``scoring="generated"`` (dataset.scoring) has the model produce each answer as a user decoding it
+would: greedily, with its KV cache (posenc/nn/decoding.py), its own answer tokens fed back where the
+instance's would be. Exact match is then the same as teacher forcing by construction (an instance's
+first wrong token is predicted from the same context either way; until then the fed tokens are the
+instance's): what it changes is the token accuracy (each token after a mistake continues from it),
+and the number of an encoding whose logits at a position depend on the sequence's length (dynamic
+NTK: each answer token is predicted from its own prefix, not from the whole window).
 """
 
 from __future__ import annotations
@@ -39,16 +47,31 @@ def wilson_interval(correct: int, n: int, confidence: float = 0.95) -> tuple[flo
     return float(ci.low), float(ci.high)
 
 
-def instance_correct(logits: Tensor, y: Tensor, mask: Tensor) -> Tensor:
-    """logits (B, L, V), y (B, L), mask (B, L) bool -> (B,) bool: every answer position right."""
-    right = logits.argmax(-1) == y  # (B, L)
-    return (right | ~mask).all(dim=1)
+def instance_correct(predicted: Tensor, y: Tensor, mask: Tensor) -> Tensor:
+    """predicted, y (B, L), mask (B, L) bool -> (B,) bool: every answer position right."""
+    return ((predicted == y) | ~mask).all(dim=1)
+
+
+def generated_answers(model: nn.Module, ids: Tensor, mask: Tensor) -> Tensor:
+    """The model's greedy predictions (B, L) when it must produce the answers: decoded with its cache from
+    the first answer position on, the instance's own token fed where y[t] is no answer and the model's
+    prediction where it is. ids (B, L + 1) as the task writes them, mask (B, L)."""
+    first = int(mask.any(0).nonzero()[0])  # the prompt: everything before the batch's first answer
+    cache = model.new_cache()
+    predicted = torch.empty_like(mask, dtype=torch.long)
+    predicted[:, : first + 1] = model(ids[:, : first + 1], cache=cache)[0].argmax(-1)
+    for t in range(first, mask.shape[1] - 1):
+        fed = torch.where(mask[:, t], predicted[:, t], ids[:, t + 1])  # the token at position t + 1
+        predicted[:, t + 1] = model(fed[:, None], cache=cache)[0][:, -1].argmax(-1)
+    return predicted
 
 
 @torch.no_grad()
 def task_accuracy(model: nn.Module, task: str, length: int, n: int = 256, seed: int = 0,
-                  batch_tokens: int = 16384, device: torch.device | str = "cpu", **options) -> dict:
-    """Exact-match accuracy of ``model`` on ``n`` evaluation instances of ``task`` at ``length``.
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu", scoring: str = "teacher_forced",
+                  **options) -> dict:
+    """Exact-match accuracy of ``model`` on ``n`` evaluation instances of ``task`` at ``length``, scored
+    teacher-forced or generated (the module doc).
 
     model(x) must return (logits, _) as posenc.nn.model.GPT does. Returns a JSON-ready dict:
     {length, n, correct, accuracy, low, high, token_accuracy} (token_accuracy: the fraction of
@@ -66,18 +89,18 @@ def task_accuracy(model: nn.Module, task: str, length: int, n: int = 256, seed: 
             rows = ds[start : start + batch]
             ids, mask = rows["ids"].to(device), rows["answer_mask"].to(device)
             x, y = ids[:, :-1], ids[:, 1:]
-            logits, _ = model(x)  # (b, length, vocab)
-            correct += int(instance_correct(logits, y, mask).sum())
+            predicted = model(x)[0].argmax(-1) if scoring == "teacher_forced" else generated_answers(model, ids, mask)
+            correct += int(instance_correct(predicted, y, mask).sum())
             answers += int(mask.sum())
-            answers_right += int(((logits.argmax(-1) == y) & mask).sum())
+            answers_right += int(((predicted == y) & mask).sum())
     except PositionOutOfRange as e:
         return {"length": length, "n": n, "correct": None, "accuracy": None, "low": None, "high": None,
-                "token_accuracy": None, "skipped": str(e)}
+                "token_accuracy": None, "scoring": scoring, "skipped": str(e)}
     finally:
         model.train(was_training)
     low, high = wilson_interval(correct, n)
     return {"length": length, "n": n, "correct": correct, "accuracy": correct / n, "low": low, "high": high,
-            "token_accuracy": answers_right / answers}
+            "token_accuracy": answers_right / answers, "scoring": scoring}
 
 
 def task_lengths(train_length: int, multiples: Sequence[float]) -> list[int]:
@@ -88,7 +111,7 @@ def task_lengths(train_length: int, multiples: Sequence[float]) -> list[int]:
 
 def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[float] = MULTIPLES,
                     n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
-                    progress=None, **options) -> list[dict]:
+                    progress=None, scoring: str = "teacher_forced", **options) -> list[dict]:
     """``task_accuracy`` at every multiple of the training length, each dict with its multiple;
     progress (posenc.eval.progress.StageLines) hears of each length.
 
@@ -98,7 +121,8 @@ def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: S
     for m, length in zip(multiples, task_lengths(train_length, multiples)):
         if progress is not None:
             progress.begin(f"{task} accuracy at length {length:,} ({m:g}×)", n)
-        results.append({"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, **options)})
+        results.append({"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, scoring,
+                                                       **options)})
         if progress is not None:
             r = results[-1]
             progress.end(f"accuracy {r['accuracy']:.3f} over {n:,} instances" if r["accuracy"] is not None
@@ -113,7 +137,7 @@ def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed
     evaluation set; every run of a comparison should pass the same one (e.g. 0), so all
     encodings answer the same instances."""
     return length_accuracy(model, spec.task, train_length, spec.eval_multiples, spec.eval_instances, seed,
-                           batch_tokens, device, progress, **spec.options)
+                           batch_tokens, device, progress, spec.scoring, **spec.options)
 
 
 _FIELDS = {"accuracy": TASK_ACCURACY, "low": TASK_LOW, "high": TASK_HIGH, "token_accuracy": TASK_TOKEN_ACCURACY}
@@ -159,7 +183,9 @@ def show(record: dict, task: str, results: list[dict]) -> None:
     from rich.table import Table
 
 
-    table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens",
+    scoring = next((r["scoring"] for r in results if r.get("scoring")), "teacher_forced")
+    table = Table(title=f"{record['encoding']['name']} — {task}, trained at {record['seq_len']} tokens"
+                        f"{', answers generated with the cache' if scoring == 'generated' else ''}",
                   title_justify="left")
     for name in ("length", "× train", "accuracy", "95% interval", "token accuracy", "n"):
         table.add_column(name, justify="right")

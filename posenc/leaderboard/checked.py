@@ -12,14 +12,18 @@ from posenc.check import check_version, compose_subject, run_checks
 
 def check_record(overrides: list[str]) -> dict:
     """Run every property of `posenc check` on the encoding the overrides choose (its tiny model, as
-    the command does): {"version": check_version(), "failed": [property, ...]}."""
+    the command does): {"version": check_version(), "failed": [property, ...]}, and "caveats": [what
+    holds only with a qualification, e.g. a decoding cache stale beyond a length] where there are any."""
 
     rows = run_checks(compose_subject(overrides))
-    return {"version": check_version(), "failed": [r.name for r in rows if r.failed]}
+    caveats = [f"{r.name}: {r.caveat}" for r in rows if r.caveat]
+    return {"version": check_version(), "failed": [r.name for r in rows if r.failed],
+            **({"caveats": caveats} if caveats else {})}
 
 
 def check_cell(record: dict | None) -> str:
-    """'✓', '✗ prefix: …, documents: …' or 'not checked'."""
+    """'✓', '✓ (decoding: …stale beyond 24…)', '✗ prefix: …, documents: …' or 'not checked'."""
     if record is None:
         return "not checked"
-    return "✓" if not record["failed"] else "✗ " + "; ".join(record["failed"])
+    caveats = f" ({'; '.join(record['caveats'])})" if record.get("caveats") else ""
+    return ("✓" if not record["failed"] else "✗ " + "; ".join(record["failed"])) + caveats

@@ -31,7 +31,7 @@ class Row:
     wall_time_s: dict[str, list[float]] = field(default_factory=dict)   # arm -> per-seed run wall time
     load_1m: list[float] = field(default_factory=list)                 # the machine's load when each run ended
     errors: list[str] = field(default_factory=list)
-    check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...]}
+    check: dict | None = None  # `posenc check` of the encoding: {"version", "failed": [property, ...][, "caveats"]}
     kernels: dict[str, list[str]] = field(default_factory=dict)  # arm -> per-seed kernel paths and fallbacks
     note: str = ""             # what a reader of the row must know that its numbers do not say (shown beside it)
 

@@ -21,9 +21,11 @@ from posenc.nn.attention import (
     explicit_weights,
     with_terms,
 )
+from posenc.nn.decoding import InputRecompute, LayerState, attend_cached, layer_cache
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.flavors import Flavor, swiglu_hidden
 from posenc.nn.linear_attention import causal_linear_attention
+from posenc.nn.mask import Window
 from posenc.nn.recurrent import RecurrentMixer
 
 
@@ -58,17 +60,34 @@ class CausalSelfAttention(nn.Module):
         self.dropout = dropout
         self.resid_dropout = nn.Dropout(dropout)
 
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int) -> Tensor:
-        """encoding: this layer's encoding; plan: how this layer attends in this forward."""
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int,
+                cache: LayerState | None = None) -> Tensor:
+        """encoding: this layer's encoding; plan: how this layer attends in this forward; cache: what the layer
+        keeps while decoding (``new_cache``): empty, x is the prompt's and is kept; else x is the next tokens'."""
         B, T, C = x.shape
         if self.attention == "linear":  # RoFormer eq. (19): rotate the features φ(q), φ(k)
+            if cache is not None and cache.length:
+                return cache.extend(x, ctx.dtype, lambda xs, c: self(xs, encoding, c, None, layer))
             q, k, v = self.heads(x)
             y = causal_linear_attention(q, k, v, lambda fq, fk: encoding.transform_qk(fq, fk, ctx, layer))
+            if cache is not None:
+                cache.prefill(x)
         else:  # the encoding's hooks see this block's input x (FoX's forget gates are computed from it)
             q, k, v = self.heads(x)
-            y = attend_layer(q, k, v, encoding, ctx.with_input(x), layer, plan, self.dropout if self.training else 0.0)
+            if cache is not None and cache.length:  # decoding: the new tokens against what the cache keeps
+                y = attend_cached(cache.extend(q, k, v, ctx.with_input(x)), cache.window)
+            else:
+                y = attend_layer(q, k, v, encoding, ctx.with_input(x), layer, plan,
+                                 self.dropout if self.training else 0.0)
+                if cache is not None:
+                    cache.prefill(q, k, v, ctx.with_input(x))
         y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, H, T, hd) -> (B, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def new_cache(self, encoding: PositionalEncoding, layer: int, window: Window) -> LayerState:
+        """What this layer keeps while decoding: its encoding's cache (posenc/nn/decoding.py); linear
+        attention keeps its block input and runs over the prefix."""
+        return InputRecompute() if self.attention == "linear" else layer_cache(encoding, layer, window)
 
     def heads(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """x (B, T, C) -> q, k, v each (B, H, T, hd)."""
@@ -136,6 +155,7 @@ class Block(nn.Module):
         mlp = SwiGLU if flavor.mlp == "swiglu" else MLP
         self.mlp = mlp(d_model, dropout, bias=flavor.bias)
 
-    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int) -> Tensor:
-        x = x + self.attn(self.ln_1(x), encoding, ctx, plan, layer)  # pre-norm residual
+    def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: Plan, layer: int,
+                cache: LayerState | None = None) -> Tensor:
+        x = x + self.attn(self.ln_1(x), encoding, ctx, plan, layer, cache)  # pre-norm residual
         return x + self.mlp(self.ln_2(x))

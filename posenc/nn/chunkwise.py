@@ -143,3 +143,15 @@ def state_pass(Q: Tensor, U0: Tensor, W: Tensor | None, K: Tensor, d: Tensor) ->
     (M, N, d_k, 1) -> (M, N, C, dv)."""
     major = [t.transpose(0, 1).contiguous() if t is not None else None for t in (Q, U0, W, K, d)]  # (N, M, ...)
     return _StatePass.apply(*major).transpose(0, 1)
+
+
+@torch.no_grad()
+@without_autocast
+def final_state(U0: Tensor, W: Tensor | None, K: Tensor, d: Tensor) -> Tensor:
+    """S_N, the state after the last chunk, where decoding continues: the inputs as ``state_pass``
+    takes them -> (M, dk, dv). The pass's recurrence again, without the outputs' reads of it."""
+    S = U0.new_zeros(U0.shape[0], K.shape[-1], U0.shape[-1])
+    for n in range(U0.shape[1]):
+        U = U0[:, n] if W is None else U0[:, n] - W[:, n] @ S  # (M, C, dv)
+        S = d[:, n] * S + K[:, n].transpose(-1, -2) @ U
+    return S

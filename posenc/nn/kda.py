@@ -41,10 +41,10 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from posenc.nn.chunkwise import state_pass, unit_lower_solve
+from posenc.nn.chunkwise import final_state, state_pass, unit_lower_solve
 from posenc.nn.cumsum import cumsum
 from posenc.nn.precision import without_autocast
-from posenc.nn.recurrence import _chunks, _pad, _starts
+from posenc.nn.recurrence import _chunks, _pad, _recurrent, _starts
 
 #: tokens per block inside a chunk whose decayed products are computed exactly (fla's kernels
 #: take sub-chunks of 16 in chunks of 64), and per chunk: 16, where the gated delta rule takes 32
@@ -55,24 +55,21 @@ SUB = 8
 CHUNK = 16
 
 
+def kda_step(S: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of KDA: S (B, H, dv, dk), q, k, g = log α (B, H, dk), v (B, H, dv), β (B, H) ->
+    (o_t = S_t q_t (B, H, dv), S_t = S diag(α_t) + β_t (v_t - S diag(α_t) k_t) k_tᵀ)."""
+    S = S * g[..., None, :].exp()  # S diag(α_t): (B, H, dv, dk)
+    S = S + beta[..., None, None] * (v[..., :, None] - S @ k[..., :, None]) * k[..., None, :]  # + β (v - S k) kᵀ
+    return (S @ q[..., :, None])[..., 0], S
+
+
 @without_autocast
 def recurrent_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, seg: Tensor | None = None) -> Tensor:
     """S_t = S_{t-1} diag(α_t) (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ, o_t = S_t q_t, token by token.
 
     q, k, g = log α: (B, H, T, dk), v: (B, H, T, dv), beta: (B, H, T); seg: (B, T) or None
     -> o (B, H, T, dv), in q's dtype promoted to at least float32."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
-    B, H, T, _ = q.shape
-    starts = _starts(seg, B, T, q.device)[:, None, None, None]  # (B, 1, 1, 1, T)
-    S = q.new_zeros(B, H, v.shape[-1], k.shape[-1])
-    out = []
-    for t in range(T):
-        S = S.masked_fill(starts[..., t], 0.0) * g[:, :, t, None, :].exp()  # S diag(α_t): (B, H, dv, dk)
-        kt, bt = k[:, :, t], beta[:, :, t, None, None]
-        S = S + bt * (v[:, :, t, :, None] - S @ kt[..., None]) * kt[..., None, :]  # + β (v - S k) kᵀ
-        out.append(S @ q[:, :, t, :, None])  # (B, H, dv, 1)
-    return torch.cat(out, dim=-1).transpose(-1, -2)
+    return _recurrent(kda_step, q, k, v, g, beta, seg)
 
 
 def decayed_products(x: Tensor, k: Tensor, b: Tensor, sub: int = SUB) -> Tensor:
@@ -166,8 +163,9 @@ class _DecayedProducts(torch.autograd.Function):
 
 @without_autocast
 def chunked_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, seg: Tensor | None = None,
-                chunk: int = CHUNK) -> Tensor:
-    """KDA in chunks (module doc); the arguments as ``recurrent_kda``; ``chunk`` a multiple of 8."""
+                chunk: int = CHUNK, final: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """KDA in chunks (module doc); the arguments as ``recurrent_kda``; ``chunk`` a multiple of 8.
+    final: also the state after the last token, (B, H, dv, dk), where decoding continues."""
     if chunk % SUB:
         raise ValueError(f"KDA's chunk must be a multiple of {SUB}, got {chunk}")
     dtype, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype  # computed in >= float32
@@ -196,4 +194,8 @@ def chunked_kda(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, seg: T
     decay_end = (last.exp() * carry[..., -1:, None]).transpose(-1, -2)  # γ_C, zero if the chunk reset: (B, H, N, dk, 1)
     flat = [t.flatten(0, 1) for t in (q_state, U0, W, k_end, decay_end)]  # (B·H, N, ...)
     o = o_local + state_pass(*flat).unflatten(0, (B, H))  # (B, H, N, C, dv)
-    return o.flatten(2, 3)[:, :, :T].to(out_dtype)  # (B, H, T, dv)
+    o = o.flatten(2, 3)[:, :, :T].to(out_dtype)  # (B, H, T, dv)
+    if not final:
+        return o
+    # padded tokens (k = v = 0, g = 0, β = 0) leave the state as the last token left it
+    return o, final_state(*flat[1:]).unflatten(0, (B, H)).transpose(-1, -2)

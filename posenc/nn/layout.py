@@ -116,5 +116,12 @@ class LayeredEncoding(PositionalEncoding):
         for encoding in self.encodings.values():
             encoding.check_length(length)
 
+    def cache_epoch(self, length: int) -> object:
+        return tuple(e.cache_epoch(length) for e in self.encodings.values())
+
+    def stale_cache(self) -> str | None:
+        stale = dict.fromkeys(f"{kind}: {why}" for kind, e in self.encodings.items() if (why := e.stale_cache()))
+        return "; ".join(stale) or None
+
     def options(self) -> dict[str, object]:
         return {kind: {"name": e.name, **e.options()} for kind, e in self.encodings.items()}

@@ -47,6 +47,14 @@ class Window:
         """Whether it hides anything from a query in a sequence of T tokens."""
         return self.size is not None and self.size < T
 
+    def first_key(self, i: int) -> int:
+        """The first key query i sees in a sequence that starts at 0 (one document): i - size + 1 for
+        a sliding window, the start of i's chunk for a chunked one, 0 for a global layer. A key before
+        it is seen by no later query either, so a decoding cache drops it (posenc/nn/encodings/cache.py)."""
+        if self.size is None:
+            return 0
+        return (i // self.size) * self.size if self.chunked else max(0, i - self.size + 1)
+
     def describe(self) -> str:
         if self.size is None:
             return "global"

@@ -25,7 +25,9 @@ from torch import Tensor, nn
 from posenc.nn import fla_kernels
 from posenc.nn.attention import Plan, plans
 from posenc.nn.blocks import MLP, Block, CausalSelfAttention, RMSNorm, SwiGLU, make_norm
+from posenc.nn.decoding import KVCache
 from posenc.nn.encodings.base import Context, PositionalEncoding, head_dim
+from posenc.nn.encodings.cache import step_context
 from posenc.nn.flavors import Flavor, get_flavor, init_stds
 from posenc.nn.kernels import LINEAR, KernelPolicy, LayerKind
 from posenc.nn.layout import LayerLayout
@@ -171,29 +173,78 @@ class GPT(nn.Module):
 
     def forward(
         self, idx: Tensor, targets: Tensor | None = None, pos: Tensor | None = None, doc: Tensor | None = None,
-        length: int | None = None,
+        length: int | None = None, cache: KVCache | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """idx: (B, T) token ids; targets: (B, T) or None; pos: (T,) or (B, T) positions, default
         0..T-1; doc: (B, T) document ids within each window (documents packing: no token
         attends across a document, positions restart at 0 in each, unless pos says otherwise);
-        length: a bound on max(pos) + 1 known on the host (saves a device sync).
+        length: a bound on max(pos) + 1 known on the host (saves a device sync); cache: decoding
+        (``new_cache``, posenc/nn/decoding.py): empty, idx is a prompt at positions 0..T-1, computed as
+        without a cache and kept in it; holding n tokens, idx are the next ones, at positions n..n+T-1.
 
         Returns logits (B, T, vocab) and the mean cross-entropy (nats/token) if targets.
         """
+        if cache is not None and (pos is not None or doc is not None):
+            raise ValueError("decoding runs one sequence from position 0: give no pos or doc with a cache")
+        if cache is None or not cache.length:
+            x = self.hidden(idx, pos, doc, length, cache)
+        elif self.encoding.cache_epoch(cache.length + idx.shape[1]) != cache.epoch:
+            # what the cache keeps depends on the length and is stale (dynamic NTK beyond its original
+            # length): the whole sequence again, kept afresh
+            self.encoding.prepare(cache.length + idx.shape[1])  # refuses before the cache is touched
+            tokens = torch.cat((cache.tokens, idx), dim=1)
+            cache.restart(self.new_cache())
+            x = self.hidden(tokens, None, None, None, cache)[:, -idx.shape[1]:]
+        else:
+            x = self.decode_step(idx, cache)
+        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
+        return logits, loss
+
+    def hidden(self, idx: Tensor, pos: Tensor | None, doc: Tensor | None, length: int | None,
+               cache: KVCache | None = None) -> Tensor:
+        """The last blocks' output (B, T, C) of ``forward``'s arguments; an empty cache keeps what decoding needs."""
         ctx = self.context(idx, pos, doc, length)
         self.encoding.prepare(ctx.n_positions)
+        if cache is not None:
+            cache.append(idx)
+            cache.epoch = self.encoding.cache_epoch(ctx.n_positions)
         x = self.encoding.embed(self.wte(idx), ctx)  # (B, T, C)
         x = self.drop(x)
         # each layer kind's bias and mask are built once per forward and shared by its layers
         layer_plans = plans(self.encoding, ctx, self.n_layer, self.drop.p if self.training else 0.0, self.kernels,
                             self.attending)
         for layer, block in enumerate(self.blocks):
-            x = block(x, self.encoding.for_layer(layer), ctx, layer_plans[layer], layer)
-        logits = self.lm_head(self.ln_f(x))  # (B, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().view(-1, logits.size(-1)), targets.reshape(-1))
-        return logits, loss
+            x = block(x, self.encoding.for_layer(layer), ctx, layer_plans[layer], layer,
+                      cache.layers[layer] if cache is not None else None)
+        return x
+
+    def new_cache(self) -> KVCache:
+        """An empty decoding cache for this model: each layer keeps what its mixer and encoding say
+        (posenc/nn/decoding.py); ``forward(prompt, cache=c)`` fills it, ``forward(next, cache=c)`` decodes."""
+        layers = [block.attn.new_cache(self.encoding.for_layer(layer), layer, self.layout.window(layer))
+                  for layer, block in enumerate(self.blocks)]
+        return KVCache(layers, self.encoding.cache_holds())
+
+    def decode_step(self, idx: Tensor, cache: KVCache) -> Tensor:
+        """The last hidden states (B, t, C) of the next tokens idx (B, t) after the cache's n, at positions
+        n..n+t-1: each block attends to what its cache keeps. The embedding of the new tokens alone where
+        the encoding's cache holds, else of the whole prefix (an embed that reads the past)."""
+        n0 = cache.length
+        n1 = n0 + idx.shape[1]
+        self.encoding.prepare(n1)  # refuses a position beyond max_len, grows the tables
+        dtype = self.compute_dtype(idx.device)
+        ctx = step_context(n0, n1, dtype, idx.device)
+        tokens = cache.append(idx)
+        if cache.embeds_alone:
+            x = self.encoding.embed(self.wte(idx), ctx)
+        else:
+            x = self.encoding.embed(self.wte(tokens), Context.arange(n1, idx.device, dtype))[:, n0:]
+        for layer, block in enumerate(self.blocks):
+            x = block(x, self.encoding.for_layer(layer), ctx, None, layer, cache.layers[layer])
+        return x
 
     @torch.no_grad()
     def planned(self, idx: Tensor, pos: Tensor | None = None, doc: Tensor | None = None,
@@ -211,10 +262,13 @@ class GPT(nn.Module):
                 self.kernels.saw(kind.name, fla_kernels.path(kind.mixer, idx.device.type, self.kernels))
         return out
 
+    def compute_dtype(self, device: torch.device) -> torch.dtype:
+        """What the forward computes in on device: autocast's dtype where it is on, else the weights'."""
+        return torch.get_autocast_dtype(device.type) if torch.is_autocast_enabled(device.type) else self.wte.weight.dtype
+
     def context(self, idx: Tensor, pos: Tensor | None, doc: Tensor | None, length: int | None) -> Context:
         """The per-forward context every hook sees: positions, documents and each layer's mask."""
-        dtype = torch.get_autocast_dtype(idx.device.type) if torch.is_autocast_enabled(idx.device.type) \
-            else self.wte.weight.dtype
+        dtype = self.compute_dtype(idx.device)
         T = idx.shape[1]
         if doc is not None and any(block.attn.attention == "linear" for block in self.blocks):
             raise ValueError("model.attention=linear has no mask to keep documents apart — use "

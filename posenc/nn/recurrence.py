@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn.chunkwise import state_pass, unit_lower_solve
+from posenc.nn.chunkwise import final_state, state_pass, unit_lower_solve
 from posenc.nn.cumsum import cumsum
 from posenc.nn.precision import without_autocast
 
@@ -58,6 +58,21 @@ def _starts(seg: Tensor | None, B: int, T: int, device: torch.device) -> Tensor:
     return out
 
 
+def gated_delta_step(S: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of the gated delta rule: S (B, H, dv, dk), q, k (B, H, dk), v (B, H, dv), g = log α and
+    β (B, H) -> (o_t = S_t q_t (B, H, dv), S_t = α_t S (I - β_t k_t k_tᵀ) + β_t v_t k_tᵀ)."""
+    b = beta[..., None, None]
+    Sk = S @ k[..., :, None]  # (B, H, dv, 1): S (I - β k kᵀ) = S - β (S k) kᵀ
+    S = g[..., None, None].exp() * (S - b * Sk * k[..., None, :]) + b * v[..., :, None] * k[..., None, :]
+    return (S @ q[..., :, None])[..., 0], S
+
+
+def gla_step(S: Tensor, q: Tensor, k: Tensor, v: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """One token of scalar-decay GLA: S_t = α_t S + v_t k_tᵀ, o_t = S_t q_t (shapes as ``gated_delta_step``)."""
+    S = g[..., None, None].exp() * S + v[..., :, None] * k[..., None, :]
+    return (S @ q[..., :, None])[..., 0], S
+
+
 @without_autocast
 def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
                                seg: Tensor | None = None) -> Tensor:
@@ -65,36 +80,29 @@ def recurrent_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta:
 
     q, k: (B, H, T, dk), v: (B, H, T, dv), g = log α, beta: (B, H, T); seg: (B, T) or None
     -> o (B, H, T, dv), in q's dtype promoted to at least float32."""
-    dtype = torch.promote_types(q.dtype, torch.float32)
-    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
-    B, H, T, dk = q.shape
-    starts = _starts(seg, B, T, q.device)[:, None, None, None]  # (B, 1, 1, 1, T)
-    eye = torch.eye(dk, dtype=dtype, device=q.device)
-    S = q.new_zeros(B, H, v.shape[-1], dk)
-    out = []
-    for t in range(T):
-        S = S.masked_fill(starts[..., t], 0.0)  # a new document starts from an empty state
-        kt, bt = k[:, :, t], beta[:, :, t, None, None]
-        forget = eye - bt * kt[..., :, None] * kt[..., None, :]  # I - β k kᵀ: (B, H, dk, dk)
-        S = g[:, :, t, None, None].exp() * S @ forget + bt * v[:, :, t, :, None] * kt[..., None, :]
-        out.append(S @ q[:, :, t, :, None])  # (B, H, dv, 1)
-    return torch.cat(out, dim=-1).transpose(-1, -2)
+    return _recurrent(gated_delta_step, q, k, v, g, beta, seg)
 
 
 @without_autocast
 def recurrent_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor | None = None) -> Tensor:
     """S_t = α_t S_{t-1} + v_t k_tᵀ, o_t = S_t q_t, token by token (shapes as the delta rule's)."""
+    return _recurrent(lambda S, q, k, v, g, beta: gla_step(S, q, k, v, g), q, k, v, g, torch.zeros_like(g), seg)
+
+
+def _recurrent(step, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, seg: Tensor | None) -> Tensor:
+    """o_t of step(S, q_t, k_t, v_t, g_t, β_t) -> (o_t, S_t) from S = 0, the state emptied at every
+    document's start, in q's dtype promoted to at least float32: (B, H, T, dv)."""
     dtype = torch.promote_types(q.dtype, torch.float32)
-    q, k, v, g = (t.to(dtype) for t in (q, k, v, g))
+    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
     B, H, T, _ = q.shape
-    starts = _starts(seg, B, T, q.device)[:, None, None, None]
+    starts = _starts(seg, B, T, q.device)[:, None, None, None]  # (B, 1, 1, 1, T)
     S = q.new_zeros(B, H, v.shape[-1], k.shape[-1])
     out = []
     for t in range(T):
-        S = S.masked_fill(starts[..., t], 0.0)
-        S = g[:, :, t, None, None].exp() * S + v[:, :, t, :, None] * k[:, :, t, None, :]
-        out.append(S @ q[:, :, t, :, None])
-    return torch.cat(out, dim=-1).transpose(-1, -2)
+        S = S.masked_fill(starts[..., t], 0.0)  # a new document starts from an empty state
+        o, S = step(S, q[:, :, t], k[:, :, t], v[:, :, t], g[:, :, t], beta[:, :, t])
+        out.append(o)
+    return torch.stack(out, dim=-2)
 
 
 def _pad(x: Tensor, pad: int, dim: int) -> Tensor:
@@ -108,20 +116,22 @@ def _chunks(x: Tensor, C: int) -> Tensor:
 
 
 def chunked_gated_delta_rule(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor,
-                             seg: Tensor | None = None, chunk: int = CHUNK) -> Tensor:
-    """The gated delta rule in chunks (module doc); the arguments as ``recurrent_gated_delta_rule``."""
-    return _chunked(q, k, v, g, beta, seg, chunk)
+                             seg: Tensor | None = None, chunk: int = CHUNK, final: bool = False
+                             ) -> Tensor | tuple[Tensor, Tensor]:
+    """The gated delta rule in chunks (module doc); the arguments as ``recurrent_gated_delta_rule``.
+    final: also the state after the last token, (B, H, dv, dk), where decoding continues."""
+    return _chunked(q, k, v, g, beta, seg, chunk, final)
 
 
 def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor, seg: Tensor | None = None,
-                chunk: int = CHUNK) -> Tensor:
-    """Scalar-decay gated linear attention in chunks (module doc)."""
-    return _chunked(q, k, v, g, None, seg, chunk)
+                chunk: int = CHUNK, final: bool = False) -> Tensor | tuple[Tensor, Tensor]:
+    """Scalar-decay gated linear attention in chunks (module doc); final as the delta rule's."""
+    return _chunked(q, k, v, g, None, seg, chunk, final)
 
 
 @without_autocast
 def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None,
-             chunk: int) -> Tensor:
+             chunk: int, final: bool = False) -> Tensor | tuple[Tensor, Tensor]:
     """Both rules in chunks: beta None is GLA (u = v), else the delta rule's solve for u."""
     dtype, out_dtype = torch.promote_types(q.dtype, torch.float32), v.dtype  # computed in >= float32
     B, H, T, dk = q.shape
@@ -162,5 +172,8 @@ def _chunked(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, se
     # (dk x dv) as fla keeps it
     flat = [t.flatten(0, 1) if t is not None else None for t in (q_state, U0, W, k_end, decay_end)]  # (B·H, N, ...)
     o = o_local + state_pass(*flat).unflatten(0, (B, H))  # (B, H, N, C, dv)
-    o = o.flatten(2, 3)[:, :, :T]  # (B, H, T, dv)
-    return o.to(out_dtype)
+    o = o.flatten(2, 3)[:, :, :T].to(out_dtype)  # (B, H, T, dv)
+    if not final:
+        return o
+    # padded tokens (k = v = 0, g = 0, β = 0) leave the state as the last token left it
+    return o, final_state(*flat[1:]).unflatten(0, (B, H)).transpose(-1, -2)

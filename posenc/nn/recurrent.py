@@ -37,6 +37,7 @@ chunked PyTorch form.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -44,16 +45,23 @@ from torch import Tensor, nn
 
 from posenc.nn import fla_kernels, fused, kernels
 from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.kda import chunked_kda
+from posenc.nn.decoding import InputRecompute
+from posenc.nn.kda import chunked_kda, kda_step
 from posenc.nn.kernels import KernelPolicy
-from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla
+from posenc.nn.recurrence import chunked_gated_delta_rule, chunked_gla, gated_delta_step, gla_step
 
 #: each recurrent mixer a layer kind may name (``softmax`` is attention, posenc/nn/blocks.py) and
 #: its chunked PyTorch form, called as f(q, k, v, g, beta, seg)
 CHUNKED = {
     "gated_delta": chunked_gated_delta_rule,
-    "gla": lambda q, k, v, g, beta, seg: chunked_gla(q, k, v, g, seg),
+    "gla": lambda q, k, v, g, beta, seg, **final: chunked_gla(q, k, v, g, seg, **final),
     "kda": chunked_kda,
+}
+#: one token of each: step(S, q_t, k_t, v_t, g_t, β_t) -> (o_t, S_t), S (B, H, dv, dk)
+STEPS = {
+    "gated_delta": gated_delta_step,
+    "gla": lambda S, q, k, v, g, beta: gla_step(S, q, k, v, g),
+    "kda": kda_step,
 }
 RULES = tuple(CHUNKED)
 #: the short convolution's kernel (fla's conv_size)
@@ -100,21 +108,39 @@ class RecurrentMixer(nn.Module):
             self.g_up = nn.Linear(self.head_dim, d_model, bias=True)
 
     def forward(self, x: Tensor, encoding: PositionalEncoding, ctx: Context, plan: object = None,
-                layer: int = 0) -> Tensor:
-        """x: (B, T, C) -> (B, T, C). ``plan`` (attention's) is unused: no mask, no scores."""
+                layer: int = 0, cache: RecurrentState | InputRecompute | None = None) -> Tensor:
+        """x: (B, T, C) -> (B, T, C). ``plan`` (attention's) is unused: no mask, no scores. cache: what the
+        layer keeps while decoding (``new_cache``): empty, x is the prompt's; else the next tokens'."""
+        if isinstance(cache, InputRecompute):  # an encoding whose cache does not hold: the layer over the prefix
+            if cache.length:
+                return cache.extend(x, ctx.dtype, lambda xs, c: self(xs, encoding, c, None, layer))
+            cache.prefill(x)
+            cache = None
         B, T, C = x.shape
         seg = ctx.doc
         qkv, gate, a, *b = self.c_in(x).split(self.widths, dim=-1)  # (B, T, 3C), gate and decay inputs [, (B, T, H)]
-        qkv = fused.causal_conv_silu(wide(qkv), self.conv_weight, seg)  # float32 under autocast too
+        qkv = wide(qkv)  # float32 under autocast too
+        if cache is None:
+            qkv = fused.causal_conv_silu(qkv, self.conv_weight, seg)
+        else:  # the convolution reads the last CONV_SIZE - 1 inputs before these (zero before the prompt)
+            qkv = cache.convolve(qkv, lambda u: fused.causal_conv_silu(u, self.conv_weight, None))
         q, k, v = (t.view(B, T, self.n_head, self.head_dim).transpose(1, 2) for t in qkv.split(C, dim=2))
         if b:  # the delta rule writes k with strength β: unit keys keep I - β k kᵀ a contraction
             q, k = fused.l2_normalize(wide(q)).type_as(q), fused.l2_normalize(wide(k)).type_as(k)
         q, k = encoding.transform_qk(q, k, ctx.with_input(x), layer)  # (B, H, T, hd)
         q = q / math.sqrt(self.head_dim)
         beta = torch.sigmoid(wide(b[0])).transpose(1, 2) if b else None  # (B, H, T)
-        o = self.mix(q, k, v, self.log_decay(a), beta, seg)  # (B, H, T, hd)
+        if cache is None:
+            o = self.mix(q, k, v, self.log_decay(a), beta, seg)  # (B, H, T, hd)
+        else:
+            o = cache.mix(self.attention, q, k, v, self.log_decay(a), beta)
         o = fused.rms_norm(wide(o), self.o_norm.weight, self.o_norm.eps).type_as(x).transpose(1, 2).reshape(B, T, C)
         return self.c_proj(o * (torch.sigmoid(self.g_up(gate)) if self.attention == "kda" else F.silu(gate)))
+
+    def new_cache(self, encoding: PositionalEncoding, layer: int, window: object = None) -> RecurrentState | InputRecompute:
+        """What this layer keeps while decoding: its state and its convolution's last inputs, where its encoding's
+        transform_qk is known to be position-wise (``cache_holds``); else its block input, run over the prefix."""
+        return RecurrentState() if encoding.cache_holds() else InputRecompute()
 
     def log_decay(self, a: Tensor) -> Tensor:
         """g = log α = -exp(A_log) · softplus(W_a x + dt_bias), in float32: a (B, T, H) -> (B, H, T),
@@ -136,3 +162,46 @@ class RecurrentMixer(nn.Module):
         if usable:
             return fla_kernels.mix(self.attention, q, k, v, g, beta, seg)
         return CHUNKED[self.attention](q, k, v, g, beta, seg)
+
+
+class RecurrentState:
+    """What a recurrent layer keeps while decoding: its state S (B, H, dv, dk) after the last token, and
+    the short convolution's last CONV_SIZE - 1 inputs (B, CONV_SIZE - 1, 3C), in at least float32: O(1)
+    in the sequence's length. The prompt's state comes from the chunked form (``final``), each next
+    token's from one step of the recurrence."""
+
+    keeps = "recurrent state (d_h × d_h per head), the short convolution's last inputs"
+
+    def __init__(self) -> None:
+        self.S: Tensor | None = None
+        self.conv: Tensor | None = None
+        self.length = 0
+
+    def convolve(self, u: Tensor, conv: Callable[[Tensor], Tensor]) -> Tensor:
+        """conv (the layer's causal convolution) of the inputs u (B, t, 3C) after the kept ones: (B, t, 3C)."""
+        past = self.conv if self.conv is not None else u.new_zeros(u.shape[0], CONV_SIZE - 1, u.shape[-1])
+        full = torch.cat((past, u), dim=1)
+        self.conv = full[:, -(CONV_SIZE - 1):]
+        return conv(full)[:, past.shape[1]:]
+
+    def mix(self, rule: str, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None) -> Tensor:
+        """The recurrence over the new tokens from the kept state (the prompt: the chunked form from zero):
+        q, k (B, H, t, dk), v (B, H, t, dv), g (B, H, t[, dk]), beta (B, H, t) or None -> (B, H, t, dv)."""
+        if self.S is None:
+            o, self.S = CHUNKED[rule](q, k, v, g, beta, None, final=True)
+        else:
+            dtype = torch.promote_types(q.dtype, torch.float32)
+            beta = beta if beta is not None else torch.zeros_like(g)
+            out = []
+            for t in range(q.shape[-2]):
+                o_t, self.S = STEPS[rule](self.S, *(x[:, :, t].to(dtype) for x in (q, k, v, g, beta)))
+                out.append(o_t)
+            o = torch.stack(out, dim=-2).to(v.dtype)
+        self.length += q.shape[-2]
+        return o
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.S, self.conv) if t is not None)
+
+    def describe(self) -> str:
+        return self.keeps

@@ -36,6 +36,9 @@ optional hook, computed in each layer:
 - ``fused_attention(ctx, layer)``: a kernel of the encoding's own for a layer's whole attention, equal
   to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels: posenc/nn/fla_runtime.py).
 
+Decoding asks one more, ``kv_cache(layer, window)``: what a layer keeps of every token to decode the
+next (keys at their positions by default; ``Decodes``, posenc/nn/encodings/cache.py).
+
 Every hook works with the per-forward ``Context``: positions shared by the batch (T,) or per
 sequence (B, T) (documents packing: they restart at 0 in every document), document ids, and each
 layer's attention mask (causal ∧ same document ∧ window, posenc/nn/mask.py). Inside a block the
@@ -58,6 +61,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from posenc.nn.encodings.cache import Decodes
 from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
     Context,
     FusedAttention,
@@ -94,7 +98,7 @@ def head_dim(d_model: int, n_head: int) -> int:
     return d_model // n_head
 
 
-class PositionalEncoding(nn.Module):
+class PositionalEncoding(Decodes, nn.Module):
     """Base class and NoPE. Subclasses override the hooks they need (see the module doc).
 
     Args:

@@ -48,6 +48,8 @@ from torch import Tensor, nn
 
 from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import KeysAtPositions, LayerCache
+from posenc.nn.mask import AttentionMask, Window
 
 #: query rows per chunk are chosen so that one (B, H, rows, T) intermediate holds about this many floats
 CHUNK_ELEMENTS = 2**24
@@ -117,19 +119,45 @@ class CoPE(PositionalEncoding):
         q_i·e[p_ij] added to q·k/√d."""
         B, H, T, _ = q.shape
         mask = ctx.mask(layer)  # gates count only the keys this layer's query can see
-        # at least fp32, even under autocast: the cumulative sum runs over up to T gates
+        rows = max(1, CHUNK_ELEMENTS // max(1, B * H * T))
+        if rows >= T:
+            return self.contextual_logits(q, k, layer, ~mask.visible(device=q.device))
+        out = q.new_empty(B, H, T, T, dtype=torch.promote_types(q.dtype, torch.float32))
+        for start in range(0, T, rows):  # long evaluation: a slice of queries at a time
+            end = min(start + rows, T)
+            hidden = ~mask.visible(start, end, 0, T, device=q.device)  # (B|1, 1, rows, T)
+            out[:, :, start:end] = self.contextual_logits(q[:, :, start:end], k, layer, hidden)
+        return out
+
+    def contextual_logits(self, q: Tensor, k: Tensor, layer: int, hidden: Tensor) -> Tensor:
+        """q_i·e[p_ij] of queries q (B, H, Tq, d) against keys k (B, H, Tk, d), hidden (B|1, 1, Tq, Tk) the
+        keys each query does not see -> (B, H, Tq, Tk), in at least float32 even under autocast (the
+        cumulative sum runs over up to Tk gates)."""
         dtype = torch.promote_types(q.dtype, torch.float32)
         with torch.autocast(q.device.type, enabled=False):
-            q, k, e = q.to(dtype), k.to(dtype), self.pos_emb[layer].to(dtype)
-            rows = max(1, CHUNK_ELEMENTS // max(1, B * H * T))
-            if rows >= T:
-                return self.cope_logits(q, k, e, ~mask.visible(device=q.device))
-            out = q.new_empty(B, H, T, T)
-            for start in range(0, T, rows):  # long evaluation: a slice of queries at a time
-                end = min(start + rows, T)
-                hidden = ~mask.visible(start, end, 0, T, device=q.device)  # (B|1, 1, rows, T)
-                out[:, :, start:end] = self.cope_logits(q[:, :, start:end], k, e, hidden)
-            return out
+            return self.cope_logits(q.to(dtype), k.to(dtype), self.pos_emb[layer].to(dtype), hidden)
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The keys and values, and for each new query its contextual positions recounted over the kept
+        keys: p_ij = Σ_{t=j..i} σ(q_i·k_t/√d) sums gates of the query's own, so nothing of an earlier
+        query's count is reusable (O(T·d) a token, as the full forward's row)."""
+        return Recounted(self, layer, window, self)
 
     def options(self) -> dict[str, object]:
         return {"npos_max": self.npos_max, "per_head": self.per_head}
+
+
+class Recounted(KeysAtPositions):
+    """CoPE's keys and values; a new query's term q_i·e[p_ij] is computed against every kept key, its gates
+    recounted (``CoPE.contextual_logits``) over the keys its layer's mask shows it."""
+
+    keeps = "keys, values (contextual positions recounted per query)"
+
+    def __init__(self, encoding: PositionalEncoding, layer: int, window: Window, cope: CoPE) -> None:
+        super().__init__(encoding, layer, window)
+        self.cope = cope
+
+    def content(self, q: Tensor, n0: int) -> Tensor | None:
+        n1 = self.length
+        hidden = ~AttentionMask(n1, None, self.window).visible(n0, n1, self.start, n1, device=q.device)
+        return self.cope.contextual_logits(q, self.keys, self.layer, hidden)

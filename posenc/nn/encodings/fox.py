@@ -38,7 +38,9 @@ from torch import Tensor, nn
 from posenc.nn.cumsum import cumsum
 from posenc.nn.encodings import fla_attention
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache, Rows, cat, plus
 from posenc.nn.encodings.mechanism import Mechanism
+from posenc.nn.mask import Window
 
 
 def cumulative_log_gates(log_f: Tensor) -> Tensor:
@@ -92,5 +94,57 @@ class FoX(Mechanism):
             return None
         return fla_attention.forgetting_kernel(ctx, layer, self.head_dim, self.name, gates)
 
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The inner encoding's cache, and the cumulative log gates c_j of the kept tokens (``Decayed``)."""
+        inner = super().kv_cache(layer, window)
+        return None if inner is None else Decayed(inner, self)
+
     def options(self) -> dict[str, object]:
         return {**super().options(), "bias_scale": self.bias_scale}
+
+
+class Decayed(LayerCache):
+    """A FoX layer's cache: its inner encoding's, and c_j = Σ_{t<=j} log f_t of every kept token (B, H, S)
+    with the latest c. A new token's c is the latest plus its own log gate, and its row gains c_i - c_j,
+    the full forward's decays: O(1) a token beside the inner cache's work."""
+
+    def __init__(self, inner: LayerCache, fox: FoX) -> None:
+        super().__init__(inner.encoding, inner.layer, inner.window)
+        self.inner, self.fox = inner, fox
+        self.c: Tensor | None = None  # (B, H, S): c of the kept tokens
+        self.last: Tensor | None = None  # (B, H, 1): c of the latest token
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()}, cumulative log forget gates"
+
+    def gates(self, ctx: Context) -> Tensor:
+        """c of the tokens ctx holds (the block's input), from the latest kept c: (B, H, t)."""
+        c = cumulative_log_gates(self.fox.log_forget_gates(ctx.x, self.layer))
+        return c if self.last is None else self.last + c
+
+    def keep(self, c: Tensor) -> Tensor:
+        """The kept c with the new tokens' c appended (B, H, start..n), then trimmed as the inner cache."""
+        self.c, self.last = cat(self.c, c, dim=-1), c[..., -1:]
+        kept = self.c
+        self.length, drop = self.inner.length, self.kept(self.inner.start)
+        self.c = self.c[..., drop:]
+        return kept
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> None:
+        self.inner.prefill(q, k, v, ctx)
+        self.keep(self.gates(ctx))
+
+    def extend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Rows:
+        rows = self.inner.extend(q, k, v, ctx)
+        start = self.start
+        c_new = self.gates(ctx)
+        c_keys = self.keep(c_new)[..., rows.k_start - start:]  # (B, H, S): c_j of the keys the rows see
+        rows.terms = plus(rows.terms, c_new[..., :, None] - c_keys[..., None, :])  # c_i - c_j: (B, H, t, S)
+        return rows
+
+    def retarget(self, encoding: PositionalEncoding) -> LayerCache:
+        self.inner.retarget(encoding)
+        return super().retarget(encoding)
+
+    def tensors(self) -> list[Tensor]:
+        return [*self.inner.tensors(), *(t for t in (self.c, self.last) if t is not None)]

@@ -144,3 +144,22 @@ class PathScores:
                 past.append(row[0].new_zeros(*row[0].shape[:-1], future * self.C))
             rows.append(torch.cat(past, dim=-1))
         return torch.cat(rows, dim=-2)
+
+
+def carried_to_end(k: Tensor, w: Tensor, beta: Tensor, chunk: int | None = None) -> Tensor:
+    """Every key carried through the transforms of the tokens after it: H_{T-1} ··· H_{j+1} k_j for each
+    key j, k (B, H, T, d), w (B, H, T, d), β (B, H, T) -> (B, H, T, d). What PaTH's decoding keeps of a
+    prompt, so that a new query i meets q_iᵀ H_i (H_{T-1} ··· H_{j+1} k_j) (fla's decoding step applies
+    each new token's transform to its key cache). Chunk by chunk: b_j, each key carried to its chunk's
+    end (``PathScores``), then through the product of every later chunk, P_{N-1} ··· P_{m+1}, accumulated
+    from the last chunk back (d x d per chunk: O(T·d² + T/C·d³))."""
+    chunks = PathScores(k, k, w, beta, chunk)
+    b, p = chunks.b, chunks.p  # (B, H, N, C, d), (B, H, N, d, d): P_m = I - p_m
+    eye = torch.eye(b.shape[-1], dtype=b.dtype, device=b.device)
+    out = torch.empty_like(b)
+    after = None  # P_{m+1}ᵀ ··· P_{N-1}ᵀ: what carries a row vector from chunk m's end to the last token
+    for m in range(b.shape[-3] - 1, -1, -1):
+        out[..., m, :, :] = b[..., m, :, :] if after is None else b[..., m, :, :] @ after
+        later = eye - p[..., m, :, :].transpose(-1, -2)
+        after = later if after is None else later @ after
+    return out.flatten(-3, -2)[..., : k.shape[-2], :]

@@ -6,6 +6,8 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache
+from posenc.nn.mask import Window
 
 
 class Learned(PositionalEncoding):
@@ -28,6 +30,11 @@ class Learned(PositionalEncoding):
         # prepare() has refused lengths beyond max_len, so this index is always in range
         table = self.weight[: ctx.T] if ctx.default_positions else self.weight[ctx.pos]  # (T, d_model)
         return x + table.to(x.dtype)
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The base class's keys at their positions: a new token's embedding is its own row W_pos[n]
+        (decoding stops at max_len: ``prepare`` refuses position max_len as the forward does)."""
+        return super().kv_cache(layer, window)
 
     def options(self) -> dict[str, object]:
         return {"max_len": self.max_len}

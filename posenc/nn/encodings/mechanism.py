@@ -33,6 +33,8 @@ from posenc.nn.encodings.base import (
     ScoreMod,
     ScoreRows,
 )
+from posenc.nn.encodings.cache import LayerCache, holds
+from posenc.nn.mask import Window
 
 #: the hooks that act on q and k (or the embeddings) before attention: a kernel given the transformed,
 #: scaled q and k has computed them already
@@ -128,6 +130,23 @@ class Mechanism(PositionalEncoding):
 
     def inner_sink_logit(self, layer: int) -> Tensor | None:
         return self.inner.sink_logit(layer) if self.inner.offers("sink_logit") else None
+
+    # --- decoding ---------------------------------------------------------------------------
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The inner encoding's cache, asking this mechanism for the terms every cache computes alike
+        (bias, logit scale, sink, normaliser: a sink or stick-breaking needs nothing kept); a mechanism
+        that keeps more (FoX's gates, PaTH's carried keys) wraps it or writes its own."""
+        inner = self.inner.kv_cache(layer, window)
+        return None if inner is None else inner.retarget(self)
+
+    def cache_holds(self) -> bool:
+        return holds(self) and self.inner.cache_holds()
+
+    def cache_epoch(self, length: int) -> object:
+        return self.inner.cache_epoch(length)
+
+    def stale_cache(self) -> str | None:
+        return self.inner.stale_cache()
 
     def prepare(self, length: int) -> None:
         self.inner.prepare(length)

@@ -50,8 +50,10 @@ from posenc.nn.encodings.base import (
     PositionalEncoding,
     ScoreRows,
 )
-from posenc.nn.encodings.householder import PathScores
+from posenc.nn.encodings.cache import KeysAtPositions, LayerCache, Rows, cat
+from posenc.nn.encodings.householder import PathScores, carried_to_end
 from posenc.nn.encodings.mechanism import Mechanism
+from posenc.nn.mask import Window
 
 
 def short_convolution(u: Tensor, taps: Tensor, doc: Tensor | None) -> Tensor:
@@ -106,16 +108,27 @@ class PaTH(Mechanism):
         self.beta_weight = nn.Parameter(torch.randn(n_layer, self.n_head, d_model) * init_std)
         self.beta_bias = nn.Parameter(torch.zeros(n_layer, self.n_head))
 
-    def householder_vectors(self, x: Tensor, doc: Tensor | None, layer: int) -> tuple[Tensor, Tensor]:
+    def projections(self, x: Tensor, layer: int) -> Tensor:
+        """W_w x_t, the short convolution's input: x (B, T, d_model) -> (B, T, H·d), in at least float32."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        x = x.to(dtype)
+        u = x if self.w_down is None else x @ self.w_down[layer].to(dtype).T  # (B, T, rank)
+        return u @ self.w_up[layer].to(dtype).T  # (B, T, H·d)
+
+    def householder_vectors(self, x: Tensor, doc: Tensor | None, layer: int,
+                            past: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """w_t (B, H, T, d), unit length per head, and β_t (B, H, T) in (0, 2) from the block's
-        input x (B, T, d_model), in at least float32."""
+        input x (B, T, d_model), in at least float32. past: (B, P, H·d) the projections of the tokens
+        just before x (decoding: what the short convolution reaches back to), or None (zeros)."""
         dtype = torch.promote_types(x.dtype, torch.float32)
         B, T, _ = x.shape
         x = x.to(dtype)
-        u = x if self.w_down is None else x @ self.w_down[layer].to(dtype).T  # (B, T, rank)
-        u = u @ self.w_up[layer].to(dtype).T  # (B, T, H·d)
+        u = self.projections(x, layer)  # (B, T, H·d)
         if self.conv is not None:
-            u = short_convolution(u, self.conv[layer].to(dtype), doc)
+            if past is not None:  # one sequence: the convolution over the past and these, these rows kept
+                u = short_convolution(torch.cat((past, u), dim=1), self.conv[layer].to(dtype), None)[:, past.shape[1]:]
+            else:
+                u = short_convolution(u, self.conv[layer].to(dtype), doc)
         w = F.normalize(u.view(B, T, self.n_head, self.head_dim), dim=-1).transpose(1, 2)  # (B, H, T, d)
         logits = x @ self.beta_weight[layer].to(dtype).T + self.bias_scale * self.beta_bias[layer].to(dtype)
         return w, 2.0 * torch.sigmoid(logits).transpose(1, 2)  # (B, T, H) -> (B, H, T)
@@ -141,6 +154,72 @@ class PaTH(Mechanism):
             return None
         return fla_attention.path_kernel(ctx, layer, self.head_dim, self.name, transforms)
 
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The keys carried through every later token's transform (``Carried``), where the inner encoding's
+        cache is keys at their positions and nothing more (NoPE, RoPE, a bias); else None (recomputed)."""
+        inner = super().kv_cache(layer, window)
+        return Carried(self, layer, window, self) if type(inner) is KeysAtPositions else None
+
     def options(self) -> dict[str, object]:
         return {**super().options(), "w_rank": self.w_rank, "conv_size": self.conv_size,
                 "bias_scale": self.bias_scale}
+
+
+class Carried(KeysAtPositions):
+    """PaTH's keys, each carried through the transforms of the tokens after it up to the latest:
+    k̃_j = H_n ··· H_{j+1} k_j (k_j after the inner encoding's transform_qk). A new token i first carries
+    every kept key one step further, k̃_j <- H_i k̃_j = k̃_j - β_i (w_iᵀ k̃_j) w_i (O(S·d)), then joins
+    as k_i itself, and its scores are q_i·k̃_j = q_iᵀ H_i ··· H_{j+1} k_j (fla's decoding of PaTH). Kept
+    besides: the projections of the last conv_size - 1 tokens, which the short convolution reads."""
+
+    keeps = "keys carried through each later token's Householder transform, values, the convolution's last inputs"
+
+    def __init__(self, encoding: PositionalEncoding, layer: int, window: Window, path: PaTH) -> None:
+        super().__init__(encoding, layer, window)
+        self.path = path
+        self.past: Tensor | None = None  # (B, conv_size - 1, H·d)
+
+    def remember(self, x: Tensor) -> None:
+        """Keep the projections of the last conv_size - 1 tokens of x (B, t, d_model) and before."""
+        reach = self.path.conv_size - 1
+        if self.path.conv is None or reach < 1:
+            return
+        u = self.path.projections(x, self.layer)
+        past = self.past if self.past is not None else u.new_zeros(u.shape[0], reach, u.shape[-1])
+        self.past = torch.cat((past, u), dim=1)[:, -reach:]
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> None:
+        _, k = self.transform(q, k, ctx)
+        with torch.autocast(k.device.type, enabled=False):  # a product of up to T transforms: no bf16
+            w, beta = self.path.householder_vectors(ctx.x, None, self.layer)
+            self.keys = carried_to_end(k.to(w.dtype), w, beta)
+        self.values, self.length = v, ctx.T
+        self.remember(ctx.x)
+        self.trim()
+
+    def extend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context) -> Rows:
+        n0, t = self.length, q.shape[-2]
+        q, k = self.transform(q, k, ctx)
+        with torch.autocast(k.device.type, enabled=False):
+            w, beta = self.path.householder_vectors(ctx.x, None, self.layer, self.past)  # (B, H, t, d), (B, H, t)
+        self.remember(ctx.x)
+        self.values, self.length = cat(self.values, v), n0 + t
+
+        def carried_scores(q: Tensor) -> Tensor:  # q scaled: (B, H, t, d) -> (B, H, t, S)
+            rows = []
+            for s in range(t):  # each new token's transform, then its own key, then its row
+                wt, bt = w[..., s, :], beta[..., s, None, None]  # (B, H, d), (B, H, 1, 1)
+                keys = self.keys
+                if keys is not None:
+                    keys = keys - bt * (keys @ wt[..., :, None]) * wt[..., None, :]  # H_i k̃_j
+                self.keys = cat(keys, k[..., s:s + 1, :].to(w.dtype))
+                rows.append(q[..., s:s + 1, :].to(w.dtype) @ self.keys.transpose(-1, -2))  # (B, H, 1, S_s)
+            width = self.keys.shape[-2]  # later new keys are hidden from earlier queries: zero there
+            return torch.cat([F.pad(r, (0, width - r.shape[-1])) for r in rows], dim=-2)
+
+        rows = self.rows(q, n0, ctx, carried_scores)
+        self.trim()
+        return rows
+
+    def tensors(self) -> list[Tensor]:
+        return [*super().tensors(), *([self.past] if self.past is not None else [])]

@@ -45,6 +45,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache
+from posenc.nn.mask import Window
 
 
 def pope_frequencies(head_dim: int, base: float) -> Tensor:
@@ -83,6 +85,10 @@ class PoPE(PositionalEncoding):
         q_out = polar(q.to(dtype), angle) * math.sqrt(2.0)  # √2: attention's 1/√(2d) becomes 1/√d
         k_out = polar(k.to(dtype), angle + self.phase_offset().to(dtype)[None, :, None, :])
         return q_out.to(q.dtype), k_out.to(k.dtype)
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The base class's keys at their positions: k̃_n is softplus(k_n) at phases n·θ + δ, from k_n and n alone."""
+        return super().kv_cache(layer, window)
 
     def options(self) -> dict[str, object]:
         return {"base": self.base}

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache
 from posenc.nn.encodings.rope_scaling import (
     LENGTH_DEPENDENT,
     attention_scale,
@@ -32,6 +33,7 @@ from posenc.nn.encodings.rope_scaling import (
     scaling_options,
 )
 from posenc.nn.fused import complex_rotation
+from posenc.nn.mask import Window
 
 STYLES = ("interleaved", "half")
 
@@ -191,6 +193,24 @@ class RoPE(PositionalEncoding):
         cos, sin = self.cos_cached[ctx.pos], self.sin_cached[ctx.pos]
         return (cos[:, None], sin[:, None]) if ctx.per_sequence else (cos, sin)
 
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The base class's keys at their positions: R_m k_m does not depend on the query, so a kept key stays
+        valid (while the frequencies stay: ``cache_epoch``)."""
+        return super().kv_cache(layer, window)
+
+    def cache_epoch(self, length: int) -> object:
+        """The frequencies a sequence of ``length`` runs with, under a scaling that depends on it (dynamic,
+        longrope); None otherwise."""
+        return tuple(self.frequencies(length).tolist()) if self.scaling in LENGTH_DEPENDENT else None
+
+    def stale_cache(self) -> str | None:
+        if self.scaling not in LENGTH_DEPENDENT:
+            return None
+        when = "at every new length" if self.scaling == "dynamic" else "once"
+        return (f"cache stale beyond {self.original_max_len}: scaling={self.scaling} changes every frequency "
+                f"{when} past original_max_len, and every layer's past outputs with them; decoding runs the "
+                f"sequence again there")
+
     def rotary_frequencies(self, layer: int = 0) -> Tensor | None:
         """θ'_i of every pair of head_dim (0 past rot_dim): what the rotation uses now."""
         theta = torch.zeros(self.head_dim // 2)
@@ -207,3 +227,4 @@ class RoPE(PositionalEncoding):
             if self.scaling == "yarn" and (o.beta_fast, o.beta_slow, o.truncate) != (32.0, 1.0, True):
                 opts.update(beta_fast=o.beta_fast, beta_slow=o.beta_slow, truncate=o.truncate)
         return opts
+

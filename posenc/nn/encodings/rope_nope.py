@@ -34,7 +34,9 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context
+from posenc.nn.encodings.cache import LayerCache
 from posenc.nn.encodings.rope import RoPE
+from posenc.nn.mask import Window
 
 TEMPERATURES = ("none", "log")
 TEMPERATURE_LAYERS = ("nope", "all")
@@ -117,6 +119,11 @@ class RoPENoPE(RoPE):
             return None
         tau = log_temperature(ctx.pos, self.original_max_len, self.temperature_beta)  # (T,) or (B, T)
         return tau.view(-1 if ctx.per_sequence else 1, 1, ctx.T, 1)
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """RoPE's: a NoPE layer's transform is none, a RoPE layer's RoPE's, both position-wise, and τ(m) is
+        read from the new query's position."""
+        return super().kv_cache(layer, window)
 
     def options(self) -> dict[str, object]:
         opts: dict[str, object] = {"nope_layers": sorted(self.nope_layers), "base": self.base, "style": self.style,

@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache
+from posenc.nn.mask import Window
 
 
 def sinusoidal_table(pos: Tensor, d_model: int, base: float = 10000.0) -> Tensor:
@@ -57,6 +59,10 @@ class Sinusoidal(PositionalEncoding):
         if self.scale_embeddings:
             x = x * math.sqrt(self.d_model)
         return x + pe.to(x.dtype)
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The base class's keys at their positions: a new token's embedding adds PE(n), of its position alone."""
+        return super().kv_cache(layer, window)
 
     def options(self) -> dict[str, object]:
         return {"base": self.base, "scale_embeddings": self.scale_embeddings}

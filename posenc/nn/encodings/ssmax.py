@@ -31,7 +31,9 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.encodings.cache import LayerCache
 from posenc.nn.encodings.mechanism import Mechanism
+from posenc.nn.mask import Window
 
 
 def ssmax_scale(s: Tensor, n: Tensor) -> Tensor:
@@ -74,6 +76,11 @@ class SSMax(Mechanism):
         scale = ssmax_scale(self.s[layer].to(dtype), n)
         inner = self.inner_logit_scale(ctx, layer)
         return scale if inner is None else scale * inner
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
+        """The inner encoding's cache: s·log n_i is read for the new query from its position and its layer's
+        mask (the keys it sees), nothing kept."""
+        return super().kv_cache(layer, window)
 
     def options(self) -> dict[str, object]:
         return {**super().options(), "init_s": self.init_s, "learned": self.learned}
