@@ -6,7 +6,8 @@ best.safetensors`` where trainer.checkpoint=best kept one, else ``last.safetenso
 overrides written as for `posenc train` (``eval.lengths=[1,2]``, ``eval.stride=64``,
 ``encoding.scaling=yarn encoding.scaling_factor=4``, ``device=cpu``), evaluates, prints a
 table and writes ``eval.json`` (``eval_<key>-<value>….json`` when overrides change the setup:
-output_name).
+output_name), after each length: a Ctrl-C leaves the lengths finished, and the same command run
+again scores only what is missing (posenc/eval/partial.py).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from omegaconf import DictConfig
 from posenc.build import build_data, build_model, encoding_summary, restore_weights
 from posenc.config import parse_overrides
 from posenc.display.terminal import make_console
-from posenc.eval import evaluation, final
+from posenc.display.commands import command, shell_word
+from posenc.eval import evaluation, final, partial, per_position
 from posenc.eval.progress import StageLines
 from posenc.hardware import setup_device
 from posenc.record import kernel_record, provenance
-from posenc.record.directory import plain_number, short_keys, write_json_atomic
+from posenc.record.directory import plain_number, short_keys
+from posenc.record.metrics import STEPS
 from posenc.record.rundir import RunDir, eval_file_name, load_run_config
 
 console = make_console()  # the `posenc eval` command's output, for people
@@ -91,29 +94,86 @@ def eval_run(run_dir: Path, overrides: list[str],
              verdict_of: Callable[[DictConfig], dict | None] | None = None) -> tuple[dict, Path]:
     """Evaluate run_dir's last checkpoint at cfg.eval.lengths; returns (record, written path). The
     record holds what changed in the encoding's code since training (``code_changes``) and, where
-    verdict_of is given (the CLI's: posenc/check/verdict.py), `posenc check`'s verdict on it."""
+    verdict_of is given (the CLI's: posenc/check/verdict.py), `posenc check`'s verdict on it. The
+    record is written after each length and an interrupted one is resumed (posenc/eval/partial.py)."""
 
     run = RunDir(run_dir)
     cfg, data, model, state, autocast = load_trained(run, overrides)
     device = next(model.parameters()).device
     out = run.path / output_name(overrides)
+    changes = provenance.changes(run)  # the same list the warning named (its parses cached)
+    key = partial.evaluation_key(cfg, run.checkpoint_to_load(), state.get("step"), changes)
     header = {"run_dir": str(run.path), "overrides": overrides, "step": state.get("step"),
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device),
-              "code_changes": provenance.changes(run),  # the same list the warning named (its parses cached)
-              **({"check": verdict_of(cfg)} if verdict_of is not None else {})}
+              "code_changes": changes, **({"check": verdict_of(cfg)} if verdict_of is not None else {}),
+              partial.KEY: key}
+    stem = run.per_position_stem(out)
+    positions = per_position_pass(run, cfg, overrides, state, changes)
+    earlier = partial.read_record(out, key)  # an interrupted run of this very evaluation
+    kept = evaluation.kept_results(data, earlier) if earlier else {}
+    kept_positions = kept_per_position(run.path / f"{stem}.json", key) if earlier else {}
+    if earlier is None and partial.other_record(out, key):
+        console.print(f"{out.name}: an interrupted evaluation of another checkpoint or other settings; "
+                      f"starting over", style="dim", highlight=False, soft_wrap=True)
+
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
-    # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
+    stages = [s for s in evaluation.stages(data, cfg) if positions or not s.label.startswith(per_position.STAGE)]
+    progress.plan(stages, model.flops_per_token)
+    record = partial.PartialRecord(out, header, [s.label for s in stages], progress.finished)
     if cfg.eval.get("stride"):  # two passes over the overlapping windows: say so before the time goes
         console.print(f"eval.stride={cfg.eval.stride}: windows start every {cfg.eval.stride} tokens, so each length "
-                      f"scores length/{cfg.eval.stride} times as many windows, in two passes: the per-position loss "
-                      f"(every position of each window), then the sliding perplexity (each window's last "
-                      f"{cfg.eval.stride} targets)", style="dim", highlight=False, soft_wrap=True)
-    final.per_position_files(model, data, cfg, run.path, device, autocast, stem=run.per_position_stem(out),
-                             progress=progress)
-    result = evaluation.evaluate(data, model, cfg, device, autocast, progress=progress)
-    record = {**header, **result.summary, kernel_record.KEY: model.kernels.record()}  # how this evaluation ran
-    write_json_atomic(out, record)
-    result.show(record)
-    show_kernels(record[kernel_record.KEY], (run.summary() or {}).get(kernel_record.KEY))
+                      f"scores length/{cfg.eval.stride} times as many windows"
+                      + (f", in two passes: the sliding perplexity (each window's last {cfg.eval.stride} targets), "
+                         f"then the per-position loss (every position of each window; eval.per_position=false "
+                         f"skips it)" if positions else ""), style="dim", highlight=False, soft_wrap=True)
+    done: list = []
+
+    def save(result) -> None:  # each length's result on disk as it completes
+        done.append(result)
+        record.results = evaluation.summarise(data, cfg, [*kept.values(), *done])
+
+    try:
+        record.write()  # from the start: a run stopped in its first length leaves a record saying so
+        result = evaluation.evaluate(data, model, cfg, device, autocast, on_result=lambda r: (save(r), record.write()),
+                                     progress=progress, kept=kept)
+        record.results = result.summary
+        record.write()
+        if positions:  # per-position loss beside it: per_position_eval.json / .png (training wrote per_position.*)
+            final.per_position_files(model, data, cfg, run.path, device, autocast, stem=stem, progress=progress,
+                                     kept=kept_positions, extra={partial.KEY: key}, on_length=lambda: record.write())
+    except KeyboardInterrupt:
+        raise record.stopped(command("posenc", "eval", shell_word(str(run.path)), *map(shell_word, overrides))) from None
+    written = record.write({kernel_record.KEY: model.kernels.record()})  # how this evaluation ran
+    result.show(written)
+    show_kernels(written[kernel_record.KEY], (run.summary() or {}).get(kernel_record.KEY))
     console.print(f"wrote [bold]{out}[/]")
-    return record, out
+    return written, out
+
+
+def per_position_pass(run: RunDir, cfg: DictConfig, overrides: list[str], state: dict, changes: list[str]) -> bool:
+    """Whether this evaluation computes the per-position loss: eval.per_position asks for it, and
+    training's own per_position.json is not already the same thing (no overrides, the checkpoint
+    training ended with, the code it ran), which a plain `posenc eval RUN_DIR` would only copy."""
+    if not cfg.eval.per_position:
+        return False
+    trained = run.path / f"{run.per_position_stem()}.json"
+    summary = run.summary() or {}
+    if not overrides and not changes and trained.is_file() and summary.get(STEPS.name) == state.get("step"):
+        console.print(f"per-position loss: training's {trained.with_suffix('.png').name} already holds it "
+                      f"(this checkpoint, these settings): not computed again", style="dim", highlight=False,
+                      soft_wrap=True)
+        return False
+    return True
+
+
+def kept_per_position(path: Path, key: str) -> dict[int, dict]:
+    """The lengths an interrupted evaluation with this key wrote into its per-position record, by length."""
+    import json
+
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    if record.get(partial.KEY) != key:
+        return {}
+    return {r["length"]: r for r in record.get("lengths", [])}

@@ -7,12 +7,11 @@ a token that sees its future) is not a result about positional encoding."""
 
 from __future__ import annotations
 
-from posenc.check import check_version, compose_subject, run_checks
-
 
 def check_record(overrides: list[str]) -> dict:
     """Run every property of `posenc check` on the encoding the overrides choose (its tiny model, as
     the command does): {"version": check_version(), "failed": [property, ...]}."""
+    from posenc.check import check_version, compose_subject, run_checks  # start-up: the checks import torch
 
     rows = run_checks(compose_subject(overrides))
     return {"version": check_version(), "failed": [r.name for r in rows if r.failed]}

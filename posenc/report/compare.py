@@ -170,12 +170,16 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     fails `posenc check` are marked (report/checked.py; verdict_of: for runs that recorded none)."""
     runs, duplicates = deduplicate(runs)
     check_keys(runs, by, within)
-    by = list(by) if by else [k for k in varying_keys(runs) if k != within]
+    plain_by = [k for k in varying_keys(runs) if k != within]
+    by = list(by) if by else plain_by
     chosen = convergence_targets(runs, targets)
     add_run_metrics(runs, chosen)  # a --metric may name a target's tokens, computed here
     if metric is not None:
         check_choice("--metric", metric, metric_keys(runs))
     shown = [t for t in chosen if targets or crossed(runs, t)]  # asked for: always shown
+    options = {"metric": metric if metric not in (None, default_metric(runs)) else None,
+               "by": ",".join(by) if by != plain_by else None, "within": within, "baseline": baseline,
+               "targets": ",".join(map(str, chosen)) if targets else None}
     metric = metric or default_metric(runs)
     groups = group_runs(runs, by + ([within] if within else []))  # a cell never pools two values of --within
     base = find_baseline(groups, baseline) if baseline is not None else None  # as the user names it: unmarked
@@ -185,6 +189,7 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     c = Comparison(by, groups, columns_for(runs, metric, shown), shown, {}, {}, metric, list(runs), duplicates,
                    fixed, varied, dropped_targets=[t for t in chosen if t not in shown], within=within)
     c.unchecked = unchecked
+    c.chosen = {k: v for k, v in options.items() if v}
     values = fill_cells(c)
     if base is not None:
         c.baseline = base
@@ -260,9 +265,11 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
                       "group's report.html and figures there", highlight=False, soft_wrap=True)
         return None
     out = Path(out) if out else default_out(paths)
-    files = write_report(c, out, paths, title, failed_lines(c, out), duplicate_lines(c, out), warning_lines(c))
-    console.print(f"report: [bold]{out / 'report.html'}[/] (and report.md, {', '.join(p.name for p in files)})",
-                  highlight=False, soft_wrap=True)
+    written = write_report(c, out, paths, title, failed_lines(c, out), duplicate_lines(c, out), warning_lines(c))
+    console.print(f"report: [bold]{written.html}[/] (and {written.markdown.name}, "
+                  f"{', '.join(p.name for p in written.plots)})", highlight=False, soft_wrap=True)
+    for line in written.lines():  # what it replaced, and the other reports it left beside it
+        console.print(line, style="dim", highlight=False, soft_wrap=True)
     return out
 
 

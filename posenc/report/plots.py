@@ -20,6 +20,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter, FormatStrFormatter, LogLocator, NullLocator  # noqa: E402
 
 from posenc.record.metrics import EXTRAPOLATION_PPL, TOKENS, Target, lookup  # noqa: E402
+from posenc.report.ranking import Leader  # noqa: E402
 from posenc.report.runs import Group, format_value  # noqa: E402
 from posenc.report.spread import Spread, hold_spread, seed_spread  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
@@ -59,6 +60,13 @@ def interval_note(metric: str, shown: bool, point: str = "line", mark: str = "ba
         return None
     mean = "geometric mean" if scale_of(metric).log else "mean"
     return f"{point}: {mean} over seeds · {mark}: 95% interval"
+
+
+def legend_heading(groups: Sequence[Group], note: str | None = None) -> str | None:
+    """A legend's title: what its entries are (the groups' keys, 'encoding.base (n = seeds)') and
+    what the lines and bands are where drawn."""
+    keys = ", ".join(dict.fromkeys(k for g in groups for k in g.by))
+    return " · ".join(filter(None, [f"{keys} (n = seeds)" if keys else None, note])) or None
 
 
 def with_note(title: str, note: str | None) -> str:
@@ -142,7 +150,8 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
         ax.yaxis.set_major_locator(LogLocator(10, subs=(1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9)))  # 2, 2.5, 3, …
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_locator(NullLocator())
-    legend_below([ax], interval_note("val/loss", any(len(g.completed) > 1 for g in groups if g.label in curves)))
+    legend_below([ax], legend_heading(groups, interval_note("val/loss", any(len(g.completed) > 1 for g in groups
+                                                                            if g.label in curves))))
     return save_figure(fig, path)
 
 
@@ -151,43 +160,61 @@ def _long(labels: Sequence[str]) -> bool:
     return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
 
 
-def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], i: int) -> None:
-    """One line per combination of the other keys over the numeric key by[i] (log-x when it spans
-    decades, e.g. RoPE's base), the interval as error bars."""
+def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], i: int) -> dict[str, tuple]:
+    """A point per group at its value of the numeric key by[i] (log-x when it spans decades, e.g.
+    RoPE's base), the interval as error bars, one colour and marker per combination of the other
+    keys, nudged apart so their bars do not overlap. No line joins the points: a sweep's few values
+    are separate settings, and a line through them would draw a trend the intervals may not support.
+    Returns each group's (x, y) for marks."""
     series: dict[tuple, list] = {}
     for g, s in stats:
-        series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
+        series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s, g.label))
     rest_keys = [k for j, k in enumerate(by) if j != i]
     series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
-    for j, (rest, points) in enumerate(series.items()):
-        x, y, below, above = zip(*sorted(points))
-        label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
-        style = series_styles[", ".join(format_value(v) for v in rest)]
-        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, markersize=7, linewidth=line_width(j),
-                    **style.line())
     xs = [g.key[i] for g, _ in stats]
     log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
+    where = {}
+    for j, (rest, points) in enumerate(series.items()):
+        nudge = (j - (len(series) - 1) / 2) * 0.06  # in decades on a log axis, in units of the step otherwise
+        label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
+        style = series_styles[", ".join(format_value(v) for v in rest)]
+        for x, st, group in sorted(points, key=lambda p: p[0]):
+            xn = x * 10**nudge if log_x else x + nudge * (max(xs) - min(xs) or 1) / max(1, len(set(xs)) - 1)
+            err = {"yerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
+            ax.errorbar([xn], [st.mean], fmt=style.marker, markersize=8, capsize=5, color=style.color,
+                        markerfacecolor="none", markeredgewidth=1.6, label=label or None, **err)
+            where[group] = (xn, st.high if st.high is not None else st.mean)
     if log_x:
         ax.set_xscale("log")
+        ax.set_xticks(sorted(set(xs)), [format_value(x) for x in sorted(set(xs))])  # the swept values, not 10^k
+        ax.minorticks_off()
+        ax.set_xlim(min(xs) / 10**0.5, max(xs) * 10**0.5)
     else:
         ax.xaxis.set_major_formatter(EngFormatter())
+        span = (max(xs) - min(xs)) or 1.0
+        ax.set_xlim(min(xs) - 0.25 * span / max(1, len(set(xs)) - 1), max(xs) + 0.25 * span / max(1, len(set(xs)) - 1))
     ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
     if len(series) > 1:
-        legend_below([ax])  # what the points and bars are: the title says
+        legend_below([ax], title=", ".join(rest_keys))
+    return where
 
 
-def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
+def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> dict[str, tuple]:
     """A point per group, not a bar: the axis is zoomed on the differences, and a bar would imply
-    zero. Long labels go down the y-axis, horizontal, where they cannot collide."""
+    zero. Long labels go down the y-axis, horizontal, where they cannot collide. Returns each
+    group's (x, y) for marks."""
     styles = styles_for([g.label for g, _ in stats], group_families([g for g, _ in stats]))
     labels = [g.label for g, _ in stats]
     across = not _long(labels)
+    where = {}
     for j, (g, st) in enumerate(stats):
         style = styles[g.label]
         x, y = ([j], [st.mean]) if across else ([st.mean], [j])
         err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
         ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, markerfacecolor="none",
                     markeredgewidth=1.6, **err)
+        top = st.high if st.high is not None else st.mean
+        where[g.label] = (j, top) if across else (top, j)
     if across:
         ax.set_xticks(range(len(labels)), labels)
         ax.set_xlim(-0.5, len(stats) - 0.5)
@@ -196,20 +223,47 @@ def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str
         ax.set_yticks(range(len(labels)), labels)
         ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
         ax.set_ylabel(", ".join(by) or "runs")
+    return where
+
+
+def leader_note(leader: Leader | None) -> str | None:
+    """What the table's verdict says, for the figure: 'best: 10 (ahead by a detectable margin)',
+    'tied: 10, 1000, 100000 (none detectably ahead of another, Welch 95%)'; None without a verdict."""
+    if leader is None or leader.reason:
+        return None
+    if leader.best is not None:
+        return f"best: {leader.best} (ahead of every other group by a detectable margin, Welch 95%)"
+    if len(leader.tied) > 1:
+        return f"tied: {', '.join(leader.tied)} (no group detectably ahead of these, Welch 95%)"
+    return None
+
+
+def _mark_leader(ax, where: dict[str, tuple], leader: Leader | None, horizontal: bool) -> None:
+    """'best' or 'tied' beside the points the table's verdict names."""
+    if leader is None or leader.reason:
+        return
+    marked = [leader.best] if leader.best is not None else list(leader.tied) if len(leader.tied) > 1 else []
+    for label in marked:
+        if label in where:
+            ax.annotate("best" if leader.best is not None else "tied", where[label], xytext=(6, 4) if horizontal else (0, 7),
+                        textcoords="offset points", ha="left" if horizontal else "center", va="bottom", fontsize=8,
+                        color="black")
 
 
 def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
-               setup: str = "") -> Path:
-    """Final metric against the swept value: a line over a numeric key, points over categories;
-    the metric on the axis the groups are not on."""
+               setup: str = "", leader: Leader | None = None) -> Path:
+    """Final metric against the swept value: points with their intervals (over a numeric key at its
+    values, over categories side by side), never joined by a line; the metric on the axis the groups
+    are not on; the table's verdict (leader: the best, or the groups tied with it) marked."""
     fig, ax = plt.subplots(figsize=(8, 4.6))
     stats = [(g, s) for g in groups if (s := g.stat(metric)).mean is not None]
     numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
     horizontal = False
+    where: dict[str, tuple] = {}
     if stats and numeric:
-        _final_over_numbers(ax, stats, by, numeric[0])
+        where = _final_over_numbers(ax, stats, by, numeric[0])
     elif stats:
-        _final_over_categories(ax, stats, by)
+        where = _final_over_categories(ax, stats, by)
         horizontal = _long([g.label for g, _ in stats])
     (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
     counts = [len(g.completed) for g, _ in stats]
@@ -217,8 +271,11 @@ def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Pa
         if any(n == 1 for n in counts) else None
     if spread is not None:  # one seed: the axis never zooms in below what seeds move the metric by
         hold_spread(ax, [st.mean for _, st in stats], [spread] * len(stats), "x" if horizontal else "y")
+    _mark_leader(ax, where, leader, horizontal)
+    (ax.margins(x=0.12) if horizontal else ax.margins(y=0.12))  # room for the marks above the bars
     note = interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")
-    titled(ax, with_note(title, note), setup, seeds_note(counts, spread))
+    caveat = "; ".join(filter(None, [leader_note(leader), seeds_note(counts, spread)]))
+    titled(ax, with_note(title, note), setup, caveat or None)
     ax.grid(alpha=0.3)
     return save_figure(fig, path)
 
@@ -265,7 +322,7 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     note = interval_note(targets[0].tokens_key, shown, "bar", "error bar") if targets else None
     titled(ax, with_note(title, note), setup, seeds_note([len(g.completed) for g in groups]))
     ax.grid(axis="y", alpha=0.3)
-    legend_below([ax])
+    legend_below([ax], title=", ".join(dict.fromkeys(k for g in groups for k in g.by)) or None)  # what the colours are
     return save_figure(fig, path)
 
 

@@ -85,6 +85,7 @@ class Group:
     key: tuple                        # the by-keys' values
     label: str
     runs: list[Run]
+    by: tuple[str, ...] = ()          # the by-keys: what a figure's legend lists the groups by
 
     @property
     def completed(self) -> list[Run]:
@@ -222,7 +223,7 @@ def group_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Group]:
     for run in runs:
         groups.setdefault(tuple(run.value(k) for k in by), []).append(run)
     ordered = sorted(groups.items(), key=lambda item: tuple(sort_key(v) for v in item[0]))
-    return [Group(key, group_label(by, key), members) for key, members in ordered]
+    return [Group(key, group_label(by, key), members, tuple(by)) for key, members in ordered]
 
 
 def group_label(by: Sequence[str], values: tuple) -> str:
