@@ -114,3 +114,21 @@ def test_a_typo_or_a_wrong_type_is_refused_without_importing_torch(tmp_path):
     assert "did you mean trainer.max_steps" in out and "trainer.max_steps takes an int" in out
     assert "did you mean encoding.base" in out and "not divisible by model.n_head=3" in out
     assert not (tmp_path / "outputs").exists()  # a refused command writes nothing
+
+
+def test_a_missing_data_file_is_refused_as_fast_before_any_run_dir(tmp_path):
+    """A corpus file that is not there is a mistake like a typo: one line, no torch or datasets
+    loaded, and no `run dir:` line for a directory that was never made."""
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    argvs = [["train", "dataset=hf", "dataset.data_files=[nope.jsonl]"],
+             ["train", "dataset=hf", "dataset.load_from_disk=not_a_folder"],
+             ["train", "dataset=hf", "dataset.data_files=[corpus.txt,other.csv]"],
+             ["train", "dataset=text", "dataset.files=[nope.txt]"]]
+    done = subprocess.run([sys.executable, "-c", f"ARGVS = {argvs!r}\n{PROBE}"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    out = done.stdout + done.stderr
+    assert "CODES [1, 1, 1, 1]" in out, out
+    assert "HEAVY []" in out, out
+    assert "dataset.data_files: 'nope.jsonl' does not exist" in out and "dataset.files: 'nope.txt' does not exist" in out
+    assert "'not_a_folder' is not a folder `datasets` save_to_disk wrote" in out
+    assert "run dir" not in out and not (tmp_path / "outputs").exists()

@@ -97,5 +97,5 @@ def resume(s: Subject) -> list[CheckResult]:
     a, b = straight.model.state_dict(), resumed.model.state_dict()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     return [holds("resume is bit-exact", got == expected and not differ,
-                  f"losses {' '.join(f'{v:.4f}' for v in got)}", f"resumed {got} vs uninterrupted {expected}"
+                  f"steps {STEPS + 1}–{2 * STEPS}, resumed = uninterrupted: losses {' '.join(f'{v:.4f}' for v in got)}", f"resumed {got} vs uninterrupted {expected}"
                   + (f"; {differ[0]} differs" if differ else ""))]

@@ -26,7 +26,7 @@ from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.errors import UserError
 from posenc.eval import extrapolation, per_position, tasks
 from posenc.eval.per_position import Batches, corpus_batches, task_batches
-from posenc.eval.progress import Stage, stage_label
+from posenc.eval.progress import Stage
 
 log = logging.getLogger("posenc")
 
@@ -149,10 +149,10 @@ def _(data: TokenData, cfg) -> list[Stage]:
     lengths = extrapolation.eval_lengths(T, list(e.lengths))
     span = extrapolation.eval_span(len(data.validation), lengths, int(e.tokens))
     windows = data.validation_windows(e.packing)
-    planned = [Stage(stage_label(extrapolation.STAGE, L, L / T), L, len(windows.starts(span, L, e.stride)))
-               for L in lengths]
+    planned = [Stage(extrapolation.STAGE, L, m, len(windows.starts(span, L, e.stride)))
+               for m, L in zip(e.lengths, lengths)]
     if e.per_position:
-        planned += [Stage(stage_label(per_position.STAGE, L, L / T), L, batches.windows)
+        planned += [Stage(per_position.STAGE, L, L / T, batches.windows)
                     for L, batches in evaluation_batches(data, cfg).items()]
     return planned
 
@@ -161,10 +161,9 @@ def _(data: TokenData, cfg) -> list[Stage]:
 def _(data: SyntheticTask, cfg) -> list[Stage]:
     T = int(cfg.trainer.seq_len)
     lengths = tasks.task_lengths(T, data.eval_multiples)
-    planned = [Stage(stage_label(f"{data.task} accuracy", L, m), L, data.eval_instances)
-               for m, L in zip(data.eval_multiples, lengths)]
+    planned = [Stage(f"{data.task} accuracy", L, m, data.eval_instances) for m, L in zip(data.eval_multiples, lengths)]
     if cfg.eval.per_position:
-        planned += [Stage(stage_label(per_position.STAGE, L, L / T), L, data.eval_instances) for L in lengths]
+        planned += [Stage(per_position.STAGE, L, L / T, data.eval_instances) for L in lengths]
     return planned
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.errors import UserError
+from posenc.eval.progress import Stage, in_words
 from posenc.record.directory import write_json_atomic
 
 KEY = "resume_key"
@@ -70,13 +71,13 @@ class PartialRecord:
 
     path: Path
     header: dict
-    planned: list[str]                       # every stage's label, in order (posenc.eval.progress.Stage)
-    finished: list[str] = field(default_factory=list)
+    planned: list[Stage]                     # every stage, in order
+    finished: list[str] = field(default_factory=list)  # the labels of those finished (StageLines.finished)
     results: dict = field(default_factory=dict)  # the evaluation's summary part so far
 
     @property
     def missing(self) -> list[str]:
-        return [label for label in self.planned if label not in self.finished]
+        return [s.label for s in self.planned if s.label not in self.finished]
 
     def write(self, extra: dict | None = None) -> dict:
         """The record as it stands, written atomically; returns it."""
@@ -87,7 +88,8 @@ class PartialRecord:
 
     def stopped(self, command: str) -> EvaluationInterrupted:
         """The one line a Ctrl-C ends with: what the file holds, what it lacks, how to finish it."""
-        done = [label for label in self.planned if label in self.finished]
-        holds = f"{self.path} keeps {'; '.join(done)}" if done else f"no length had finished ({self.path} says so)"
-        return EvaluationInterrupted(f"stopped by Ctrl-C: {holds}; missing {'; '.join(self.missing)} — run "
-                                     f"`{command}` again to score only what is missing")
+        done = [s for s in self.planned if s.label in self.finished]
+        left = [s for s in self.planned if s.label not in self.finished]
+        holds = f"{self.path} keeps {in_words(done)}" if done else f"no length had finished ({self.path} says so)"
+        return EvaluationInterrupted(f"stopped by Ctrl-C: {holds}; missing {in_words(left)} — run `{command}` again "
+                                     f"to score only what is missing")

@@ -32,9 +32,24 @@ def stage_label(kind: str, length: int, multiple: float) -> str:
 class Stage:
     """One pass of the evaluation at one length, as planned before it runs: its windows (or task
     instances), each ``length`` tokens long."""
-    label: str
+    kind: str          # 'ppl', 'per-position loss', 'flip_flop accuracy'
     length: int
+    multiple: float
     windows: int
+
+    @property
+    def label(self) -> str:
+        return stage_label(self.kind, self.length, self.multiple)
+
+
+def in_words(stages: Sequence[Stage]) -> str:
+    """Stages said briefly, by kind: 'ppl at 4× and 16×; per-position loss at 1×, 4× and 16×'."""
+    kinds: dict[str, list[str]] = {}
+    for s in stages:
+        kinds.setdefault(s.kind, []).append(f"{s.multiple:g}×")
+    said = [f"{kind} at {', '.join(m[:-1])} and {m[-1]}" if len(m) > 1 else f"{kind} at {m[0]}"
+            for kind, m in kinds.items()]
+    return "; ".join(said)
 
 
 def duration(seconds: float) -> str:

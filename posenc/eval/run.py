@@ -117,20 +117,22 @@ def eval_run(run_dir: Path, overrides: list[str],
                       f"starting over", style="dim", highlight=False, soft_wrap=True)
 
     progress = StageLines(console)  # a line per length and every 30 s within one: a log shows where the time goes
-    stages = [s for s in evaluation.stages(data, cfg) if positions or not s.label.startswith(per_position.STAGE)]
+    stages = [s for s in evaluation.stages(data, cfg) if positions or s.kind != per_position.STAGE]
     progress.plan(stages, model.flops_per_token)
-    record = partial.PartialRecord(out, header, [s.label for s in stages], progress.finished)
+    record = partial.PartialRecord(out, header, stages, progress.finished)
     if cfg.eval.get("stride"):  # two passes over the overlapping windows: say so before the time goes
         console.print(f"eval.stride={cfg.eval.stride}: windows start every {cfg.eval.stride} tokens, so each length "
                       f"scores length/{cfg.eval.stride} times as many windows"
                       + (f", in two passes: the sliding perplexity (each window's last {cfg.eval.stride} targets), "
                          f"then the per-position loss (every position of each window; eval.per_position=false "
                          f"skips it)" if positions else ""), style="dim", highlight=False, soft_wrap=True)
-    done: list = []
+    done: list = list(kept.values())
 
     def save(result) -> None:  # each length's result on disk as it completes
         done.append(result)
-        record.results = evaluation.summarise(data, cfg, [*kept.values(), *done])
+        record.results = evaluation.summarise(data, cfg, done)
+
+    record.results = evaluation.summarise(data, cfg, done)  # what the interrupted evaluation had kept
 
     try:
         record.write()  # from the start: a run stopped in its first length leaves a record saying so

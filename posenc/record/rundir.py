@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from posenc.config.load import typed_run_config
 from posenc.display.commands import shell_word
 from posenc.errors import UserError
-from posenc.record.directory import read_jsonl, varied_values
+from posenc.record.directory import missing_path, read_jsonl, varied_values
 
 # --- the names of a run directory's files, defined here alone ------------------------------
 HYDRA_DIR = ".hydra"
@@ -243,8 +243,7 @@ class RunDir:
         """A directory `posenc <command>` reads one run from: it exists, is no sweep directory (its
         runs listed) and holds .hydra/ (else a run under it named), each said in one line."""
         if not self.path.is_dir():
-            raise UserError(f"run dir '{self.path}' does not exist — pass a directory under outputs/ made by "
-                            f"`posenc train`")
+            raise UserError("run dir " + missing_path(self.path, "pass a directory under outputs/ made by `posenc train`"))
         self._refuse_sweep_dir(command)
         self._refuse_non_run_dir(command)
 
@@ -256,8 +255,14 @@ class RunDir:
         if not runs:
             raise UserError(f"'{path}' is a sweep dir whose jobs never started — it has no run to {command}")
         listed = ", ".join(p.name for p in runs[:8]) + (f", … ({len(runs)} in all)" if len(runs) > 8 else "")
+        kept = [p for p in runs if RunDir(p).checkpoint().is_file() or RunDir(p).checkpoint("best").is_file()]
+        if not kept:  # trainer.checkpoint=none (the README's sweep, a leaderboard arm): nothing to load
+            raise UserError(f"'{path}' is a sweep dir, not one run, and its runs ({listed}) kept no checkpoint "
+                            f"(trainer.checkpoint=none) to {command} — compare them with "
+                            f"`posenc compare {shell_word(str(path))}`, or train again with trainer.checkpoint=last "
+                            f"to {command} one")
         raise UserError(f"'{path}' is a sweep dir, not one run; its runs: {listed} — {command} one with "
-                        f"`posenc {command} {shell_word(str(runs[0]))}`, or compare them all with "
+                        f"`posenc {command} {shell_word(str(kept[0]))}`, or compare them all with "
                         f"`posenc compare {shell_word(str(path))}`")
 
     def _refuse_non_run_dir(self, command: str) -> None:

@@ -58,7 +58,7 @@ from posenc.report.setup import (
     summarise_fixed,
 )
 from posenc.report.stats import aggregate, scale_of
-from posenc.report.tables import rich_table, text_tables
+from posenc.report.tables import rich_table, text_tables, too_few_note
 from posenc.report.verdicts import (
     baseline_table,
     find_baseline,
@@ -233,8 +233,11 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
     say(f"{title}, grouped by {', '.join(c.keys) or 'nothing (one group: nothing varies)'} · {setup_line(c.runs)}",
         "bold")
     say(f"varied: {describe_varied(c.varied) or 'nothing'}")
-    for table in text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c):
+    tables = text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c)
+    for table in tables:
         console.print(rich_table(table))
+    if note := too_few_note(tables):
+        say(note, "dim")
     for line in failed_lines(c, root):
         say(f"not averaged in: {line}", "bold red")
     for line in warning_lines(c):

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
+from posenc.record.directory import missing_path
 from posenc.record.rundir import HYDRA_DIR, METRICS_FILE, RunDir
 from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
@@ -115,7 +116,7 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
     for path in paths:
         path = Path(path)
         if not path.exists():
-            raise UserError(f"{path} does not exist — give a run directory or a sweep directory under outputs/")
+            raise UserError(missing_path(path, "give a run directory or a sweep directory under outputs/"))
         found = [RunDir(path)] if RunDir(path).is_run() else RunDir.under(path)
         if not found:
             raise UserError(f"no runs under {path} — a run directory holds {HYDRA_DIR}/ and {METRICS_FILE}")

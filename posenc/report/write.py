@@ -31,7 +31,7 @@ from posenc.report.plots_length import (
 from posenc.report.plots_rank import plot_ranks
 from posenc.report.rank_tables import rank_note, rank_text_tables, verdict_lines
 from posenc.report.setup import describe, describe_varied, setup_line
-from posenc.report.tables import text_tables
+from posenc.report.tables import text_tables, too_few_note
 
 NOTES = ("Each cell: the mean over seeds and its 95% t-interval [low, high] (one seed: the value alone, no "
          "interval). Perplexity, token counts and rates are positive and multiplicative: their cell is the geometric "
@@ -136,10 +136,11 @@ def write_report(c: Comparison, out: Path, paths: Sequence[Path], title: str, fa
     setup = setup_line(c.runs)
     plots = make_plots(c, out, title, setup)
     sweep = SweepDir(paths[0]).info() if len(paths) == 1 else None
-    notes = [NOTES] + ([rank_note(c)] if c.ranking or c.rankings else []) + warnings
-    doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed),
-                   text_tables(c, seeds=True) + rank_text_tables(c), notes, failed, duplicates, plots,
-                   verdicts=verdict_lines(c))
+    tables = text_tables(c, seeds=True) + rank_text_tables(c)
+    notes = [NOTES, *filter(None, [too_few_note(tables)])] + ([rank_note(c)] if c.ranking or c.rankings else []) \
+        + warnings
+    doc = Document(title, setup, sweep, describe_varied(c.varied), describe(c.fixed), tables, notes, failed,
+                   duplicates, plots, verdicts=verdict_lines(c))
     write_markdown(markdown, doc)
     write_html(page, doc)
     others = other_reports(out, stem)
