@@ -65,7 +65,7 @@ from posenc.report.verdicts import (
     rank_within,
     ranking_of,
 )
-from posenc.report.write import report_title, write_report
+from posenc.report.write import report_stem, report_title, write_report
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:
@@ -245,7 +245,7 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
     for line in verdict_lines(c):
         say(line, "bold")
     # what varied and the result first: the (often 50-70) keys every run shared close it, the headline ones named
-    where = "report.md lists every one" if writes else "--out DIR writes a report.md that lists every one"
+    where = f"{report_stem(c)}.md lists every one" if writes else "--out DIR writes a report.md that lists every one"
     say(f"held fixed: {summarise_fixed(c.fixed, where)}" if c.fixed else "held fixed: nothing", "dim")
 
 

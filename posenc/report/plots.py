@@ -171,14 +171,16 @@ def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], 
         series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s, g.label))
     rest_keys = [k for j, k in enumerate(by) if j != i]
     series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
+    own = styles_for([g.label for g, _ in stats], group_families([g for g, _ in stats])) if len(series) == 1 else {}
     xs = [g.key[i] for g, _ in stats]
     log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
     where = {}
     for j, (rest, points) in enumerate(series.items()):
         nudge = (j - (len(series) - 1) / 2) * 0.06  # in decades on a log axis, in units of the step otherwise
         label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
-        style = series_styles[", ".join(format_value(v) for v in rest)]
         for x, st, group in sorted(points, key=lambda p: p[0]):
+            # one series: each point in its group's look, as in the report's other figures
+            style = own.get(group) or series_styles[", ".join(format_value(v) for v in rest)]
             xn = x * 10**nudge if log_x else x + nudge * (max(xs) - min(xs) or 1) / max(1, len(set(xs)) - 1)
             err = {"yerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
             ax.errorbar([xn], [st.mean], fmt=style.marker, markersize=8, capsize=5, color=style.color,
