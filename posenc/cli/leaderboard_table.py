@@ -42,7 +42,7 @@ def shipped_table(protocol: Protocol, baselines: Baselines, metric: str | None, 
     note = table_note(metrics, protocol.seeds, sort_metric).replace("[statistics.md](statistics.md)", "docs/statistics.md")
     console.print(note, style="dim", highlight=False, soft_wrap=True)
     flag = "" if protocol.source == DEFAULT_PROTOCOL else f" --protocol {protocol.source}"
+    page = "docs/leaderboard.md" if protocol.source == DEFAULT_PROTOCOL else f"docs/leaderboard-{protocol.name}.md"
     console.print(f"place your own encoding among them: `posenc leaderboard encoding=mine{flag}` (3 seeds of each "
                   f"arm; `--config-dir DIR` for one kept outside posenc); one column: `posenc leaderboard --metric "
-                  f"{sort_metric}`; every seed and the protocol: docs/leaderboard.md",
-                  highlight=False, soft_wrap=True)
+                  f"{sort_metric}{flag}`; every seed and the protocol: {page}", highlight=False, soft_wrap=True)

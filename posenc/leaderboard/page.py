@@ -188,9 +188,11 @@ def render(b: Baselines, protocol: Protocol) -> str:
     loads = [x for r in b.rows for x in r.load_1m if x is not None] or [0.0]
     lines = [
         *header(b),
-        "Place an encoding among these rows (the protocol, 3 seeds, then the table below with it in it), "
-        "or check that a shipped row reproduces on your machine:", "",
-        "```bash", f"posenc leaderboard encoding=mine --config-dir mine/conf{flag(b.protocol)}",
+        "Show these rows in the terminal, place an encoding among them (the protocol, 3 seeds, then the table "
+        "below with it in it), or check that a shipped row reproduces on your machine:", "",
+        "```bash", f"{f'posenc leaderboard{flag(b.protocol)}':<55} # this table, in the terminal",
+        f"{f'posenc leaderboard --metric extrapolation/ppl@16x{flag(b.protocol)}':<55} # one column, sorted by it",
+        f"posenc leaderboard encoding=mine --config-dir mine/conf{flag(b.protocol)}",
         f"posenc leaderboard --reproduce rope{flag(b.protocol)}", "```", "",
         table_note(metrics, seeds, sort_key(metrics)), "",
         *main_table(b, metrics, seeds), "",
