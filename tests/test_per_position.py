@@ -10,14 +10,8 @@ import torch
 from torch import nn
 
 from posenc.data.batches import IGNORE_INDEX, Batch
-from posenc.eval.per_position import (
-    BinStats,
-    as_table_rows,
-    corpus_batches,
-    per_position,
-    position_bins,
-    write_per_position,
-)
+from posenc.eval.per_position import as_table_rows, corpus_batches, per_position, write_per_position
+from posenc.eval.position_bins import BinStats, position_bins
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.model import GPT
 

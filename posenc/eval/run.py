@@ -28,6 +28,7 @@ from posenc.hardware import setup_device
 from posenc.record import kernel_record, provenance
 from posenc.record.directory import plain_number, short_keys
 from posenc.record.metrics import STEPS
+from posenc.record.one_run import require_run
 from posenc.record.rundir import RunDir, eval_file_name, load_run_config
 
 console = make_console()  # the `posenc eval` command's output, for people
@@ -57,7 +58,7 @@ def load_trained(run: RunDir | Path, overrides: list[str], command: str = "eval"
     RunDir: its config once, its checkpoint resolved once."""
 
     run = RunDir.of(run)
-    run.require_run(command)  # missing, a sweep's dir or any other folder: said so, not "no checkpoint"
+    require_run(run, command)  # missing, a sweep's dir or any other folder: said so, not "no checkpoint"
     state = run.load_checkpoint()  # missing, corrupt or foreign: one line saying so
     warn_code_changes(run)
     cfg = load_run_config(run, overrides)

@@ -22,7 +22,8 @@ from posenc.record.metrics import EXTRAPOLATION_PPL
 from posenc.record.sweepdir import SweepDir
 from posenc.report.comparison import Comparison
 from posenc.report.document import Document, write_html, write_markdown
-from posenc.report.plots import plot_convergence, plot_final, plot_tokens_to_target
+from posenc.report.plots import plot_convergence, plot_tokens_to_target
+from posenc.report.plots_final import plot_final
 from posenc.report.plots_length import (
     plot_extrapolation,
     plot_task_accuracy,
