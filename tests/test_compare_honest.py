@@ -202,6 +202,21 @@ def test_varied_names_only_what_varied_and_held_fixed_is_resolved(tmp_path: Path
     assert "encoding.max_len=32" in report and "${" not in result.stdout + report
 
 
+def test_a_path_typo_names_the_nearest_path_that_exists(bases: Path, tmp_path: Path):
+    """A run or sweep directory mistyped, or pasted with the README's placeholders: one line naming
+    the directory it most likely meant."""
+    sweep = tmp_path / "outputs" / "sweeps" / "2026-11-29" / "04-35-49-624364_base-10,1000,100000_seed-0,1"
+    sweep.parent.mkdir(parents=True)
+    bases.rename(sweep)
+    for typed in (str(sweep).replace("base-10,", "base-1,"), "outputs/sweeps/<date>/<time>_base-10,1000,100000_seed-0,1"):
+        result = posenc("compare", typed, cwd=tmp_path)
+        assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+        near = result.stderr.split("did you mean ", 1)[1].split("? (", 1)[0]
+        assert (tmp_path / near).resolve() == sweep.resolve(), result.stderr
+    result = posenc("compare", "nothing/like/it", cwd=tmp_path)
+    assert "does not exist — give a run directory" in result.stderr and "did you mean" not in result.stderr
+
+
 def test_a_by_typo_names_the_closest_keys_not_every_key(tmp_path: Path):
     root = tmp_path / "wide"
     config = {"model": {f"option_{i}": i for i in range(40)}}

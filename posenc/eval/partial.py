@@ -43,25 +43,17 @@ def evaluation_key(cfg: DictConfig, checkpoint: Path, step: int | None, code_cha
     return hashlib.sha256(json.dumps(what, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def read_record(path: Path, key: str) -> dict | None:
-    """The record at path where it is an interrupted evaluation's with this key; else None (no file,
-    a finished evaluation, another evaluation's, or a file that does not parse)."""
+def read_record(path: Path, key: str) -> tuple[dict | None, bool]:
+    """(the record at path where it is an interrupted evaluation's with this key, else None; whether
+    path holds an interrupted evaluation with another key, one this evaluation replaces). No file, a
+    finished evaluation or a file that does not parse: (None, False)."""
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
-        return None
-    if not isinstance(record, dict) or record.get(KEY) != key or record.get("complete", True):
-        return None
-    return record
-
-
-def other_record(path: Path, key: str) -> bool:
-    """Whether path holds an interrupted evaluation with another key: one this evaluation replaces."""
-    try:
-        record = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(record, dict) and record.get("complete") is False and record.get(KEY) != key
+        return None, False
+    if not isinstance(record, dict) or record.get("complete") is not False:
+        return None, False
+    return (record, False) if record.get(KEY) == key else (None, True)
 
 
 @dataclass

@@ -108,12 +108,12 @@ def eval_run(run_dir: Path, overrides: list[str],
               "seq_len": cfg.trainer.seq_len, "encoding": encoding_summary(model.encoding), "device": str(device),
               "code_changes": changes, **({"check": verdict_of(cfg)} if verdict_of is not None else {}),
               partial.KEY: key}
-    stem = run.per_position_stem(out)
-    positions = per_position_pass(run, cfg, overrides, state, changes)
-    earlier = partial.read_record(out, key)  # an interrupted run of this very evaluation
+    stem, summary = run.per_position_stem(out), run.summary() or {}
+    positions = per_position_pass(run, cfg, overrides, state, changes, summary)
+    earlier, other = partial.read_record(out, key)  # an interrupted run of this very evaluation, or of another
     kept = evaluation.kept_results(data, earlier) if earlier else {}
     kept_positions = kept_per_position(run.path / f"{stem}.json", key) if earlier else {}
-    if earlier is None and partial.other_record(out, key):
+    if other:
         console.print(f"{out.name}: an interrupted evaluation of another checkpoint or other settings; "
                       f"starting over", style="dim", highlight=False, soft_wrap=True)
 
@@ -148,19 +148,20 @@ def eval_run(run_dir: Path, overrides: list[str],
         raise record.stopped(command("posenc", "eval", shell_word(str(run.path)), *map(shell_word, overrides))) from None
     written = record.write({kernel_record.KEY: model.kernels.record()})  # how this evaluation ran
     result.show(written)
-    show_kernels(written[kernel_record.KEY], (run.summary() or {}).get(kernel_record.KEY))
+    show_kernels(written[kernel_record.KEY], summary.get(kernel_record.KEY))
     console.print(f"wrote [bold]{out}[/]")
     return written, out
 
 
-def per_position_pass(run: RunDir, cfg: DictConfig, overrides: list[str], state: dict, changes: list[str]) -> bool:
+def per_position_pass(run: RunDir, cfg: DictConfig, overrides: list[str], state: dict, changes: list[str],
+                      summary: dict) -> bool:
     """Whether this evaluation computes the per-position loss: eval.per_position asks for it, and
     training's own per_position.json is not already the same thing (no overrides, the checkpoint
-    training ended with, the code it ran), which a plain `posenc eval RUN_DIR` would only copy."""
+    training ended with, the code it ran: its summary's steps), which a plain `posenc eval RUN_DIR`
+    would only copy."""
     if not cfg.eval.per_position:
         return False
     trained = run.path / f"{run.per_position_stem()}.json"
-    summary = run.summary() or {}
     if not overrides and not changes and trained.is_file() and summary.get(STEPS.name) == state.get("step"):
         console.print(f"per-position loss: training's {trained.with_suffix('.png').name} already holds it "
                       f"(this checkpoint, these settings): not computed again", style="dim", highlight=False,
