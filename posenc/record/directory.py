@@ -26,10 +26,15 @@ from posenc.config import parse_overrides
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write JSON via a temp file and rename, so a reader never sees half a file."""
+    """Write JSON via a temp file and rename, so a reader never sees half a file (and a Ctrl-C while
+    it is written leaves the file as it was, and no temp file beside it)."""
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_jsonl(path: Path) -> list[dict]:
