@@ -211,17 +211,24 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
             bins = [((s + e - 1) / 2, v, lo, hi) for s, e, v, lo, hi in
                     zip(curve["start"], curve["end"], curve["loss"], curve.get("low") or [None] * len(curve["loss"]),
                         curve.get("high") or [None] * len(curve["loss"])) if v is not None]
-            x, y, low, high = zip(*bins) if bins else ((), (), (), ())
             z = 3 + len(lengths) - i  # the shortest on top
             windows = f", {r['windows']:,} windows" if r.get("windows") else ""
-            ax.plot(x, y, marker=marker, markersize=3.5, markerfacecolor="none", linewidth=1.2, color=colour, zorder=z,
-                    label=f"{r['length']:,} ({r['multiple']:g}×{windows})")
-            means += y
-            band = [(xi, lo, hi) for xi, lo, hi in zip(x, low, high) if lo is not None]
-            if band:
-                bx, blo, bhi = zip(*band)
-                ax.fill_between(bx, blo, bhi, color=colour, alpha=0.12, linewidth=0, zorder=z - 0.5)
-                banded = True
+            # the positions a shorter length scores too, from more windows, faded: each length stands out
+            # where it adds positions (a causal model sees the same context at p in any window)
+            shorter = max((d["length"] for d in defined if d["length"] < r["length"]), default=0)
+            k = next((j for j, b in enumerate(bins) if b[0] >= shorter), len(bins))  # the first bin it adds
+            for part, alpha in ((bins[:k], 0.3), (bins[max(k - 1, 0):], 1)):  # joined at bin k - 1
+                if not part:
+                    continue
+                x, y, low, high = zip(*part)
+                ax.plot(x, y, marker=marker, markersize=3.5, markerfacecolor="none", linewidth=1.2, color=colour,
+                        zorder=z, alpha=alpha, label=f"{r['length']:,} ({r['multiple']:g}×{windows})" if alpha == 1 else None)
+                means += y
+                band = [(xi, lo, hi) for xi, lo, hi in zip(x, low, high) if lo is not None]
+                if band:
+                    bx, blo, bhi = zip(*band)
+                    ax.fill_between(bx, blo, bhi, color=colour, alpha=0.12 * alpha, linewidth=0, zorder=z - 0.5)
+                    banded = True
         if means:  # the axis holds the curves; a band from a few windows (16×'s first positions) runs off it
             pad = 0.15 * (max(means) - min(means) or 1.0)
             ax.set_ylim(max(0.0, min(means) - pad), max(means) + pad)
@@ -234,8 +241,9 @@ def write_per_position(record: dict, out_dir: Path, title: str = "", stem: str =
                  if record.get("stride") and banded else ""]
         ax.set_title("\n".join(filter(None, [title or "per-position loss", *notes])), fontsize=9)
     fig.tight_layout()
-    band = " · band: 95% interval of the mean over its windows (cut at the axes)" if banded else ""
-    legend_below(list(axes[0]), title=f"evaluation length (× training length){band}")
+    notes = ["evaluation length (× training length)", "band: 95% interval of the mean over its windows" if banded else "",
+             "faded: positions a shorter length scores too" if len(defined) > 1 else ""]
+    legend_below(list(axes[0]), title="\n".join(filter(None, notes)))
     return [json_path, save_figure(fig, png_path)]
 
 
