@@ -15,6 +15,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import posenc.report.plots as plots
+import posenc.report.plots_final as plots_final
 import posenc.report.plots_length as plots_length
 import posenc.report.plots_rank as plots_rank
 from posenc.report.compare import compare
@@ -37,6 +38,7 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> list:
         return real(fig, path)
 
     monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(plots_final, "save_figure", keep)
     monkeypatch.setattr(plots_length, "save_figure", keep)
     monkeypatch.setattr(plots_rank, "save_figure", keep)
     return saved

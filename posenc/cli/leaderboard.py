@@ -49,9 +49,9 @@ def leaderboard(
                                  "default posenc-pe-v2 (posenc-pe-v1: its earlier version, kept readable)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """The shipped leaderboard (bare, or --metric for one column); with encoding=NAME, run the
-    benchmark protocol for it and place it among the shipped rows (after `posenc check`: an encoding
-    that fails a property is refused).
+    """The shipped leaderboard (bare, or --metric for one column); with encoding=NAME, run its
+    protocol for that encoding and place it among the shipped rows (after `posenc check`: an
+    encoding that fails a property is refused).
 
     Example: `posenc leaderboard`; `posenc leaderboard --metric extrapolation/ppl@16x`;
     `posenc leaderboard encoding=mine --config-dir mine/conf`; `posenc leaderboard --reproduce rope`.
