@@ -153,7 +153,7 @@ def test_a_task_run_leads_with_accuracy_and_drops_targets_its_loss_never_crossed
 def test_a_target_reached_at_the_first_evaluation_says_so_instead_of_a_token_count(tmp_path: Path):
     root = task_sweep(tmp_path / "tasks")
     posenc("compare", str(root), "--target", "1.2", "--target", "0.8", cwd=tmp_path)
-    report = (root / "report.md").read_text()
+    report = (root / "report_targets-1.2,0.8.md").read_text()
     tokens = table(report, "tokens to reach val/loss")
     assert cell(tokens, "rope", 2) == "≤ first eval"  # 1.0 at the first evaluation is already below 1.2
     assert cell(tokens, "rope", 3).endswith("]")  # 0.8: crossed between the two evaluations, a token count
@@ -202,6 +202,21 @@ def test_varied_names_only_what_varied_and_held_fixed_is_resolved(tmp_path: Path
     assert "encoding.max_len=32" in report and "${" not in result.stdout + report
 
 
+def test_a_path_typo_names_the_nearest_path_that_exists(bases: Path, tmp_path: Path):
+    """A run or sweep directory mistyped, or pasted with the README's placeholders: one line naming
+    the directory it most likely meant."""
+    sweep = tmp_path / "outputs" / "sweeps" / "2026-11-29" / "04-35-49-624364_base-10,1000,100000_seed-0,1"
+    sweep.parent.mkdir(parents=True)
+    bases.rename(sweep)
+    for typed in (str(sweep).replace("base-10,", "base-1,"), "outputs/sweeps/<date>/<time>_base-10,1000,100000_seed-0,1"):
+        result = posenc("compare", typed, cwd=tmp_path)
+        assert result.exit_code == 1 and len(result.stderr.strip().splitlines()) == 1
+        near = result.stderr.split("did you mean ", 1)[1].split("? (", 1)[0]
+        assert (tmp_path / near).resolve() == sweep.resolve(), result.stderr
+    result = posenc("compare", "nothing/like/it", cwd=tmp_path)
+    assert "does not exist — give a run directory" in result.stderr and "did you mean" not in result.stderr
+
+
 def test_a_by_typo_names_the_closest_keys_not_every_key(tmp_path: Path):
     root = tmp_path / "wide"
     config = {"model": {f"option_{i}": i for i in range(40)}}
@@ -228,13 +243,33 @@ def test_plot_extrapolation_leaves_compares_figure_alone_and_says_what_its_band_
     assert "95% interval" in helptext and "std" not in helptext
 
 
-def test_a_second_compare_removes_the_figures_only_the_first_showed(bases: Path, tmp_path: Path):
-    posenc("compare", str(bases), "--metric", "val/loss", cwd=tmp_path)
+def test_two_compares_with_other_options_leave_both_reports_and_the_same_one_replaces_its_own(bases: Path,
+                                                                                              tmp_path: Path):
+    """The README's two compares of one sweep, run in order: the second (--metric) writes its own
+    report and figure beside the first, and says the first is there; the same compare again
+    replaces only its own files, and says so; a figure only its earlier version showed is removed,
+    one another report shows is kept, the user's own file never touched."""
+    first = posenc("compare", str(bases), cwd=tmp_path)
+    assert first.exit_code == 0, first.stderr
+    plain = (bases / "report.md").read_text()
     (bases / "mine.png").write_bytes(b"\x89PNG")  # the user's own file: never touched
-    assert (bases / "final_val_loss.png").exists()
-    posenc("compare", str(bases), "--metric", "val/ppl", cwd=tmp_path)
-    assert not (bases / "final_val_loss.png").exists() and (bases / "final_val_ppl.png").exists()
-    assert (bases / "mine.png").exists()
+    second = posenc("compare", str(bases), "--metric", "extrapolation/ppl@64", cwd=tmp_path)
+    assert second.exit_code == 0, second.stderr
+    assert (bases / "report.md").read_text() == plain and (bases / "report.html").is_file()
+    own = (bases / "report_extrapolation_ppl@64.md").read_text()
+    assert "![final_extrapolation_ppl@64](final_extrapolation_ppl@64.png)" in own
+    assert (bases / "final_val_ppl.png").exists() and (bases / "final_extrapolation_ppl@64.png").exists()
+    said = " ".join(second.stdout.split())
+    assert "left beside it: report.html" in said and "replaced" not in said
+
+    (bases / "report_extrapolation_ppl@64.md").write_text(own + "![stale](stale.png)\n![final_val_ppl](final_val_ppl.png)\n")
+    (bases / "stale.png").write_bytes(b"\x89PNG")
+    again = posenc("compare", str(bases), "--metric", "extrapolation/ppl@64", cwd=tmp_path)
+    said = " ".join(again.stdout.split())
+    assert "replaced the earlier report_extrapolation_ppl@64.md and .html (the same options), and removed the " \
+           "figures only it showed: stale.png" in said
+    assert not (bases / "stale.png").exists()
+    assert (bases / "final_val_ppl.png").exists() and (bases / "mine.png").exists()  # report.md shows the first
 
 
 def test_an_interval_wider_than_its_mean_is_no_number_and_the_seeds_are_shown_instead():

@@ -122,7 +122,7 @@ def test_baseline_gives_each_group_a_welch_difference_and_a_verdict(sweep: Path,
     assert "rope" not in c.versus
     result = posenc("compare", str(sweep), "--metric", "val/loss", "--baseline", "rope", cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
-    report = (sweep / "report.md").read_text()
+    report = (sweep / "report_vs-rope.md").read_text()  # its own report, beside a plain compare's
     assert "val/loss against rope (lower is better" in report
     assert "| learned | 3 (0,1,2) | 3.1000 [" in report and "| worse |" in report
     assert "| nope | 1 (0) | 2.9000 | +0.7000 | 1 seed: no error bars |" in report
@@ -215,7 +215,7 @@ def test_within_ranks_the_groups_for_each_value_of_another_key(flavours: Path, t
     assert "alibi ahead of rope at gpt2" in result.stdout and "confident" in result.stdout
     assert "verdict on val/loss at model.flavor=gpt2: alibi is best" in result.stdout
     assert "verdict on val/loss at model.flavor=llama: rope is best" in result.stdout
-    report = (flavours / "report.md").read_text()
+    report = (flavours / "report_within-model.flavor.md").read_text()  # named by the options it was given
     assert "| gpt2 vs llama | alibi ahead of rope at gpt2 | rope ahead of alibi at llama | confident |" in report
     assert "![ranks_model.flavor](ranks_model.flavor.png)" in report
     # without --by, the within-key is not a group key of its own
@@ -264,7 +264,7 @@ def test_task_runs_compare_as_accuracy_against_length_with_intervals(tmp_path: P
     result = CliRunner().invoke(app, ["compare", str(root), "--by", "encoding", "--out", str(out),
                                       "--metric", "tasks/flip_flop/accuracy@64"])
     assert result.exit_code == 0, result.output
-    report = (out / "report.md").read_text()
+    report = (out / "report_tasks_flip_flop_accuracy@64.md").read_text()
     assert "100.0% [100.0%, 100.0%]" in report  # every seed solved it at the training length: zero width
     assert "40.0% [" in report
     assert (out / "accuracy_flip_flop.png").stat().st_size > 0

@@ -103,14 +103,34 @@ print("HEAVY", sorted(m for m in ("torch", "datasets", "wandb", "matplotlib", "p
 """
 
 
-def test_a_typo_or_a_wrong_type_is_refused_without_importing_torch(tmp_path):
-    argvs = [["train", "trainer.max_step=10"], ["train", "trainer.max_steps=abc"], ["train", "encoding.bse=500"],
-             ["train", "model.d_model=100", "model.n_head=3"], ["--help"]]
-    done = subprocess.run([sys.executable, "-c", f"ARGVS = {argvs!r}\n{PROBE}"], cwd=tmp_path,
+def probe(argvs: list[list[str]], cwd: Path) -> str:
+    """PROBE's output for these commands, run in a new interpreter in cwd."""
+    done = subprocess.run([sys.executable, "-c", f"ARGVS = {argvs!r}\n{PROBE}"], cwd=cwd,
                           capture_output=True, text=True, timeout=120)
-    out = done.stdout + done.stderr
+    return done.stdout + done.stderr
+
+
+def test_a_typo_or_a_wrong_type_is_refused_without_importing_torch(tmp_path):
+    out = probe([["train", "trainer.max_step=10"], ["train", "trainer.max_steps=abc"], ["train", "encoding.bse=500"],
+                 ["train", "model.d_model=100", "model.n_head=3"], ["--help"]], tmp_path)
     assert "CODES [1, 1, 1, 1, 0]" in out, out
     assert "HEAVY []" in out, out
     assert "did you mean trainer.max_steps" in out and "trainer.max_steps takes an int" in out
     assert "did you mean encoding.base" in out and "not divisible by model.n_head=3" in out
     assert not (tmp_path / "outputs").exists()  # a refused command writes nothing
+
+
+def test_a_missing_data_file_is_refused_as_fast_before_any_run_dir(tmp_path):
+    """A corpus file that is not there is a mistake like a typo: one line, no torch or datasets
+    loaded, and no `run dir:` line for a directory that was never made."""
+    (tmp_path / "corpus.txt").write_text("some text\n")
+    (tmp_path / "other.csv").write_text("text\nmore\n")
+    out = probe([["train", "dataset=hf", "dataset.data_files=[nope.jsonl]"],
+                 ["train", "dataset=hf", "dataset.load_from_disk=not_a_folder"],
+                 ["train", "dataset=hf", "dataset.data_files=[corpus.txt,other.csv]"],
+                 ["train", "dataset=text", "dataset.files=[nope.txt]"]], tmp_path)
+    assert "CODES [1, 1, 1, 1]" in out, out
+    assert "HEAVY []" in out, out
+    assert "dataset.data_files: 'nope.jsonl' does not exist" in out and "dataset.files: 'nope.txt' does not exist" in out
+    assert "'not_a_folder' is not a folder `datasets` save_to_disk wrote" in out and "cannot read files with suffix" in out
+    assert "run dir" not in out and not (tmp_path / "outputs").exists()

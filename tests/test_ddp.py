@@ -7,6 +7,7 @@ it, and an interrupt says that command once."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -41,6 +42,7 @@ def two_ranks_and_one(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, P
     result = subprocess.run(torchrun("train", *TINY, "device=cpu"), cwd=cwd / ".", capture_output=True, text=True,
                             timeout=300, env=cli_env())
     assert result.returncode == 0, result.stderr[-3000:]
+    (cwd / "torchrun.log").write_text(result.stdout + result.stderr)
     [ddp_dir] = run_dirs(cwd)
     (cwd / "single").mkdir()
     single = run_cli("train", *TINY, "device=cpu", "trainer.batch_size=8", cwd=cwd / "single")
@@ -63,6 +65,17 @@ def test_torchrun_two_processes_one_run(two_ranks_and_one: tuple[Path, Path]) ->
     assert [r["tokens"] for r in rows] == [r["tokens"] for r in single_rows]
     for ddp_row, one_row in zip(rows, single_rows):
         assert ddp_row["train/loss"] == pytest.approx(one_row["train/loss"], rel=1e-4)
+
+
+def test_a_two_rank_run_says_its_world_size_and_warns_of_nothing_torch_deprecates(
+        two_ranks_and_one: tuple[Path, Path]) -> None:
+    """What torchrun prints: the end-of-run table names the processes and the global batch, and no
+    rank prints torch's FutureWarning about DDP's deprecated broadcast_buffers (posenc passes what
+    the installed torch asks for instead)."""
+    run_dir, _ = two_ranks_and_one
+    log = (run_dir.parents[2] / "torchrun.log").read_text()
+    assert re.search(r"world size \(processes\)\s*│\s*2 \(global batch 8\)", log), log[-3000:]
+    assert "FutureWarning" not in log and "broadcast_buffers" not in log
 
 
 def test_validation_on_two_ranks_is_one_process_validation_at_the_same_global_batch(

@@ -171,6 +171,6 @@ def test_the_extending_tutorial_runs_from_an_empty_directory(tmp_path: Path):
     provenance = json.loads((tmp_path / "outputs/logdist/provenance.json").read_text())
     assert provenance["code"]["myenc.encodings.LogDistanceBias"]["import_root"] == str(site.resolve())
     assert "logdist" in result.stdout and result.stdout.count("properties hold") == 2  # both checks: every row ✓
-    assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report.md").is_file()
+    assert list((tmp_path / "outputs/logdist/probes").rglob("bias.png")) and (tmp_path / "outputs/report/report_vs-rope.md").is_file()
     assert {p.name for p in (tmp_path / "outputs/layerwise/probes").rglob("bias_layer*.png")} == {
         "bias_layer0.png", "bias_layer1.png"}

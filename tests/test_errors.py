@@ -236,11 +236,19 @@ def test_posenc_eval_of_a_sweep_dir_lists_its_runs_and_the_command_for_one(workd
     for job in ("0_encoding=rope", "1_encoding=nope"):
         (sweep / job / ".hydra").mkdir(parents=True)
     (sweep / "multirun.yaml").write_text("hydra: {}\n")
+    # trainer.checkpoint=none (the README's sweep): no run to evaluate, so no `posenc eval` to paste
+    result = CliRunner().invoke(app, ["eval", str(sweep)])
+    assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is a sweep dir, not one run, and its runs "
+                          "(0_encoding=rope, 1_encoding=nope) kept no checkpoint (trainer.checkpoint=none) to eval",
+                          workdir, set(run_dirs(workdir)))
+    assert "`posenc eval" not in result.stderr and f"`posenc compare {sweep}`" in result.stderr
+    (sweep / "1_encoding=nope" / "checkpoints").mkdir()
+    (sweep / "1_encoding=nope" / "checkpoints" / "last.safetensors").write_bytes(b"")
     result = CliRunner().invoke(app, ["eval", str(sweep)])
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is a sweep dir, not one run; its runs: "
                           "0_encoding=rope, 1_encoding=nope", workdir, set(run_dirs(workdir)))
     command = re.search(r"eval one with `([^`]*)`", result.stderr)[1]
-    assert shlex.split(command) == ["posenc", "eval", str(sweep / "0_encoding=rope")]
+    assert shlex.split(command) == ["posenc", "eval", str(sweep / "1_encoding=nope")]  # the one with a checkpoint
 
 
 def test_a_missing_text_file_is_refused_before_a_run_directory_is_named(workdir: Path,

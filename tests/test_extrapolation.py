@@ -100,6 +100,13 @@ def test_posenc_eval_at_16x_and_plot(workdir, monkeypatch, capsys):
     assert metrics[-1]["extrapolation/ppl@512"] == at_16x
     record, _ = eval_run(rope_dir, [])  # in-process: the CLI's code path, the run's own settings
     assert record["extrapolation/ppl@512"] == pytest.approx(at_16x, rel=1e-6)
+    assert record["complete"] is True and record["missing"] == []
+    # training's per_position.png is this evaluation's: not computed again, not copied beside it
+    assert (rope_dir / "per_position.json").exists() and not list(rope_dir.glob("per_position_eval*"))
+    assert "per-position loss: training's per_position.png already holds it" in " ".join(capsys.readouterr().out.split())
+    # eval.per_position=false: the perplexities alone
+    record, _ = eval_run(rope_dir, ["eval.lengths=[1,2]", "eval.per_position=false"])
+    assert record["complete"] is True and not list(rope_dir.glob("per_position_eval_lengths-1-2*"))
 
     r = run_cli("eval", str(rope_dir), "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=workdir)
     assert r.returncode == 0, r.stderr[-2000:]
@@ -126,7 +133,8 @@ def test_posenc_eval_at_16x_and_plot(workdir, monkeypatch, capsys):
     png = plot_extrapolation(groups, workdir / "x.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
 
-    # eval.stride: two passes over overlapping windows, said before they run; the figure says so (issue 47)
+    # eval.stride: two passes over overlapping windows, said before they run; the figure says so, and that
+    # its band over overlapping windows understates the uncertainty
     import posenc.eval.per_position as per_position_module
 
     titles = []
@@ -135,7 +143,8 @@ def test_posenc_eval_at_16x_and_plot(workdir, monkeypatch, capsys):
     eval_run(rope_dir, ["eval.lengths=[1]", "eval.stride=16"])
     out = " ".join(capsys.readouterr().out.split())
     assert "eval.stride=16: windows start every 16 tokens" in out and "in two passes" in out
-    assert titles == ["rope: per-position loss, windows every 16 tokens (eval.stride)"]
+    assert titles == ["rope: per-position loss, windows every 16 tokens (eval.stride)\n"
+                      "overlapping windows (eval.stride): the band understates the uncertainty"]
 
 
 def test_an_evaluation_that_scores_fewer_tokens_than_asked_says_so(tmp_path, caplog):

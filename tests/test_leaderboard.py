@@ -29,6 +29,7 @@ from posenc.leaderboard.match import (
 from posenc.leaderboard.page import render
 from posenc.leaderboard.place import place
 from posenc.leaderboard.protocol import (
+    DEFAULT_PROTOCOL,
     as_recorded,
     load_protocol,
     protocol_hash,
@@ -127,6 +128,48 @@ def leaderboard_cli(*args: str, command: str = "leaderboard"):
 
     result = CliRunner().invoke(app, [command, *args])
     return result.exit_code, result.stderr
+
+
+def test_bare_leaderboard_prints_the_shipped_table_and_how_to_place_ones_own(workdir):
+    """Nothing to run: the shipped rows as the page's main table, in the terminal, every row and
+    metric (or the one --metric names, by its key, its column or its multiple), and the command that
+    places one's own encoding; nothing written, and no torch imported to say it."""
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from posenc.cli.app import app
+
+    protocol = load_protocol(DEFAULT_PROTOCOL)
+    baselines = load_baselines(protocol)
+    result = CliRunner().invoke(app, ["leaderboard"])
+    assert result.exit_code == 0, result.stderr
+    out = " ".join(result.stdout.split())
+    for row in baselines.rows:
+        assert f"│ {row.label} " in result.stdout
+    assert all(label in out for label in protocol.metrics.values())
+    assert "place your own encoding among them: `posenc leaderboard encoding=mine`" in out
+    assert {protocol.metric_named(name) for name in ("extrapolation/ppl@1024", "ppl 16×", "PPL 16x",
+                                                      "extrapolation/ppl@16x")} == {"extrapolation/ppl@1024"}
+    one = [CliRunner().invoke(app, ["leaderboard", "--metric", "extrapolation/ppl@16x"]).stdout]
+    assert "ppl 16×" in one[0] and "ppl 1×" not in one[0]
+    # sorted by that metric: the shipped ranking on it, best first
+    from posenc.leaderboard.place import ranking_only
+
+    ranks = [r.label for r in ranking_only(baselines.rows, "extrapolation/ppl@1024", protocol.seeds)[1].ranks]
+    shown = [line.split("│")[1].strip().rstrip(" *") for line in one[0].splitlines()
+             if line.startswith("│ ") and line.split("│")[1].strip()]
+    assert shown[: len(ranks)] == ranks
+    code, stderr = leaderboard_cli("--metric", "ppl@16")
+    assert code == 1 and "--metric 'ppl@16' is not one of posenc-pe-v2's metrics" in stderr
+    code, stderr = leaderboard_cli("--metric", "ppl 16×", "encoding=rope")
+    assert code == 1 and "give it alone" in stderr
+    assert not (workdir / "outputs").exists()
+    probe = ("import sys\nfrom posenc.cli.app import app\ntry:\n    app(['leaderboard'])\nexcept SystemExit:\n    pass\n"
+             "print('TORCH', 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=workdir)
+    assert "TORCH False" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
 
 @pytest.mark.parametrize("args", [["encoding=rope", "trainer.max_steps=5"], ["encoding=rope", "model=tiny"],

@@ -15,6 +15,7 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import posenc.report.plots as plots
+import posenc.report.plots_final as plots_final
 import posenc.report.plots_length as plots_length
 import posenc.report.plots_rank as plots_rank
 from posenc.report.compare import compare
@@ -37,6 +38,7 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> list:
         return real(fig, path)
 
     monkeypatch.setattr(plots, "save_figure", keep)
+    monkeypatch.setattr(plots_final, "save_figure", keep)
     monkeypatch.setattr(plots_length, "save_figure", keep)
     monkeypatch.setattr(plots_rank, "save_figure", keep)
     return saved
@@ -116,20 +118,21 @@ def test_legends_sit_under_the_axes_add_no_empty_column_and_titles_state_the_set
 
 
 def test_the_interval_is_named_only_when_one_is_drawn(tmp_path: Path, figures: list):
-    """One seed per group: no band, no error bar, so no legend title or title note about one;
-    two seeds: the legend says what the line and the band are."""
+    """One seed per group: no band, no error bar, so no legend title or title note about one (the
+    legend's title names only what its entries are, the swept key); two seeds: the legend says what
+    the line and the band are."""
     compare([sweep_of(tmp_path / "one", {"rope": [2.0], "alibi": [2.1]})], metric="val/loss")
     single = list(figures)
     assert single
     for fig in single:
-        assert not any(legend.get_title().get_text() for legend in legends_of(fig))
+        assert all(legend.get_title().get_text() in ("encoding", "encoding (n = seeds)") for legend in legends_of(fig))
         assert "95% interval" not in fig.axes[0].get_title()  # it names no interval it does not draw,
         assert "1 seed per group: no intervals" in fig.axes[0].get_title()  # and says why there is none
     figures.clear()
     compare([sweep_of(tmp_path / "two", {"rope": [2.0, 2.2], "alibi": [2.1, 2.3]})], metric="val/loss")
     notes = {legend.get_title().get_text() for fig in figures for legend in legends_of(fig)}
-    assert "line: mean over seeds · band: 95% interval" in notes  # convergence: loss, arithmetic
-    assert "line: geometric mean over seeds · band: 95% interval" in notes  # extrapolation: perplexity
+    assert "encoding (n = seeds) · line: mean over seeds · band: 95% interval" in notes  # convergence: arithmetic
+    assert "encoding (n = seeds) · line: geometric mean over seeds · band: 95% interval" in notes  # extrapolation
 
 
 def test_convergence_y_range_holds_every_target_and_its_label(tmp_path: Path, figures: list):

@@ -252,24 +252,30 @@ def test_entropy_figures_stay_readable_with_many_heads_at_long_lengths(tmp_path,
     assert "mean over heads" in labels and "range over the 8 heads" in labels
 
 
-def test_the_distance_heatmaps_share_one_colour_scale_across_lengths(tmp_path, monkeypatch):
-    """Issue 47: each length's heatmap scaled its colours to its own range, so one colour meant 3
-    tokens at T=8 and 12 at T=32; a shared scale lets the figures be read side by side."""
+def test_each_lengths_distance_map_reads_on_its_own_scale_and_the_rotary_pairs_are_drawn_once(tmp_path, monkeypatch):
+    """One colour scale over every length left T=8 a single dark colour beside T=32's range: each
+    map takes its own range, and its numbers are written in its cells, which compare across lengths
+    where colours cannot. The rotary pair norms hardly move with the length: one figure, which says
+    by how much the others differ, not one per length."""
     import matplotlib.figure
 
     from posenc.eval.probes import probe_lengths, write_probes
 
-    limits = {}
+    maps = {}
     save = matplotlib.figure.Figure.savefig
 
     def spy(fig, path, *args, **kwargs):
         name = Path(path).name.removesuffix(".tmp")
         if name.startswith("distance_T"):
-            limits[name] = fig.axes[0].images[0].get_clim()
+            maps[name] = (fig.axes[0].images[0].get_clim(), [t.get_text() for t in fig.axes[0].texts])
         return save(fig, path, *args, **kwargs)
 
     monkeypatch.setattr(matplotlib.figure.Figure, "savefig", spy)
     result = probe_lengths(model_with(RoPE(D, H)), {T: torch.randint(0, 256, (1, T)) for T in (8, 32)})
-    write_probes(result, tmp_path, train_length=8)
-    every = [v for probes in result.values() for row in probes["distance"] for v in row]
-    assert limits["distance_T8.png"] == limits["distance_T32.png"] == pytest.approx((min(every), max(every)))
+    paths = write_probes(result, tmp_path, train_length=8)
+    for T in (8, 32):
+        values = [v for row in result[str(T)]["distance"] for v in row]
+        limits, texts = maps[f"distance_T{T}.png"]
+        assert limits == pytest.approx((min(values), max(values)))
+        assert len(texts) == len(values) and texts[0] == (f"{values[0]:.0f}" if values[0] >= 10 else f"{values[0]:.1f}")
+    assert [p.relative_to(tmp_path) for p in paths if p.name == "rotary_pairs.png"] == [Path("rotary_pairs.png")]

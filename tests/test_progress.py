@@ -120,3 +120,23 @@ def test_a_resumed_runs_eta_is_its_pace_after_its_first_step(monkeypatch):
             clock[0] += 1.0
             progress.advance(step)
         assert progress.eta(160) == pytest.approx(140.0)  # 1 s a step, 140 steps left
+
+
+def test_the_whole_evaluations_eta_weighs_each_length_by_what_it_computes():
+    """One rate, measured on the first windows, predicts every stage: a window costs its length ×
+    the FLOPs per token at that length, so 16×'s 4 windows of 512 tokens cost what they compute, not
+    what 4 windows of 1× cost; a stage kept from an interrupted evaluation is not counted."""
+    from posenc.eval.progress import Stage, StageLines
+
+    out, now = io.StringIO(), [0.0]
+    progress = StageLines(Console(file=out, width=200), every_s=30.0, clock=lambda: now[0], first_s=10.0)
+    stages = [Stage("ppl", 32, 1, 64), Stage("ppl", 512, 16, 4), Stage("per-position loss", 32, 1, 64)]
+    cost = {32: 1.0, 512: 2.0}  # FLOPs per token: the attention term doubles it at 16×
+    progress.plan(stages, cost.__getitem__)
+    progress.keep(stages[2].label, "done")  # 64 · 32 · 1 of the plan done already, in another process
+    progress.begin(stages[0].label, 64)
+    now[0] = 10.0
+    progress.advance(16, 64)  # 16 windows of 32 tokens in 10 s: 51.2 cost a second
+    # left: 48 windows of 1× (1,536) + 4 of 16× (4 · 512 · 2 = 4,096) = 5,632 at 51.2 a second: 110 s
+    assert out.getvalue().splitlines()[-1].endswith("whole evaluation: ETA 0:01:50")
+    assert progress.finished == [stages[2].label]

@@ -65,8 +65,12 @@ def test_posenc_eval_and_probe_on_a_task_run(learned_run):
     record = json.loads((run_dir / "eval.json").read_text())
     assert record["tasks/flip_flop/accuracy@32"] == json.loads((run_dir / "summary.json").read_text())[
         "tasks/flip_flop/accuracy@32"]  # the same instances, the same model
-    assert (run_dir / "per_position_eval.json").exists() and (run_dir / "per_position_eval.png").exists()
+    # the run's own settings and checkpoint: training's per_position.png is this evaluation's, not copied beside it
+    assert not (run_dir / "per_position_eval.json").exists() and "already holds it" in result.stdout
     assert [p.name for p in run_dir.glob("eval*.json")] == ["eval.json"]  # eval_<overrides>.json globs stay unambiguous
+    result = run_cli("eval", str(run_dir), "dataset.eval_instances=64", cwd=cwd)  # other settings: its own files
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert (run_dir / "per_position_eval_eval_instances-64.json").exists()
     result = run_cli("probe", str(run_dir), cwd=cwd)
     assert result.returncode == 0, result.stderr[-2000:]
     assert (run_dir / "probes" / "probes.json").exists()
@@ -80,7 +84,8 @@ def test_a_corpus_run_writes_per_position_loss_at_every_eval_length(workdir):
     (run_dir,) = run_dirs(workdir)
     record = json.loads((run_dir / "per_position.json").read_text())
     assert [r["length"] for r in record["lengths"]] == [32, 128]
-    assert len(record["lengths"][1]["loss"]) == 64 and sum(record["lengths"][1]["count"]) == 512
+    assert record["lengths"][1]["end"][-1] == 128 and sum(record["lengths"][1]["count"]) == 512
+    assert record["lengths"][1]["start"][: len(record["lengths"][0]["start"])] == record["lengths"][0]["start"]
     tables = [p.name.split("_table_")[0] for p in wandb_files(run_dir, "table")]  # W&B's <key>_table_<n>_<hash>
     assert sorted(tables) == ["loss", "ppl_by_length"]  # extrapolation/ppl_by_length, per_position/loss: once each
 

@@ -120,5 +120,6 @@ def resume(s: Subject) -> list[CheckResult]:
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     unsaved = unsaved_buffers(s) if got != expected or differ else []
     return [holds("resume is bit-exact", got == expected and not differ,
-                  f"losses {' '.join(f'{v:.4f}' for v in got)}", f"resumed {got} vs uninterrupted {expected}"
+                  f"steps {STEPS + 1}–{2 * STEPS}, resumed = uninterrupted: losses {' '.join(f'{v:.4f}' for v in got)}",
+                  f"resumed {got} vs uninterrupted {expected}"
                   + (f": {unsaved_note(unsaved)}" if unsaved else f"; {differ[0]} differs" if differ else ""))]

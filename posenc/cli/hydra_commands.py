@@ -31,14 +31,19 @@ def check_run(cfg, single: bool = False) -> None:
     validate(apply_choice_schemas(cfg))  # types and ranges, read from the sources: no torch imported yet
     # start-up (here and in every command below): `posenc --help` imports every command module;
     # what a command needs (torch, Hydra's runner) loads when it runs, and torch only once the
-    # config is known to be valid, so a typo is refused in a second
-    from posenc.build import check_encodable
+    # config and the data's files are known to be good, so a typo in either is refused in a second
     from posenc.data.corpora import text_files
-    from posenc.hardware import resolve_device
-    from posenc.train import init_from
+    from posenc.data.hub_corpora import HubCorpus, sources
 
     if OmegaConf.select(cfg, "dataset.files") is not None:  # dataset=text: a missing file, before any run dir
         text_files(list(cfg.dataset.files))
+    if OmegaConf.select(cfg, "dataset._target_") == f"{HubCorpus.__module__}.{HubCorpus.__name__}":  # dataset=hf, …
+        d = cfg.dataset
+        sources(d.name, d.get("path"), d.get("data_files"), d.get("load_from_disk"))
+    from posenc.build import check_encodable
+    from posenc.hardware import resolve_device
+    from posenc.train import init_from
+
     resolve_device(cfg.device)  # device=cuda without CUDA: refused here, not inside the job
     if not single:
         check_encodable(cfg)  # an encoding or layout that cannot be built (layout=gemma3 with alibi)

@@ -1,5 +1,5 @@
-"""`posenc leaderboard`: run the benchmark protocol for one encoding and place it among the shipped
-baselines; `--reproduce NAME` re-runs a shipped row and says whether it matched; `--regenerate`
+"""`posenc leaderboard`: bare, the shipped table (`--metric` for one column); with an encoding, run the
+benchmark protocol for it and place it among the shipped baselines; `--reproduce NAME` re-runs a shipped row and says whether it matched; `--regenerate`
 measures every shipped encoding again and rewrites the shipped data and docs/leaderboard.md;
 `--recheck` runs `posenc check` on every shipped encoding and rewrites only the rows' check records.
 An encoding that fails `posenc check` is refused before any run (`--despite-check` places it, marked).
@@ -19,6 +19,7 @@ import typer
 from posenc.cli.common import (
     console,
     err_console,
+    fail,
     run_guarded,
     user_wants_traceback,
     without_debug,
@@ -42,20 +43,31 @@ def leaderboard(
     jobs: int = typer.Option(1, "--jobs", min=1, help="with --regenerate: sweeps run side by side (one core each)"),
     carry_from: str = typer.Option(None, "--carry-from", help="with --regenerate: take this earlier protocol's "
                                    "shipped rows instead of measuring them, where it ran the same arms and seeds"),
+    metric: str = typer.Option(None, "--metric", help="with nothing else: the shipped table for this metric alone, "
+                               "sorted by it (its key, extrapolation/ppl@1024, or its column, 'ppl 16×' or ppl@16x)"),
     protocol: str = typer.Option(None, "--protocol", help="the protocol (posenc/leaderboard/<name>.yaml); "
                                  "default posenc-pe-v2 (posenc-pe-v1: its earlier version, kept readable)"),
     debug: bool = typer.Option(False, "--debug", help="show the full traceback on error"),
 ) -> None:
-    """Run the benchmark protocol for one encoding and place it among the shipped baselines
-    (after `posenc check`: an encoding that fails a property is refused).
+    """The shipped leaderboard (bare, or --metric for one column); with encoding=NAME, run its
+    protocol for that encoding and place it among the shipped rows (after `posenc check`: an
+    encoding that fails a property is refused).
 
-    Example: `posenc leaderboard encoding=mine --config-dir mine/conf`; `posenc leaderboard --reproduce rope`.
+    Example: `posenc leaderboard`; `posenc leaderboard --metric extrapolation/ppl@16x`;
+    `posenc leaderboard encoding=mine --config-dir mine/conf`; `posenc leaderboard --reproduce rope`.
     """
+    modes = {"--reproduce": reproduce, "--regenerate": regenerate, "--write-docs": write_docs, "--recheck": recheck}
+    args, traceback = without_debug(ctx.args), debug or user_wants_traceback(ctx.args)
+    if not (args or any(modes.values()) or config_dir or despite_check or carry_from):  # nothing to run: the table
+        from posenc.cli.leaderboard_table import show_shipped  # start-up: no torch to print shipped numbers
+
+        return run_guarded(lambda: show_shipped(protocol, metric, console), traceback)
+    if metric is not None:
+        fail("--metric filters the shipped table that a bare `posenc leaderboard` prints — give it alone "
+             "(`posenc leaderboard --metric extrapolation/ppl@1024`)")
     from posenc.cli.leaderboard_command import main  # start-up: the leaderboard's modules load when it runs
 
-    modes = {"--reproduce": reproduce, "--regenerate": regenerate, "--write-docs": write_docs, "--recheck": recheck}
-    run_guarded(lambda: main(without_debug(ctx.args), config_dir, modes, jobs, protocol, console, despite_check,
-                             carry_from), debug or user_wants_traceback(ctx.args))
+    run_guarded(lambda: main(args, config_dir, modes, jobs, protocol, console, despite_check, carry_from), traceback)
 
 
 def register(app: typer.Typer) -> None:

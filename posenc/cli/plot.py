@@ -89,9 +89,9 @@ def extrapolation(
 
 
 def compare_figure(paths: list[Path]) -> Path | None:
-    """compare's extrapolation.png in the one directory given, where its report shows it."""
+    """compare's extrapolation.png in the one directory given, where one of its reports shows it."""
     if len(paths) != 1:
         return None
-    figure, report = paths[0] / "extrapolation.png", paths[0] / "report.md"
-    shown = report.is_file() and "](extrapolation.png)" in report.read_text()
+    figure = paths[0] / "extrapolation.png"
+    shown = any("](extrapolation.png)" in report.read_text() for report in paths[0].glob("report*.md"))
     return figure if figure.is_file() and shown else None

@@ -98,6 +98,7 @@ class EvalConfig:
     tokens: int = MISSING
     batch_tokens: int = MISSING
     at_end: bool = MISSING
+    per_position: bool = MISSING                # the per-position loss pass (per_position*.json / .png)
 
 
 @dataclass

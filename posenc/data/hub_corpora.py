@@ -32,6 +32,44 @@ def _builder(files: dict[str, list[str]]) -> str:
     return kinds.pop()
 
 
+def sources(name: str, path: str | None, data_files, load_from_disk: str | None
+            ) -> tuple[dict[str, list[str]] | None, Path | None]:
+    """Where a HubCorpus reads from, checked without reading it (no `datasets`, no torch imported:
+    `posenc train` asks before it makes a run directory, cli/hydra_commands.check_run): its local
+    files by split, each an existing file of one kind posenc reads, or its save_to_disk folder; one
+    of path, data_files and load_from_disk, else one line saying which to set."""
+    files = _local_files(data_files)
+    disk = _disk_folder(load_from_disk)
+    if not (path or files or disk):
+        raise UserError(f"dataset '{name}' reads nothing — set dataset.data_files=[corpus.jsonl] (parquet, json/jsonl, "
+                        f"text or csv), dataset.load_from_disk=<a save_to_disk folder> or dataset.path=<hub dataset>")
+    if disk and files:
+        raise UserError("dataset.data_files and dataset.load_from_disk name two corpora — set one of them")
+    return files, disk
+
+
+def _local_files(data_files) -> dict[str, list[str]] | None:
+    if not data_files:
+        return None
+    files = dict(data_files) if hasattr(data_files, "items") else {"train": list(data_files)}
+    files = {k: [str(Path(f).expanduser()) for f in ([v] if isinstance(v, str) else v)] for k, v in files.items()}
+    for f in (f for fs in files.values() for f in fs):
+        if not Path(f).is_file():
+            raise UserError(f"dataset.data_files: '{f}' does not exist — check the path")
+    _builder(files)  # one kind of file, one posenc can read: said now, not when training starts
+    return files
+
+
+def _disk_folder(folder: str | None) -> Path | None:
+    if not folder:
+        return None
+    path = Path(str(folder)).expanduser()
+    if not ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
+        raise UserError(f"dataset.load_from_disk: '{path}' is not a folder `datasets` save_to_disk wrote "
+                        f"(no dataset_dict.json or state.json) — point at the folder passed to save_to_disk")
+    return path
+
+
 class HubCorpus(Corpus):
     """A ``datasets`` dataset with a text column: from the Hub (``path``, ``config``), from local
     files (``data_files``) or from a ``save_to_disk`` folder (``load_from_disk``), one of the three.
@@ -63,36 +101,7 @@ class HubCorpus(Corpus):
         self.streaming = bool(streaming)
         self.max_tokens = int(max_tokens) if max_tokens else None
         self.max_documents = int(max_documents) if max_documents else None
-        self.data_files = self._local_files(data_files)
-        self.disk = self._disk_folder(load_from_disk)
-        sources = [k for k, v in (("dataset.path", path), ("dataset.data_files", self.data_files),
-                                  ("dataset.load_from_disk", self.disk)) if v]
-        if not sources:
-            raise UserError(f"dataset '{name}' reads nothing — set dataset.data_files=[corpus.jsonl] (parquet, json/jsonl, "
-                            f"text or csv), dataset.load_from_disk=<a save_to_disk folder> or dataset.path=<hub dataset>")
-        if self.disk and self.data_files:
-            raise UserError("dataset.data_files and dataset.load_from_disk name two corpora — set one of them")
-
-    def _local_files(self, data_files) -> dict[str, list[str]] | None:
-        if not data_files:
-            return None
-        files = dict(data_files) if hasattr(data_files, "items") else {"train": list(data_files)}
-        files = {k: [str(Path(f).expanduser()) for f in ([v] if isinstance(v, str) else v)] for k, v in files.items()}
-        for f in (f for fs in files.values() for f in fs):
-            if not Path(f).is_file():
-                raise UserError(f"dataset.data_files: '{f}' does not exist — check the path")
-        _builder(files)  # one kind of file, one posenc can read: said now, not when training starts
-        return files
-
-    @staticmethod
-    def _disk_folder(folder: str | None) -> Path | None:
-        if not folder:
-            return None
-        path = Path(str(folder)).expanduser()
-        if not ((path / "dataset_dict.json").is_file() or (path / "state.json").is_file()):
-            raise UserError(f"dataset.load_from_disk: '{path}' is not a folder `datasets` save_to_disk wrote "
-                            f"(no dataset_dict.json or state.json) — point at the folder passed to save_to_disk")
-        return path
+        self.data_files, self.disk = sources(name, path, data_files, load_from_disk)
 
     # --- loading ----------------------------------------------------------------------
     def _load(self):

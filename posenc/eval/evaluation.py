@@ -24,8 +24,9 @@ from posenc.data.batches import Batch
 from posenc.data.packing import TokenData
 from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.errors import UserError
-from posenc.eval import extrapolation, tasks
+from posenc.eval import extrapolation, per_position, tasks
 from posenc.eval.per_position import Batches, corpus_batches, task_batches
+from posenc.eval.progress import Stage
 
 log = logging.getLogger("posenc")
 
@@ -47,21 +48,23 @@ def eval_packing(cfg) -> str:
 
 @singledispatch
 def evaluate(data, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-             on_result: Callable[[object], None] | None = None, progress=None) -> Evaluation:
+             on_result: Callable[[object], None] | None = None, progress=None, kept: dict | None = None) -> Evaluation:
     """Evaluate ``model`` on ``data`` as cfg says; ``on_result`` is called after each length, and
-    progress (posenc.eval.progress.StageLines) hears of each length as it runs."""
+    progress (posenc.eval.progress.StageLines) hears of each length as it runs. kept: results of
+    an interrupted evaluation by length (kept_results), taken as they are instead of run again."""
     raise TypeError(f"no evaluation for {type(data).__name__}")
 
 
 @evaluate.register
 def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-      on_result=None, progress=None) -> Evaluation:
+      on_result=None, progress=None, kept=None) -> Evaluation:
     def each(r: extrapolation.LengthResult) -> None:
         log.info("extrapolation: length %d (%g×): %s", r.length, r.multiple, f"ppl {r.ppl:.3f}" if r.ppl else r.reason)
         if on_result is not None:
             on_result(r)
 
-    results = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=each, progress=progress)
+    results = extrapolation.run_from_config(model, data, cfg, device, autocast, on_result=each, progress=progress,
+                                            kept=kept)
 
     def log_to(tracker, step: int, tokens: int) -> None:
         tracker.log(extrapolation.metrics(results), step=step, tokens=tokens)
@@ -69,10 +72,9 @@ def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nul
         tracker.log_curve("extrapolation/ppl_by_length", ["length", "multiple", "ppl"], rows, "length", "ppl",
                           step, tokens, title="perplexity against evaluation length")
 
-    summary = extrapolation.summary(results, cfg.eval.stride, eval_packing(cfg))
-    asked = int(cfg.eval.tokens)
-    scored = min((r.scored_tokens for r in results if r.ppl is not None), default=asked)
-    summary["extrapolation"]["tokens_asked"] = asked
+    summary = summarise(data, cfg, results)
+    asked, scored = summary["extrapolation"]["tokens_asked"], min(
+        (r.scored_tokens for r in results if r.ppl is not None), default=summary["extrapolation"]["tokens_asked"])
     if scored < asked:  # the validation split (or a whole number of the longest windows) holds fewer
         log.warning("eval.tokens=%d asked, %d scored at each length: the validation split holds no more in whole "
                     "windows of the longest length — shorter eval.lengths or a larger dataset score more",
@@ -82,18 +84,87 @@ def _(data: TokenData, model: nn.Module, cfg, device: torch.device, autocast=nul
 
 @evaluate.register
 def _(data: SyntheticTask, model: nn.Module, cfg, device: torch.device, autocast=nullcontext,
-      on_result=None, progress=None) -> Evaluation:
-    # the same instances (seed 0) for every run of a comparison, whatever the run's own seed
-    results = tasks.evaluate_task(model, data, int(cfg.trainer.seq_len), seed=0,
-                                  batch_tokens=int(cfg.eval.batch_tokens), device=device, progress=progress)
-    for r in results:
+      on_result=None, progress=None, kept=None) -> Evaluation:
+    def each(r: dict) -> None:
         log.info("task %s: length %d (%g×): %s", data.task, r["length"], r["multiple"],
                  f"accuracy {r['accuracy']:.3f}" if r["accuracy"] is not None else r["skipped"])
         if on_result is not None:
             on_result(r)
-    return Evaluation(tasks.summary(data.task, results),
+
+    # the same instances (seed 0) for every run of a comparison, whatever the run's own seed
+    results = tasks.evaluate_task(model, data, int(cfg.trainer.seq_len), seed=0,
+                                  batch_tokens=int(cfg.eval.batch_tokens), device=device, progress=progress,
+                                  kept=kept, on_result=each)
+    return Evaluation(summarise(data, cfg, results),
                       lambda tracker, step, tokens: tasks.log_to(tracker, data.task, results, step, tokens),
                       lambda record: tasks.show(record, data.task, results))
+
+
+@singledispatch
+def summarise(data, cfg, results: list) -> dict:
+    """The summary.json / eval.json part of an evaluation's results (those of some lengths, while
+    it runs): a corpus's perplexities and how its windows were cut, or a task's accuracies."""
+    raise TypeError(f"no evaluation for {type(data).__name__}")
+
+
+@summarise.register
+def _(data: TokenData, cfg, results: list) -> dict:
+    summary = extrapolation.summary(results, cfg.eval.stride, eval_packing(cfg))
+    summary["extrapolation"]["tokens_asked"] = int(cfg.eval.tokens)
+    return summary
+
+
+@summarise.register
+def _(data: SyntheticTask, cfg, results: list) -> dict:
+    return tasks.summary(data.task, results)
+
+
+@singledispatch
+def kept_results(data, summary: dict) -> dict:
+    """The results by length in an evaluation's summary (summarise's), as evaluate takes them back."""
+    raise TypeError(f"no evaluation for {type(data).__name__}")
+
+
+@kept_results.register
+def _(data: TokenData, summary: dict) -> dict:
+    return {r["length"]: extrapolation.LengthResult(**r) for r in (summary.get("extrapolation") or {}).get("lengths", [])}
+
+
+@kept_results.register
+def _(data: SyntheticTask, summary: dict) -> dict:
+    return {r["length"]: r for r in (summary.get("tasks") or {}).get("lengths", [])}
+
+
+@singledispatch
+def stages(data, cfg) -> list[Stage]:
+    """What evaluating ``data`` will run, in order, for the whole evaluation's ETA: the perplexity
+    (or a task's accuracy) at each length, then the per-position loss at each where
+    eval.per_position asks for it."""
+    raise TypeError(f"no evaluation for {type(data).__name__}")
+
+
+@stages.register
+def _(data: TokenData, cfg) -> list[Stage]:
+    T, e = int(cfg.trainer.seq_len), cfg.eval
+    lengths = extrapolation.eval_lengths(T, list(e.lengths))
+    span = extrapolation.eval_span(len(data.validation), lengths, int(e.tokens))
+    windows = data.validation_windows(e.packing)
+    planned = [Stage(extrapolation.STAGE, L, m, len(windows.starts(span, L, e.stride)))
+               for m, L in zip(e.lengths, lengths)]
+    if e.per_position:
+        planned += [Stage(per_position.STAGE, L, L / T, batches.windows)
+                    for L, batches in evaluation_batches(data, cfg).items()]
+    return planned
+
+
+@stages.register
+def _(data: SyntheticTask, cfg) -> list[Stage]:
+    T = int(cfg.trainer.seq_len)
+    lengths = tasks.task_lengths(T, data.eval_multiples)
+    planned = [Stage(f"{data.task} accuracy", L, m, data.eval_instances) for m, L in zip(data.eval_multiples, lengths)]
+    if cfg.eval.per_position:
+        planned += [Stage(per_position.STAGE, L, L / T, data.eval_instances) for L in lengths]
+    return planned
 
 
 @singledispatch

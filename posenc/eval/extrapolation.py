@@ -29,9 +29,13 @@ from posenc.data.windows import Windows
 from posenc.display.terminal import make_console
 from posenc.errors import UserError
 from posenc.eval.loss import score_windows
+from posenc.eval.progress import stage_label
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.nn.model import GPT
 from posenc.record.metrics import EXTRAPOLATION_PPL, EXTRAPOLATION_PPL_MULTIPLE
+
+
+STAGE = "ppl"  # its progress lines: 'ppl at length 4,096 (16×): …'
 
 
 @dataclass
@@ -88,20 +92,28 @@ def evaluate_extrapolation(
     stride: int | None = None,
     on_result: Callable[[LengthResult], None] | None = None,
     progress=None,
+    kept: dict[int, LengthResult] | None = None,
 ) -> list[LengthResult]:
     """Perplexity at each multiple of seq_len over the same validation span (see module doc),
     each through the one evaluator, score_windows; progress (posenc.eval.progress.StageLines)
-    hears of each length and its batches."""
+    hears of each length and its batches. A length in kept (an interrupted evaluation's result,
+    posenc/eval/partial.py) is taken as it is, not scored again; on_result hears of the others."""
     if stride is not None and stride <= 0:
         raise UserError(f"eval.stride must be a positive number of tokens or null, got {stride}")
     lengths = eval_lengths(seq_len, multiples)
     span = eval_span(len(tokens), lengths, budget)
     results = []
     for multiple, length in zip(multiples, lengths):
+        label = stage_label(STAGE, length, multiple)
+        if kept and length in kept:
+            results.append(kept[length])
+            if progress is not None:
+                progress.keep(label, outcome(kept[length]))
+            continue
         started = time.time()
         result = LengthResult(multiple, length, None, None, 0, 0, 0.0)
         if progress is not None:
-            progress.begin(f"ppl at length {length:,} ({multiple:g}×)")
+            progress.begin(label)
         max_len = model.encoding.max_len
         if max_len is not None and length > max_len:
             result.reason = f"not defined: {model.encoding.name} has no positions beyond {max_len - 1}"
@@ -116,12 +128,16 @@ def evaluate_extrapolation(
                 result.reason = f"not defined: {e}"
         result.seconds = time.time() - started
         if progress is not None:
-            progress.end(f"ppl {result.ppl:.3f} over {result.windows:,} windows" if result.ppl is not None
-                         else str(result.reason))
+            progress.end(outcome(result))
         results.append(result)
         if on_result is not None:
             on_result(result)
     return results
+
+
+def outcome(result: LengthResult) -> str:
+    """A length's result in a progress line: 'ppl 3.490 over 64 windows', or why it has none."""
+    return f"ppl {result.ppl:.3f} over {result.windows:,} windows" if result.ppl is not None else str(result.reason)
 
 
 def metrics(results: list[LengthResult]) -> dict[str, float]:
@@ -143,7 +159,8 @@ def summary(results: list[LengthResult], stride: int | None, packing: str = "con
 
 
 def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullcontext,
-                    on_result: Callable[[LengthResult], None] | None = None, progress=None) -> list[LengthResult]:
+                    on_result: Callable[[LengthResult], None] | None = None, progress=None,
+                    kept: dict[int, LengthResult] | None = None) -> list[LengthResult]:
     """evaluate_extrapolation of a corpus's validation split with the settings of cfg.eval
     (its windows cut as eval.packing says, by default as training's dataset.packing) and
     cfg.trainer.seq_len."""
@@ -151,7 +168,7 @@ def run_from_config(model: GPT, data, cfg, device: torch.device, autocast=nullco
     return evaluate_extrapolation(
         model, data.validation_windows(e.packing), cfg.trainer.seq_len, list(e.lengths),
         int(e.tokens), int(e.batch_tokens), device, autocast, stride=e.stride,
-        on_result=on_result, progress=progress,
+        on_result=on_result, progress=progress, kept=kept,
     )
 
 

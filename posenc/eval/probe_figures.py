@@ -86,53 +86,75 @@ def _bias_figure(plt, b: dict) -> tuple[object, str]:
 
 
 def write_probe_figures(probes: dict, out_dir: str | Path, train_length: int | None = None,
-                        title: str | None = None, distance_range: tuple[float, float] | None = None) -> list[Path]:
+                        title: str | None = None, rotary: bool = True) -> list[Path]:
     """PNGs of one length's probes (matplotlib Agg): entropy against query position per layer,
-    mean distance per layer and head, rotary pair norms, bias curves, each titled with ``title``
-    (the run and its encoding) and the length. ``distance_range``: the distance heatmap's colour
-    scale, shared by every length probed so one colour is one distance in each of them. Returns
-    the paths written."""
+    mean distance per layer and head, rotary pair norms (unless rotary=False: written once for
+    several lengths, write_probes), bias curves, each titled with ``title`` (the run and its
+    encoding) and the length. The distance heatmap has its own colour scale, the length's range,
+    and its numbers in the cells: a scale shared with 16× the length leaves the short one a single
+    dark colour, and the numbers compare across lengths where colours cannot. Returns the paths
+    written."""
     plt = pyplot()
     out, T = Path(out_dir), probes["length"]
     out.mkdir(parents=True, exist_ok=True)
     paths = []
 
-    def save(fig, name: str, heading: str = "") -> None:
+    def save(fig, name: str, heading: str = "", legend: str | None = None) -> None:
         if title or heading:
             fig.suptitle("\n".join(filter(None, [f"{title} · T={T}" if title else "", heading])), fontsize=8)
         fig.tight_layout()
-        legend_below(fig.axes, fontsize=7)  # under the panels: it covers no curve
+        legend_below(fig.axes, title=legend, fontsize=7)  # under the panels: it covers no curve
         paths.append(save_figure(fig, out / name))
 
     fig = _entropy_figure(plt, probes, train_length)
-    save(fig, f"entropy_T{T}.png")
+    save(fig, f"entropy_T{T}.png", legend="attention entropy at each query position, bucketed")
 
-    fig, ax = plt.subplots(figsize=(4, 3))
-    low, high = distance_range or (None, None)
-    im = ax.imshow(probes["distance"], aspect="auto", cmap="viridis", vmin=low, vmax=high)
+    distance = torch.tensor(probes["distance"], dtype=torch.float64)  # (layers, heads), tokens
+    n_layer, n_head = distance.shape
+    fig, ax = plt.subplots(figsize=(max(4.0, 0.55 * n_head + 1.8), max(3.0, 0.45 * n_layer + 1.4)))
+    im = ax.imshow(distance.numpy(), aspect="auto", cmap="viridis")  # this length's own range
     ax.set(xlabel="head", ylabel="layer", title=f"mean attention distance (T={T})")
-    n_layer, n_head = torch.tensor(probes["distance"]).shape
     ax.set_xticks(range(n_head))  # whole heads and layers, not -0.5, 0.0, 0.5
     ax.set_yticks(range(n_layer))
-    fig.colorbar(im, ax=ax, label="Σ_j p_ij (i − j), tokens" + ("\n(one scale for every T)" if distance_range else ""))
+    if n_layer * n_head <= 64:  # the numbers, readable across lengths; too many cells would be clutter
+        middle = float(distance.min() + distance.max()) / 2
+        for (layer, head), value in zip(torch.cartesian_prod(torch.arange(n_layer), torch.arange(n_head)).tolist(),
+                                        distance.flatten().tolist()):
+            ax.text(head, layer, f"{value:.0f}" if value >= 10 else f"{value:.1f}", ha="center", va="center",
+                    fontsize=7, color="black" if value > middle else "white")
+    fig.colorbar(im, ax=ax, label=f"Σ_j p_ij (i − j), tokens\n(T={T}'s own scale)")
     save(fig, f"distance_T{T}.png")
 
-    if probes["rotary"]:
-        rot = probes["rotary"]
-        fig, axes = plt.subplots(1, 2, figsize=(8, 3), sharey=True)
-        for ax, key in zip(axes, ("q_sq_norm", "k_sq_norm")):
-            for layer, row in enumerate(rot[key]):
-                ax.plot(row, marker=".", lw=1, label=f"layer {layer}")
-            if rot["rotated_pairs"] < len(rot["theta"]):  # partial rotary: the unrotated pairs on the right
-                ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
-            ax.set(xlabel="pair i (θ_i falls with i)", title=f"mean ‖{key[0]}‖² per pair")
-        save(fig, "rotary_pairs.png")
+    if probes["rotary"] and rotary:
+        paths.append(write_rotary_pairs(plt, {T: probes["rotary"]}, out, title))
 
     biases = probes["bias"] or []
     for b in biases:  # one figure per distinct layer encoding with a bias; bias.png where there is one
         fig, heading = _bias_figure(plt, b)
-        save(fig, "bias.png" if len(biases) == 1 else f"bias_layer{b['layers'][0]}.png", heading)
+        save(fig, "bias.png" if len(biases) == 1 else f"bias_layer{b['layers'][0]}.png", heading, legend="head h")
     return paths
+
+
+def write_rotary_pairs(plt, rotary_by_length: dict[int, dict], out: Path, title: str | None) -> Path:
+    """rotary_pairs.png: the mean ‖q‖² and ‖k‖² of each rotary pair, a line per layer (Barbero et
+    al., 2025: which frequencies a model uses), a row of panels per probed length on one y axis:
+    one file for every length, where the differences between lengths read row against row."""
+    fig, axes = plt.subplots(len(rotary_by_length), 2, figsize=(8, 2.4 * len(rotary_by_length) + 0.6), sharey=True,
+                             sharex=True, squeeze=False)
+    for row, (T, rot) in zip(axes, rotary_by_length.items()):
+        for ax, key in zip(row, ("q_sq_norm", "k_sq_norm")):
+            for layer, values in enumerate(rot[key]):
+                ax.plot(values, marker=".", lw=1, label=f"{layer}")
+            if rot["rotated_pairs"] < len(rot["theta"]):  # partial rotary: the unrotated pairs on the right
+                ax.axvline(rot["rotated_pairs"] - 0.5, color="grey", ls="--", lw=0.8)
+            ax.set_title(f"mean ‖{key[0]}‖² per pair, T={T}", fontsize=9)
+    for ax in axes[-1]:
+        ax.set_xlabel("pair i (θ_i falls with i)")
+    if title:
+        fig.suptitle(title, fontsize=8)
+    fig.tight_layout()
+    legend_below(list(axes[-1]), title="layer", fontsize=7)
+    return save_figure(fig, out / "rotary_pairs.png")
 
 
 def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_length: int | None = None,
@@ -151,10 +173,10 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
     tmp.replace(out / PROBES_FILE)  # never a half-written file
     paths = [out / PROBES_FILE]
     several = len(probes_by_length) > 1
-    distances = torch.cat([torch.tensor(p["distance"], dtype=torch.float64).flatten() for p in probes_by_length.values()])
-    shared = (float(distances.min()), float(distances.max())) if several else None  # issue 47: one colour scale
     for T, probes in probes_by_length.items():
-        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title, shared)
+        paths += write_probe_figures(probes, out / f"T{T}" if several else out, train_length, title, rotary=not several)
+    if several and next(iter(probes_by_length.values()))["rotary"]:  # one figure for every length, not one each
+        paths.append(write_rotary_pairs(plt, {int(T): p["rotary"] for T, p in probes_by_length.items()}, out, title))
     if several:
         lengths = [int(T) for T in probes_by_length]
         fig, ax = plt.subplots(figsize=(4.5, 3))
@@ -170,6 +192,6 @@ def write_probes(probes_by_length: dict[str, dict], out_dir: str | Path, train_l
         if title:
             ax.set_title(title, fontsize=8)
         fig.tight_layout()
-        legend_below([ax], fontsize=7)
+        legend_below([ax], title="layer", fontsize=7)
         paths.append(save_figure(fig, out / "entropy_vs_length.png"))
     return paths

@@ -16,7 +16,7 @@ NTK: each answer token is predicted from its own prefix, not from the whole wind
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 
 import torch
@@ -25,6 +25,7 @@ from torch import Tensor, nn
 from posenc.data.synthetic import SyntheticTask, make_task
 from posenc.display.terminal import make_console
 from posenc.eval.loss import score_batches
+from posenc.eval.progress import stage_label
 from posenc.nn.encodings.base import PositionOutOfRange
 from posenc.record.metrics import (
     TASK_ACCURACY,
@@ -111,33 +112,49 @@ def task_lengths(train_length: int, multiples: Sequence[float]) -> list[int]:
 
 def length_accuracy(model: nn.Module, task: str, train_length: int, multiples: Sequence[float] = MULTIPLES,
                     n: int = 256, seed: int = 0, batch_tokens: int = 16384, device: torch.device | str = "cpu",
-                    progress=None, scoring: str = "teacher_forced", **options) -> list[dict]:
+                    progress=None, scoring: str = "teacher_forced", kept: dict[int, dict] | None = None,
+                    on_result: Callable[[dict], None] | None = None, **options) -> list[dict]:
     """``task_accuracy`` at every multiple of the training length, each dict with its multiple;
-    progress (posenc.eval.progress.StageLines) hears of each length.
+    progress (posenc.eval.progress.StageLines) hears of each length; a length in kept (an
+    interrupted evaluation's result, posenc/eval/partial.py) is taken as it is, and on_result hears
+    of each of the others as it is scored.
 
     Metric names for metrics.jsonl / W&B: ``tasks/<task>/accuracy@<length>`` (see ``as_metrics``).
     """
     results = []
     for m, length in zip(multiples, task_lengths(train_length, multiples)):
+        label = stage_label(f"{task} accuracy", length, m)
+        if kept and length in kept:
+            results.append(kept[length])
+            if progress is not None:
+                progress.keep(label, outcome(kept[length], n))
+            continue
         if progress is not None:
-            progress.begin(f"{task} accuracy at length {length:,} ({m:g}×)", n)
+            progress.begin(label, n)
         results.append({"multiple": m, **task_accuracy(model, task, length, n, seed, batch_tokens, device, scoring,
                                                        **options)})
         if progress is not None:
-            r = results[-1]
-            progress.end(f"accuracy {r['accuracy']:.3f} over {n:,} instances" if r["accuracy"] is not None
-                         else f"not defined: {r['skipped']}")
+            progress.end(outcome(results[-1], n))
+        if on_result is not None:
+            on_result(results[-1])
     return results
 
 
+def outcome(result: dict, n: int) -> str:
+    """A length's result in a progress line: 'accuracy 0.975 over 256 instances', or why it has none."""
+    return f"accuracy {result['accuracy']:.3f} over {n:,} instances" if result["accuracy"] is not None \
+        else f"not defined: {result['skipped']}"
+
+
 def evaluate_task(model: nn.Module, spec: SyntheticTask, train_length: int, seed: int = 0,
-                  batch_tokens: int = 16384, device: torch.device | str = "cpu", progress=None) -> list[dict]:
+                  batch_tokens: int = 16384, device: torch.device | str = "cpu", progress=None,
+                  kept: dict[int, dict] | None = None, on_result: Callable[[dict], None] | None = None) -> list[dict]:
     """A run's task evaluation as its config says (dataset=synthetic): ``length_accuracy`` at
     spec.eval_multiples × train_length on spec.eval_instances instances. The seed picks the
     evaluation set; every run of a comparison should pass the same one (e.g. 0), so all
     encodings answer the same instances."""
     return length_accuracy(model, spec.task, train_length, spec.eval_multiples, spec.eval_instances, seed,
-                           batch_tokens, device, progress, spec.scoring, **spec.options)
+                           batch_tokens, device, progress, spec.scoring, kept, on_result, **spec.options)
 
 
 _FIELDS = {"accuracy": TASK_ACCURACY, "low": TASK_LOW, "high": TASK_HIGH, "token_accuracy": TASK_TOKEN_ACCURACY}

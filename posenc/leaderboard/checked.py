@@ -7,13 +7,12 @@ a token that sees its future) is not a result about positional encoding."""
 
 from __future__ import annotations
 
-from posenc.check import check_version, compose_subject, run_checks
-
 
 def check_record(overrides: list[str]) -> dict:
     """Run every property of `posenc check` on the encoding the overrides choose (its tiny model, as
     the command does): {"version": check_version(), "failed": [property, ...]}, and "caveats": [what
     holds only with a qualification, e.g. a decoding cache stale beyond a length] where there are any."""
+    from posenc.check import check_version, compose_subject, run_checks  # start-up: the checks import torch
 
     rows = run_checks(compose_subject(overrides))
     caveats = [f"{r.name}: {r.caveat}" for r in rows if r.caveat]

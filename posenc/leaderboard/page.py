@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from statistics import median
 
 from posenc.leaderboard.checked import check_cell
@@ -70,29 +71,67 @@ def carried_line(raw: dict) -> list[str]:
             f"([leaderboard-{c['protocol']}.md](leaderboard-{c['protocol']}.md)), by `{c['command']}` on {c['date']}"]
 
 
-def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) -> list[str]:
-    """One row per encoding, sorted by the last perplexity metric (the one whose ranking transfers)."""
+@dataclass(frozen=True)
+class TableRow:
+    """One encoding's row of the main table: its cells, metric by metric, in the page's form
+    ('9.12 [8.99, 9.25] {2–4}'), which of them lead by a detectable margin, its minutes and check."""
+    label: str
+    cells: list[str]
+    best: list[bool]
+    minutes: float
+    check: str
+    note: str = ""
+
+
+def table_rows(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...], sort_metric: str | None = None
+               ) -> list[TableRow]:
+    """One row per encoding, sorted by sort_metric (default: the last perplexity metric, the one
+    whose ranking transfers): the main table of the page and of a bare `posenc leaderboard`."""
     placed = {metric: ranking_only(b.rows, metric, seeds) for metric in metrics}
-    sort_metric = sort_key(metrics)
+    sort_metric = sort_metric or sort_key(metrics)
     order = {r.label: i for i, r in enumerate(placed[sort_metric][1].ranks)}
     rows = sorted(b.rows, key=lambda r: (order.get(r.label, len(order)), r.label))
     usual = check_versions(b)[0] if check_versions(b) else None
-    lines = ["| encoding | " + " | ".join(metrics.values()) + " | minutes (all runs) | `posenc check` |",
-             "|---|" + "---:|" * (len(metrics) + 1) + "---|"]
+    out = []
     for row in rows:
-        cells = []
+        cells, best = [], []
         for metric in metrics:
             stats, ranking = placed[metric]
             rank = next(((r.low, r.high) for r in ranking.ranks if r.label == row.label), None)
-            cells.append(cell(stats[row.label], fmt_of(metric), rank, ranking.leader.best == row.label))
+            best.append(ranking.leader.best == row.label)
+            cells.append(cell(stats[row.label], fmt_of(metric), rank, False))
         minutes = sum(t or 0 for ts in row.wall_time_s.values() for t in ts) / 60
         check = check_cell(row.check)
         if row.check is not None and row.check["version"] != usual:
             check += f" (checks {row.check['version']})"
-        if row.note:
-            check += f" — {row.note}"
-        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {minutes:.1f} | {check} |")
+        out.append(TableRow(row.label, cells, best, minutes, check, row.note))
+    return out
+
+
+def bold(text: str) -> str:
+    """A cell's number in Markdown bold, its intervals after it as they were: '**9.12** [8.99, 9.25]'."""
+    number, _, rest = text.partition(" ")
+    return f"**{number}**" + (f" {rest}" if rest else "")
+
+
+def main_table(b: Baselines, metrics: dict[str, str], seeds: tuple[int, ...]) -> list[str]:
+    """One row per encoding, sorted by the last perplexity metric (the one whose ranking transfers)."""
+    lines = ["| encoding | " + " | ".join(metrics.values()) + " | minutes (all runs) | `posenc check` |",
+             "|---|" + "---:|" * (len(metrics) + 1) + "---|"]
+    for row in table_rows(b, metrics, seeds):
+        cells = [bold(c) if best else c for c, best in zip(row.cells, row.best)]
+        check = f"{row.check} — {row.note}" if row.note else row.check
+        lines.append(f"| {row.label} | " + " | ".join(cells) + f" | {row.minutes:.1f} | {check} |")
     return lines
+
+
+def table_note(metrics: dict[str, str], seeds: tuple[int, ...], sort_metric: str) -> str:
+    """What a cell of the main table is, in words (the page's paragraph above it, the terminal's below)."""
+    return (f"Mean over seeds {', '.join(map(str, seeds))} and its 95% interval ([statistics.md](statistics.md): "
+            "perplexity on the log scale, accuracy in %), the rank interval (from the same pairwise Welch tests as "
+            "the verdicts) in braces where it is not a single rank, the best in bold only where it is ahead of every "
+            f"other row by a detectable margin (Welch 95%). Sorted by {metrics[sort_metric]}. —: the encoding has no "
+            "such positions (learned positions past their table).")
 
 
 def check_versions(b: Baselines) -> list[str]:
@@ -149,14 +188,13 @@ def render(b: Baselines, protocol: Protocol) -> str:
     loads = [x for r in b.rows for x in r.load_1m if x is not None] or [0.0]
     lines = [
         *header(b),
-        "Place an encoding among these rows (the protocol, 3 seeds, then the table below with it in it), "
-        "or check that a shipped row reproduces on your machine:", "",
-        "```bash", f"posenc leaderboard encoding=mine --config-dir mine/conf{flag(b.protocol)}",
+        "Show these rows in the terminal, place an encoding among them (the protocol, 3 seeds, then the table "
+        "below with it in it), or check that a shipped row reproduces on your machine:", "",
+        "```bash", f"{f'posenc leaderboard{flag(b.protocol)}':<55} # this table, in the terminal",
+        f"{f'posenc leaderboard --metric extrapolation/ppl@16x{flag(b.protocol)}':<55} # one column, sorted by it",
+        f"posenc leaderboard encoding=mine --config-dir mine/conf{flag(b.protocol)}",
         f"posenc leaderboard --reproduce rope{flag(b.protocol)}", "```", "",
-        f"Mean over seeds {', '.join(map(str, seeds))} and its 95% interval ([statistics.md](statistics.md): perplexity "
-        "on the log scale, accuracy in %), the rank interval (from the same pairwise Welch tests as the verdicts) in braces where it is not a single rank, "
-        "the best in bold only where it is ahead of every other row by a detectable margin (Welch 95%). Sorted by "
-        f"{metrics[sort_key(metrics)]}. —: the encoding has no such positions (learned positions past their table).", "",
+        table_note(metrics, seeds, sort_key(metrics)), "",
         *main_table(b, metrics, seeds), "",
         f"Run wall time per encoding (both arms, {len(seeds)} seeds, the machine above): median "
         f"{median(minutes):.1f} min, {min(minutes):.1f}–{max(minutes):.1f} min, while its 1-minute load average "

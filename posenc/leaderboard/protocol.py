@@ -7,8 +7,10 @@ evaluator, the corpus settings) changes the hash, and the shipped baselines no l
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from importlib.resources import files
 from pathlib import Path
@@ -64,6 +66,24 @@ class Protocol:
     def metrics(self) -> dict[str, str]:
         """Every arm's metrics, in order: summary key -> column label."""
         return {k: label for arm in self.arms for k, label in arm.metrics.items()}
+
+    def metric_named(self, name: str) -> str:
+        """The metric a user names: its summary key (extrapolation/ppl@1024), its column label
+        (ppl 16×, or ppl 16x), or the key at a multiple of the training length as the label states
+        it (extrapolation/ppl@16x); a name that is none of them refused, naming the closest."""
+        aliases: dict[str, str] = {}
+        for key, label in self.metrics.items():
+            multiple = re.search(r"(\d+(?:\.\d+)?)×$", label)
+            for alias in (key, label, label.replace("×", "x"),
+                          f"{key.rsplit('@', 1)[0]}@{multiple[1]}x" if multiple else key):
+                aliases[alias.lower()] = key
+        found = aliases.get(name.strip().lower())
+        if found is None:
+            close = difflib.get_close_matches(name.lower(), list(aliases), n=3, cutoff=0.5)
+            shown = list(dict.fromkeys([*close, *self.metrics]))
+            raise UserError(f"--metric {name!r} is not one of {self.name}'s metrics — use one of: {', '.join(shown)} "
+                            f"(or a column's label: {', '.join(self.metrics.values())})")
+        return found
 
     def arm_of(self, metric: str) -> Arm:
         return next(arm for arm in self.arms if metric in arm.metrics)

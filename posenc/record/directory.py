@@ -52,6 +52,44 @@ def read_jsonl(path: Path) -> list[dict]:
     return rows
 
 
+def nearest_path(path: Path) -> Path | None:
+    """The existing path a mistyped one most likely meant: each part that does not exist replaced by
+    the closest name in its folder (difflib), or, for a part written with the README's placeholders
+    (``<date>``, ``<time>_base-…``), by the newest name that fits it; None where some part has no
+    such name (or the path exists)."""
+    import difflib
+
+    path = Path(path)
+    if path.exists():
+        return None
+    current = Path(path.anchor) if path.is_absolute() else Path(".")
+    for part in path.parts[1:] if path.is_absolute() else path.parts:
+        if (current / part).exists():
+            current = current / part
+            continue
+        try:
+            names = [p.name for p in current.iterdir()]
+        except OSError:
+            return None
+        if "<" in part and ">" in part:  # outputs/sweeps/<date>/<time>_name, pasted as the docs write it
+            pattern = re.compile(".*".join(re.escape(piece) for piece in re.split(r"<[^>]*>", part)))
+            fits = [n for n in names if pattern.fullmatch(n)]
+            match = max(fits, key=lambda n: (current / n).stat().st_mtime, default=None)
+        else:
+            match = next(iter(difflib.get_close_matches(part, names, n=1, cutoff=0.6)), None)
+        if match is None:
+            return None
+        current = current / match
+    return current
+
+
+def missing_path(path: Path, what: str) -> str:
+    """'outputs/x does not exist — did you mean outputs/y? (give …)': a path that is not there, the
+    nearest one that is, and what the command takes (what)."""
+    near = nearest_path(path)
+    return f"{path} does not exist — " + (f"did you mean {near}? ({what})" if near is not None else what)
+
+
 def remove_run_dir(run_dir: Path) -> None:
     """Delete a run dir and any parents it leaves empty, outputs/ included: a refused run
     leaves nothing behind."""

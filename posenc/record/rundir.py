@@ -34,7 +34,6 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from posenc.config.load import typed_run_config
-from posenc.display.commands import shell_word
 from posenc.errors import UserError
 from posenc.record.directory import read_jsonl, varied_values
 
@@ -102,6 +101,9 @@ class RunDir:
     def checkpoint(self, kind: str = "last") -> Path:
         """checkpoints/last.safetensors (what resume continues from) or checkpoints/best.safetensors."""
         return self.checkpoints_dir / f"{kind}{CHECKPOINT_SUFFIX}"
+
+    def kept_checkpoint(self) -> bool:
+        return self.checkpoint().is_file() or self.checkpoint("best").is_file()
 
     @staticmethod
     def per_position_stem(evaluation: Path | None = None) -> str:
@@ -238,46 +240,6 @@ class RunDir:
         if not path.is_file():
             self.refuse_legacy()
         return read_checkpoint(path, tensors)
-
-    # --- a path given where one run is wanted ------------------------------------------------
-    def require_run(self, command: str) -> None:
-        """A directory `posenc <command>` reads one run from: it exists, is no sweep directory (its
-        runs listed) and holds .hydra/ (else a run under it named), each said in one line."""
-        if not self.path.is_dir():
-            raise UserError(f"run dir '{self.path}' does not exist — pass a directory under outputs/ made by "
-                            f"`posenc train`")
-        self._refuse_sweep_dir(command)
-        self._refuse_non_run_dir(command)
-
-    def _refuse_sweep_dir(self, command: str) -> None:
-        path = self.path
-        if self.is_run() or not ((path / MULTIRUN_FILE).is_file() or (path / SWEEP_FILE).is_file()):
-            return
-        runs = sorted((p for p in path.iterdir() if (p / HYDRA_DIR).is_dir()), key=lambda p: (len(p.name), p.name))
-        if not runs:
-            raise UserError(f"'{path}' is a sweep dir whose jobs never started — it has no run to {command}")
-        listed = ", ".join(p.name for p in runs[:8]) + (f", … ({len(runs)} in all)" if len(runs) > 8 else "")
-        raise UserError(f"'{path}' is a sweep dir, not one run; its runs: {listed} — {command} one with "
-                        f"`posenc {command} {shell_word(str(runs[0]))}`, or compare them all with "
-                        f"`posenc compare {shell_word(str(path))}`")
-
-    def _refuse_non_run_dir(self, command: str) -> None:
-        """Not a run directory (a parent of runs, a copy of a checkpoint folder, any other folder):
-        said so, with a run under it where there is one, instead of a missing checkpoint's message."""
-        if self.is_run():
-            return
-        path = self.path
-        under = sorted(RunDir.under(path), key=lambda r: (str(r.path.parent), len(r.path.name), r.path.name))
-        runs = [r.path for r in under if r.checkpoint().is_file() or r.checkpoint("best").is_file()]  # evaluable
-        if runs:
-            raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it); it holds {shell_word(str(runs[0]))}"
-                            f"{f' (and {len(runs) - 1} more with a checkpoint under it)' if len(runs) > 1 else ''} — {command} one run with "
-                            f"`posenc {command} {shell_word(str(runs[0]))}`")
-        if under:  # trainer.checkpoint=none runs (a leaderboard arm's): none to name
-            raise UserError(f"'{path}' is not a run directory; its {len(under)} run(s) ({shell_word(str(under[0].path))}, …) "
-                            f"kept no checkpoint to {command} — train one with trainer.checkpoint=last (the default) or best")
-        raise UserError(f"'{path}' is not a run directory (no {HYDRA_DIR}/ in it, and no run under it) — pass a "
-                        f"directory `posenc train` made, e.g. outputs/<date>/<time>_<encoding>")
 
 
 def load_checkpoint(path: Path | str, tensors: bool = True) -> dict:

@@ -58,14 +58,14 @@ from posenc.report.setup import (
     summarise_fixed,
 )
 from posenc.report.stats import aggregate, scale_of
-from posenc.report.tables import rich_table, text_tables
+from posenc.report.tables import rich_table, text_tables, too_few_note
 from posenc.report.verdicts import (
     baseline_table,
     find_baseline,
     rank_within,
     ranking_of,
 )
-from posenc.report.write import report_title, write_report
+from posenc.report.write import report_stem, report_title, write_report
 
 
 def convergence_targets(runs: Sequence[Run], asked: Sequence[float | str] | None) -> list[Target]:
@@ -171,12 +171,16 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
     are those with a run whose checkpoint does not rebuild its model (report/proved.py)."""
     runs, duplicates = deduplicate(runs)
     check_keys(runs, by, within)
-    by = list(by) if by else [k for k in varying_keys(runs) if k != within]
+    plain_by = [k for k in varying_keys(runs) if k != within]
+    by = list(by) if by else plain_by
     chosen = convergence_targets(runs, targets)
     add_run_metrics(runs, chosen)  # a --metric may name a target's tokens, computed here
     if metric is not None:
         check_choice("--metric", metric, metric_keys(runs))
     shown = [t for t in chosen if targets or crossed(runs, t)]  # asked for: always shown
+    options = {"metric": metric if metric not in (None, default_metric(runs)) else None,
+               "by": ",".join(by) if by != plain_by else None, "within": within, "baseline": baseline,
+               "targets": ",".join(map(str, chosen)) if targets else None}
     metric = metric or default_metric(runs)
     groups = group_runs(runs, by + ([within] if within else []))  # a cell never pools two values of --within
     base = find_baseline(groups, baseline) if baseline is not None else None  # as the user names it: unmarked
@@ -186,6 +190,7 @@ def build_comparison(runs: Sequence[Run], by: Sequence[str] | None, metric: str 
                    fixed, varied, dropped_targets=[t for t in chosen if t not in shown], within=within)
     c.unchecked = unchecked
     c.unproved = unproved
+    c.chosen = {k: v for k, v in options.items() if v}
     values = fill_cells(c)
     if base is not None:
         c.baseline = base
@@ -229,8 +234,11 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
     say(f"{title}, grouped by {', '.join(c.keys) or 'nothing (one group: nothing varies)'} · {setup_line(c.runs)}",
         "bold")
     say(f"varied: {describe_varied(c.varied) or 'nothing'}")
-    for table in text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c):
+    tables = text_tables(c, seeds=seeds, compact=True) + rank_text_tables(c)
+    for table in tables:
         console.print(rich_table(table))
+    if note := too_few_note(tables):
+        say(note, "dim")
     for line in failed_lines(c, root):
         say(f"not averaged in: {line}", "bold red")
     for line in warning_lines(c):
@@ -238,7 +246,7 @@ def print_comparison(c: Comparison, console: Console, title: str, root: Path, se
     for line in verdict_lines(c):
         say(line, "bold")
     # what varied and the result first: the (often 50-70) keys every run shared close it, the headline ones named
-    where = "report.md lists every one" if writes else "--out DIR writes a report.md that lists every one"
+    where = f"{report_stem(c)}.md lists every one" if writes else "--out DIR writes a report.md that lists every one"
     say(f"held fixed: {summarise_fixed(c.fixed, where)}" if c.fixed else "held fixed: nothing", "dim")
 
 
@@ -261,9 +269,11 @@ def compare(paths: Sequence[Path], by: Sequence[str] | None = None, metric: str 
                       "group's report.html and figures there", highlight=False, soft_wrap=True)
         return None
     out = Path(out) if out else default_out(paths)
-    files = write_report(c, out, paths, title, failed_lines(c, out), duplicate_lines(c, out), warning_lines(c))
-    console.print(f"report: [bold]{out / 'report.html'}[/] (and report.md, {', '.join(p.name for p in files)})",
-                  highlight=False, soft_wrap=True)
+    written = write_report(c, out, paths, title, failed_lines(c, out), duplicate_lines(c, out), warning_lines(c))
+    console.print(f"report: [bold]{written.html}[/] (and {written.markdown.name}, "
+                  f"{', '.join(p.name for p in written.plots)})", highlight=False, soft_wrap=True)
+    for line in written.lines():  # what it replaced, and the other reports it left beside it
+        console.print(line, style="dim", highlight=False, soft_wrap=True)
     return out
 
 

@@ -104,6 +104,9 @@ class Comparison:
     agreements: list[Agreement] = field(default_factory=list)        # Kendall τ between within-values
     unchecked: list[str] = field(default_factory=list)               # a line per arm failing `posenc check`
     unproved: list[str] = field(default_factory=list)                # a line per arm whose checkpoints do not rebuild its model
+    #: the options that make this report other than a plain compare's, as they name its files
+    #: ('metric' -> 'extrapolation/ppl@1024', 'by', 'within', 'baseline', 'targets'): report/write.py
+    chosen: dict[str, str] = field(default_factory=dict)
 
     @property
     def failed(self) -> list[Run]:

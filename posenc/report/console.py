@@ -90,6 +90,9 @@ def print_summary(summary: dict, run_dir: Path) -> None:
                            ("tokens/s", TOKENS_PER_S.name, "{:,.0f}"), ("wall time", WALL_TIME.name, "{:.1f} s")):
         if summary.get(key) is not None:
             table.add_row(name, fmt.format(summary[key]))
+    if summary.get("world_size") is not None:  # how many processes trained it: part of the run, like its batch
+        batch = f" (global batch {summary['global_batch']:,})" if summary.get("global_batch") is not None else ""
+        table.add_row("world size (processes)", f"{summary['world_size']:,}{batch}")
     load, cpus = summary.get(MACHINE_LOAD.name), summary.get(MACHINE_CPUS.name) or 1
     if load is not None:  # tokens/s is one timing, taken on whatever else the machine ran
         busy = load > LOADED_PER_CPU * cpus

@@ -5,7 +5,8 @@ adds no empty column: posenc/display/figures.py), a title that states the setup 
 seeds), and one look per group that is the same in every figure (report/style.py). A group's
 line is the mean over its completed seeds; the band (or error bar) is its 95% interval, the one
 the tables print (report/stats.py: on the log scale for perplexity-like metrics, so never below
-zero). The legend's title says so only when some group has an interval to draw (two seeds or more).
+zero). The legend's title names the swept key, and what the lines and bands are only when some group
+has an interval to draw (two seeds or more). The final metric's figure is report/plots_final.py's.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ plt = pyplot()  # Agg, before anything else imports pyplot
 import numpy as np  # noqa: E402
 from matplotlib.ticker import EngFormatter, FormatStrFormatter, LogLocator, NullLocator  # noqa: E402
 
-from posenc.record.metrics import EXTRAPOLATION_PPL, TOKENS, Target, lookup  # noqa: E402
-from posenc.report.runs import Group, format_value  # noqa: E402
-from posenc.report.spread import Spread, hold_spread, seed_spread  # noqa: E402
+from posenc.record.metrics import TOKENS, Target  # noqa: E402
+from posenc.report.runs import Group  # noqa: E402
+from posenc.report.spread import Spread, seed_spread  # noqa: E402
 from posenc.report.stats import Stat, aggregate, scale_of  # noqa: E402
 from posenc.report.style import group_families, styles_for  # noqa: E402
 
@@ -59,6 +60,13 @@ def interval_note(metric: str, shown: bool, point: str = "line", mark: str = "ba
         return None
     mean = "geometric mean" if scale_of(metric).log else "mean"
     return f"{point}: {mean} over seeds · {mark}: 95% interval"
+
+
+def legend_heading(groups: Sequence[Group], note: str | None = None) -> str | None:
+    """A legend's title: what its entries are (the groups' keys, 'encoding.base (n = seeds)') and
+    what the lines and bands are where drawn."""
+    keys = ", ".join(dict.fromkeys(k for g in groups for k in g.by))
+    return " · ".join(filter(None, [f"{keys} (n = seeds)" if keys else None, note])) or None
 
 
 def with_note(title: str, note: str | None) -> str:
@@ -142,95 +150,9 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
         ax.yaxis.set_major_locator(LogLocator(10, subs=(1, 1.5, 2, 2.5, 3, 3.5, 4, 5, 6, 7, 8, 9)))  # 2, 2.5, 3, …
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
         ax.yaxis.set_minor_locator(NullLocator())
-    legend_below([ax], interval_note("val/loss", any(len(g.completed) > 1 for g in groups if g.label in curves)))
+    legend_below([ax], legend_heading(groups, interval_note("val/loss", any(len(g.completed) > 1 for g in groups
+                                                                            if g.label in curves))))
     return save_figure(fig, path)
-
-
-def _long(labels: Sequence[str]) -> bool:
-    """Whether category labels would run into each other side by side on a figure's x-axis."""
-    return sum(len(label) for label in labels) > 70 or max((len(label) for label in labels), default=0) > 14
-
-
-def _final_over_numbers(ax, stats: list[tuple[Group, Stat]], by: Sequence[str], i: int) -> None:
-    """One line per combination of the other keys over the numeric key by[i] (log-x when it spans
-    decades, e.g. RoPE's base), the interval as error bars."""
-    series: dict[tuple, list] = {}
-    for g, s in stats:
-        series.setdefault(g.key[:i] + g.key[i + 1:], []).append((g.key[i], s.mean, *s.errors))
-    rest_keys = [k for j, k in enumerate(by) if j != i]
-    series_styles = styles_for([", ".join(format_value(v) for v in rest) for rest in series])
-    for j, (rest, points) in enumerate(series.items()):
-        x, y, below, above = zip(*sorted(points))
-        label = ", ".join(f"{k}={format_value(v)}" for k, v in zip(rest_keys, rest))
-        style = series_styles[", ".join(format_value(v) for v in rest)]
-        ax.errorbar(x, y, yerr=[below, above], capsize=3, label=label or None, markersize=7, linewidth=line_width(j),
-                    **style.line())
-    xs = [g.key[i] for g, _ in stats]
-    log_x = min(xs) > 0 and max(xs) / min(xs) >= 100
-    if log_x:
-        ax.set_xscale("log")
-    else:
-        ax.xaxis.set_major_formatter(EngFormatter())
-    ax.set_xlabel(by[i] + (" (log scale)" if log_x else ""))
-    if len(series) > 1:
-        legend_below([ax])  # what the points and bars are: the title says
-
-
-def _final_over_categories(ax, stats: list[tuple[Group, Stat]], by: Sequence[str]) -> None:
-    """A point per group, not a bar: the axis is zoomed on the differences, and a bar would imply
-    zero. Long labels go down the y-axis, horizontal, where they cannot collide."""
-    styles = styles_for([g.label for g, _ in stats], group_families([g for g, _ in stats]))
-    labels = [g.label for g, _ in stats]
-    across = not _long(labels)
-    for j, (g, st) in enumerate(stats):
-        style = styles[g.label]
-        x, y = ([j], [st.mean]) if across else ([st.mean], [j])
-        err = {"yerr" if across else "xerr": [[e] for e in st.errors]} if st.low is not None else {}  # one seed: none
-        ax.errorbar(x, y, fmt=style.marker, markersize=8, capsize=5, color=style.color, markerfacecolor="none",
-                    markeredgewidth=1.6, **err)
-    if across:
-        ax.set_xticks(range(len(labels)), labels)
-        ax.set_xlim(-0.5, len(stats) - 0.5)
-        ax.set_xlabel(", ".join(by) or "runs")
-    else:
-        ax.set_yticks(range(len(labels)), labels)
-        ax.set_ylim(len(stats) - 0.5, -0.5)  # the first group on top, as in the table
-        ax.set_ylabel(", ".join(by) or "runs")
-
-
-def plot_final(groups: Sequence[Group], by: Sequence[str], metric: str, path: Path, title: str,
-               setup: str = "") -> Path:
-    """Final metric against the swept value: a line over a numeric key, points over categories;
-    the metric on the axis the groups are not on."""
-    fig, ax = plt.subplots(figsize=(8, 4.6))
-    stats = [(g, s) for g in groups if (s := g.stat(metric)).mean is not None]
-    numeric = [i for i, k in enumerate(by) if all(isinstance(g.key[i], float) for g, _ in stats)]
-    horizontal = False
-    if stats and numeric:
-        _final_over_numbers(ax, stats, by, numeric[0])
-    elif stats:
-        _final_over_categories(ax, stats, by)
-        horizontal = _long([g.label for g, _ in stats])
-    (ax.set_xlabel if horizontal else ax.set_ylabel)(f"final {metric}" + _unit(metric))
-    counts = [len(g.completed) for g, _ in stats]
-    spread = spread_of(metric, [g for g, _ in stats], final_multiple(metric, [g for g, _ in stats])) \
-        if any(n == 1 for n in counts) else None
-    if spread is not None:  # one seed: the axis never zooms in below what seeds move the metric by
-        hold_spread(ax, [st.mean for _, st in stats], [spread] * len(stats), "x" if horizontal else "y")
-    note = interval_note(metric, any(s.low is not None for _, s in stats), "point", "bar")
-    titled(ax, with_note(title, note), setup, seeds_note(counts, spread))
-    ax.grid(alpha=0.3)
-    return save_figure(fig, path)
-
-
-def final_multiple(metric: str, groups: Sequence[Group]) -> float | None:
-    """extrapolation/ppl@L's multiple of the training length (L / trainer.seq_len), when the groups'
-    runs share one training length; None for any other metric."""
-    match = EXTRAPOLATION_PPL.match(metric)
-    lengths = {r.config.get("trainer.seq_len") for g in groups for r in g.completed}
-    if not match or len(lengths) != 1 or not isinstance(length := lengths.pop(), (int, float)):
-        return None
-    return float(match["length"]) / float(length)
 
 
 def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], path: Path, title: str,
@@ -265,13 +187,5 @@ def plot_tokens_to_target(groups: Sequence[Group], targets: Sequence[Target], pa
     note = interval_note(targets[0].tokens_key, shown, "bar", "error bar") if targets else None
     titled(ax, with_note(title, note), setup, seeds_note([len(g.completed) for g in groups]))
     ax.grid(axis="y", alpha=0.3)
-    legend_below([ax])
+    legend_below([ax], title=", ".join(dict.fromkeys(k for g in groups for k in g.by)) or None)  # what the colours are
     return save_figure(fig, path)
-
-
-def _unit(metric: str) -> str:
-    """' (nats/token)': the declared unit of a metric, for an axis label."""
-    declared = lookup(metric)
-    return f" ({declared.unit})" if declared is not None and declared.unit else ""
-
-

@@ -19,6 +19,7 @@ from posenc.errors import UserError
 from posenc.record.metrics import EXTRAPOLATION_PPL, TASK_ACCURACY
 from posenc.report.plots import (  # selects the Agg backend first
     interval_note,
+    legend_heading,
     line_width,
     save_figure,
     seeds_note,
@@ -56,7 +57,7 @@ def plot_decay(bases: list[float], head_dim: int, max_distance: int, out: Path) 
     ax.set_ylabel("relative upper bound  (1/(d/2)) Σ_j |S_j|")
     ax.set_title(f"RoPE long-term decay (RoFormer §3.4.3), head dim d = {head_dim}", fontsize=10)
     ax.grid(alpha=0.3)
-    legend_below([ax])
+    legend_below([ax], title="RoPE base")
     return save_figure(fig, out)
 
 
@@ -144,7 +145,8 @@ def plot_extrapolation(groups: Sequence[Group], out: Path, title: str = "", setu
     titled(ax, title or "Length extrapolation: perplexity beyond the training length", setup,
            seeds_note(counts, spread, where))
     ax.grid(alpha=0.3, which="both")
-    legend_below([ax], interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1), banded))
+    legend_below([ax], legend_heading(groups, interval_note(EXTRAPOLATION_PPL.key(length=seq_lens[0] if seq_lens else 1),
+                                                            banded)))
     return save_figure(fig, out)
 
 
@@ -228,5 +230,5 @@ def plot_task_accuracy(groups: Sequence[Group], task: str, out: Path, title: str
         setup = setup_line([r for g in groups for r in g.runs])
     titled(ax, title or f"{task}: accuracy beyond the training length", setup, seeds_note(counts))
     ax.grid(alpha=0.3, which="both")
-    legend_below([ax], interval_note(TASK_ACCURACY.key(task=task, length=1), banded))
+    legend_below([ax], legend_heading(groups, interval_note(TASK_ACCURACY.key(task=task, length=1), banded)))
     return save_figure(fig, out)

@@ -19,9 +19,10 @@ BARS = "rank, interval from pairwise Welch 95% tests"
 
 
 def plot_ranks(rankings: Mapping[str, Ranking], within: str, metric: str, out: Path, title: str,
-               setup: str = "") -> Path:
+               setup: str = "", by: str | None = None) -> Path:
     """x: the key's values in order (categorical, as the tables list them); y: rank (1 = best, on
-    top). Lines are nudged sideways a little so overlapping bars stay readable."""
+    top). Lines are nudged sideways a little so overlapping bars stay readable; the legend lists
+    the groups by their keys (by)."""
     values = list(rankings)
     labels = sorted({r.label for ranking in rankings.values() for r in ranking.ranks})
     styles = styles_for(labels)
@@ -45,5 +46,5 @@ def plot_ranks(rankings: Mapping[str, Ranking], within: str, metric: str, out: P
     titled(ax, title, setup)
     ax.grid(alpha=0.3, axis="y")
     seeds = any(r.n > 1 for ranking in rankings.values() for r in ranking.ranks)  # one seed each: no bars to name
-    legend_below([ax], BARS if seeds else None)
+    legend_below([ax], " · ".join(filter(None, [by, BARS if seeds else None])) or None)
     return save_figure(fig, out)

@@ -20,6 +20,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from posenc.config import parse_overrides
 from posenc.errors import UserError
+from posenc.record.directory import missing_path
 from posenc.record.rundir import HYDRA_DIR, METRICS_FILE, RunDir
 from posenc.report.format import format_value
 from posenc.report.stats import Stat, aggregate, scale_of
@@ -85,6 +86,7 @@ class Group:
     key: tuple                        # the by-keys' values
     label: str
     runs: list[Run]
+    by: tuple[str, ...] = ()          # the by-keys: what a figure's legend lists the groups by
 
     @property
     def completed(self) -> list[Run]:
@@ -114,7 +116,7 @@ def find_runs(paths: Sequence[Path]) -> list[Run]:
     for path in paths:
         path = Path(path)
         if not path.exists():
-            raise UserError(f"{path} does not exist — give a run directory or a sweep directory under outputs/")
+            raise UserError(missing_path(path, "give a run directory or a sweep directory under outputs/"))
         found = [RunDir(path)] if RunDir(path).is_run() else RunDir.under(path)
         if not found:
             raise UserError(f"no runs under {path} — a run directory holds {HYDRA_DIR}/ and {METRICS_FILE}")
@@ -222,7 +224,7 @@ def group_runs(runs: Sequence[Run], by: Sequence[str]) -> list[Group]:
     for run in runs:
         groups.setdefault(tuple(run.value(k) for k in by), []).append(run)
     ordered = sorted(groups.items(), key=lambda item: tuple(sort_key(v) for v in item[0]))
-    return [Group(key, group_label(by, key), members) for key, members in ordered]
+    return [Group(key, group_label(by, key), members, tuple(by)) for key, members in ordered]
 
 
 def group_label(by: Sequence[str], values: tuple) -> str:

@@ -62,7 +62,7 @@ ENCODING_STYLES: dict[str, Style] = {
     "cope": Style(OKABE_ITO[5], OTHER, "*"),
 }
 
-_FREE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "H", "8")
+FREE_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h", "p", "d", "H", "8")
 
 
 @lru_cache(maxsize=None)
@@ -115,11 +115,11 @@ def styles_for(labels: Sequence[str], families: Mapping[str, str] | None = None)
     styles = {label: dataclasses.replace(ENCODING_STYLES[label], linestyle=family[label])
               for label in ordered if label in ENCODING_STYLES}
     colours = iter(c for c in PALETTE if c not in {s.color for s in styles.values()})
-    markers = iter(m for m in _FREE_MARKERS if m not in {s.marker for s in styles.values()})
+    markers = iter(m for m in FREE_MARKERS if m not in {s.marker for s in styles.values()})
     for label in ordered:
         if label not in styles:
             styles[label] = Style(next(colours, PALETTE[len(styles) % len(PALETTE)]), family[label],
-                                  next(markers, _FREE_MARKERS[len(styles) % len(_FREE_MARKERS)]))
+                                  next(markers, FREE_MARKERS[len(styles) % len(FREE_MARKERS)]))
     if one_family:
         for i, label in enumerate(ordered):
             styles[label] = dataclasses.replace(styles[label], linestyle=LINESTYLES[i % len(LINESTYLES)])

@@ -48,6 +48,15 @@ def format_stat(stat: Stat, fmt: str) -> str:
     return f"{text} [{format_number(stat.low, fmt)}, {format_number(stat.high, fmt)}]"
 
 
+def too_few_note(tables: list[TextTable]) -> str | None:
+    """What a 'n=3, too few to bound: a / b / c' cell is, where a table has one (else None)."""
+    if not any(TOO_FEW in cell for t in tables for row in t.rows for cell in row):
+        return None
+    return (f"'n=k, {TOO_FEW}: a / b / …': the k seeds' values, in seed order, instead of a mean and interval: their "
+            "95% interval would be wider than the mean it bounds (the seeds cannot tell it from half or twice it), "
+            "so no number is printed; more seeds narrow it (docs/statistics.md).")
+
+
 def format_seeds(stat: Stat, fmt: str) -> str:
     """'9.790, 12.090': every seed's value, in seed order ('—' where a seed has none)."""
     return ", ".join("—" if v is None else format_number(v, fmt) for v in stat.values)

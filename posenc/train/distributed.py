@@ -12,6 +12,8 @@ micro-batch (``no_sync`` before it), not once per micro-batch.
 
 from __future__ import annotations
 
+import inspect
+
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -117,11 +119,15 @@ def wrap(model: torch.nn.Module, device: torch.device) -> torch.nn.Module:
         return model
     from torch.nn.parallel import DistributedDataParallel
 
-    # no buffer broadcast: every buffer of posenc's models is a constant or a cache each rank computes from
-    # the config (RoPE's tables, ALiBi's slopes), never learned state, so a forward needs no collective, and
-    # a step that fails in one rank's forward leaves no broadcast for the others to wait in (train/recovery.py)
+    # no buffer broadcast before each forward: every buffer of posenc's models is a constant or a cache each
+    # rank computes from the config (RoPE's tables, ALiBi's slopes), never learned state, so a forward needs
+    # no collective, and a step that fails in one rank's forward leaves no broadcast for the others to wait
+    # in (train/recovery.py). torch 2.13 names that forward_sync_buffers and deprecates broadcast_buffers
+    # (a FutureWarning from every rank); the new name still syncs the buffers once at construction, which
+    # copies rank 0's constants onto equal ones
+    forward_only = "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters
     return DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
-                                   broadcast_buffers=False)
+                                   **({"forward_sync_buffers": False} if forward_only else {"broadcast_buffers": False}))
 
 
 def no_sync(step_model: torch.nn.Module, skip: bool) -> AbstractContextManager:
