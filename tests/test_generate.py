@@ -38,7 +38,7 @@ def test_greedy_text_is_the_runs_own_continuation_and_says_when_it_passes_the_tr
     every step (the cache computes what the model computes), 20 tokens past T = 32, said once."""
     result = generate(runs["rope"], "--prompt", PROMPT, "--max-new-tokens", "40", "--temperature", "0")
     assert result.returncode == 0, result.stderr
-    _, data, model, _, _ = load_trained(runs["rope"], [])
+    _, data, model, _, _, _ = load_trained(runs["rope"], [])
     ids = list(PROMPT.encode())
     with torch.no_grad():
         for _ in range(40):

@@ -118,7 +118,7 @@ def generate_run(run_dir: Path, overrides: list[str], settings: Settings, write:
     """Generate from run_dir's checkpoint: the text through ``write`` as it is chosen (the prompt's first),
     what a user should know about the run (the training length crossed, a stale cache) through ``say``."""
     run = RunDir(run_dir)
-    cfg, data, model, _, autocast = load_trained(run, overrides, command="generate")
+    cfg, data, model, _, autocast, _ = load_trained(run, overrides, command="generate")
     model.eval()
     device = next(model.parameters()).device
     tokenizer = tokenizer_of(cfg, data)
