@@ -181,11 +181,3 @@ def _posenc_configs_only(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("POSENC_CONFIG_PATH", raising=False)
 
 
-@pytest.fixture(autouse=True)
-def _plans_outside_a_run_start_fresh(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A plan asked outside a model (attention.plan in a test) uses the process's policy
-    (posenc/nn/kernels.py: OUTSIDE): each test gets a fresh one, as each run gets its own, so what one
-    test refused or said is not another's."""
-    from posenc.nn import kernels
-
-    monkeypatch.setattr(kernels, "OUTSIDE", kernels.KernelPolicy())

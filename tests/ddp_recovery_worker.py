@@ -22,7 +22,7 @@ from compile_failures import flex_on_the_cpu
 from posenc.build import build_model
 from posenc.config import compose
 from posenc.data.batches import Batch
-from posenc.nn import failures, flex_kernels
+from posenc.nn import failures, kernels
 from posenc.train import distributed
 from posenc.train.state import micro_batches, new_train_state, train_step
 
@@ -45,7 +45,7 @@ def main(out: Path) -> None:
     distributed.init()
     patch = pytest.MonkeyPatch()
     flex_on_the_cpu(patch)
-    patch.setattr(flex_kernels, "DEFAULT_SHARED_MEMORY", 16 * 4 * (32 + 2 * 32))  # a ladder of two rungs
+    patch.setattr(kernels, "DEFAULT_SHARED_MEMORY", 16 * 4 * (32 + 2 * 32))  # a ladder of two rungs
     os.environ[failures.BACKEND_VARIABLE] = "compile_failures:flex_at_compile_on_rank_1"
     cfg = compose(["encoding=t5_bias", "model.n_layer=1", "model.n_head=2", "model.d_model=32", f"trainer.seq_len={T}",
                    "trainer.grad_accum=2", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.compile=true"],

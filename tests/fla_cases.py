@@ -65,7 +65,7 @@ def layer_and_grads(encoding, ctx: Context, q, k, v, x, layer: int = 1, policy: 
     records it), and the gradients of a fixed projection of it with respect to q, k, v and every
     parameter of the encoding."""
     encoding.prepare(ctx.T)  # RoPE's table, as the model asks once per forward
-    chosen = attention.plans(encoding, ctx, layer + 1, 0.0, policy, layers=[layer])[layer]
+    chosen = attention.plans(encoding, ctx, layer + 1, 0.0, policy or KernelPolicy(), layers=[layer])[layer]
     out = attention.attend_layer(q, k, v, encoding, ctx.with_input(x), layer, chosen)
     probe = torch.randn(out.shape, generator=torch.Generator().manual_seed(9), dtype=torch.float64).to(out)
     wrt = [q, k, v, *encoding.parameters()]

@@ -22,6 +22,7 @@ from posenc.config import compose, group_options
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.mask import GLOBAL, static_block_mask
 from posenc.build import build_model
+from posenc.nn.kernels import KernelPolicy
 
 ENCODINGS = group_options("encoding")
 B, H, T, HD = 2, 4, 24, 8
@@ -106,7 +107,7 @@ def test_overriding_bias_is_what_makes_an_encoding_biased():
     assert encoding.offers("position_bias") and not PositionalEncoding(32, 4).offers("position_bias")
     assert not encoding.offers("distance_bias") and encoding.score_mod(Context.arange(4)) is None
     q, k, v, pos = rotated_qkv(PositionalEncoding(32, 4))
-    chosen = attention.plan(encoding, Context.arange(T, dtype=torch.float64), 0, 0.0)
+    chosen = attention.plan(encoding, Context.arange(T, dtype=torch.float64), 0, 0.0, KernelPolicy())
     expected = reference(q, k, v, encoding.position_bias(pos, pos).double())
     torch.testing.assert_close(attention.attend(q, k, v, chosen), expected)
 
@@ -131,13 +132,13 @@ def test_a_fallback_warns_once_per_reason(monkeypatch):
     """A forward that falls back from FlexAttention says why, once: not again on the next forward."""
     monkeypatch.setattr(errors, "_WARNED", set())
     monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", "FlexAttention needs head_dim >= 16"))
-    encoding = tiny_model("alibi").encoding
+    encoding, policy = tiny_model("alibi").encoding, KernelPolicy()  # one run's plans
     monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
     with pytest.warns(RuntimeWarning, match="encoding 'alibi'.*because FlexAttention needs head_dim >= 16"):
-        first = attention.plan(encoding, Context.arange(T), 0, 0.0)
+        first = attention.plan(encoding, Context.arange(T), 0, 0.0, policy)
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a second forward must not warn again
-        second = attention.plan(encoding, Context.arange(T), 0, 0.0)
+        second = attention.plan(encoding, Context.arange(T), 0, 0.0, policy)
     assert isinstance(first, attention.DensePlan) and isinstance(second, attention.DensePlan)
 
 

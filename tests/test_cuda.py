@@ -72,7 +72,7 @@ def test_cuda_kernels_equal_the_float_mask_reference_in_fp32(name, monkeypatch):
         if reference:  # every bias through the dense float mask; no bias: the mask is causal alone
             monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         elif model.encoding.offers("position_bias"):
-            assert isinstance(attention.plan(model.encoding, Context.arange(256, "cuda"), 0, 0.0),
+            assert isinstance(attention.plan(model.encoding, Context.arange(256, "cuda"), 0, 0.0, model.kernels),
                               attention.FlexPlan)
         _, loss = model(idx, idx)
         loss.backward()
@@ -177,7 +177,7 @@ def test_decays_and_sinks_run_in_flex_attention_with_the_references_loss_and_gra
             monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         else:
             ctx = model.context(idx, pos, doc, 256)
-            assert isinstance(attention.plan(model.encoding, ctx, 0, 0.0), attention.FlexPlan)
+            assert isinstance(attention.plan(model.encoding, ctx, 0, 0.0, model.kernels), attention.FlexPlan)
         _, loss = model(idx, idx, pos=pos, doc=doc, length=256)
         loss.backward()
         results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}))
@@ -222,7 +222,7 @@ def flex_layers(model: torch.nn.Module, idx: torch.Tensor, kinds: tuple[type, ..
     """How many layers the model plans to run through FlexAttention (or ``kinds``) for idx (planning
     also says, once, why a layer leaves it by design, before any test listens for a fallback)."""
     ctx = model.context(idx, None, None, idx.shape[1])
-    return sum(isinstance(p, kinds) for p in attention.plans(model.encoding, ctx, model.n_layer, 0.0))
+    return sum(isinstance(p, kinds) for p in attention.plans(model.encoding, ctx, model.n_layer, 0.0, model.kernels))
 
 
 def fallbacks(caught: list[warnings.WarningMessage]) -> list[str]:

@@ -1,4 +1,4 @@
-"""flash-linear-attention's kernels for FoX, PaTH, PaTH-FoX and stick-breaking (issue 45): on a CUDA
+"""flash-linear-attention's kernels for FoX, PaTH, PaTH-FoX and stick-breaking: on a CUDA
 context the plan is fla's kernel, offered by the encoding's ``fused_attention`` hook; fla absent or
 refusing (at import, or when the kernel runs) is one warning and posenc's own path; and the
 arguments posenc passes (FoX's gates in log space and unscaled, PaTH's w and β, its gates times √d,
@@ -28,7 +28,8 @@ from fla_reference import fla_naive
 from posenc import errors
 from posenc.config import compose
 from posenc.nn import attention
-from posenc.nn.encodings import fla_attention
+from posenc.nn import fla_kernels
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.encodings.base import Context
 from posenc.nn.mask import Window
 
@@ -63,17 +64,15 @@ def naive_ops() -> dict[str, tuple]:
     def forgetting_op(q, k, v, g, scale, window_size=None):  # fla's op returns q's dtype, its naive float32
         return forgetting(q, k, v, g, scale, window_size).to(q.dtype)
 
-    return {fla_attention.FORGETTING[0]: (per_document(forgetting_op),),
-            fla_attention.PATH[0]: (per_document(path_op, outputs=2),),
-            fla_attention.STICK_BREAKING[0]: (per_document(stick, outputs=2),)}
+    return {fla_kernels.FORGETTING[0]: (per_document(forgetting_op),),
+            fla_kernels.PATH[0]: (per_document(path_op, outputs=2),),
+            fla_kernels.STICK_BREAKING[0]: (per_document(stick, outputs=2),)}
 
 
 @pytest.fixture
 def fresh(monkeypatch):
-    """No fla ops loaded and no warning said yet in this process."""
+    """No warning said yet in this process."""
     monkeypatch.setattr(errors, "_WARNED", set())
-    monkeypatch.setattr(fla_attention, "_loaded", {})
-    monkeypatch.setattr(fla_attention, "_import_error", {})
 
 
 @pytest.fixture
@@ -84,8 +83,8 @@ def on_cuda(monkeypatch, fresh):
     def stub(naive: bool = True) -> None:
         if naive:
             ops = naive_ops()
-            monkeypatch.setattr(fla_attention, "load", lambda module, names: ops[module])
-            monkeypatch.setattr(fla_attention, "DTYPES", (*fla_attention.DTYPES, torch.float64))
+            monkeypatch.setattr(fla_kernels, "load", lambda module, names: ops[module])
+            monkeypatch.setattr(fla_kernels, "DTYPES", (*fla_kernels.DTYPES, torch.float64))
         monkeypatch.setattr(attention, "select_kernel", lambda *a, **k: ("sdpa", None))
         monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
     return stub
@@ -100,9 +99,9 @@ def test_on_cuda_the_plan_is_flas_kernel(name, window, on_cuda):
     on_cuda()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # taken silently
-        assert isinstance(attention.plan(encoding, context(256, None, window, torch.bfloat16), 0, 0.0),
+        assert isinstance(attention.plan(encoding, context(256, None, window, torch.bfloat16), 0, 0.0, KernelPolicy()),
                           attention.FusedPlan)
-        assert isinstance(attention.plan(encoding, context(256, doc, window, torch.float32), 1, 0.0),
+        assert isinstance(attention.plan(encoding, context(256, doc, window, torch.float32), 1, 0.0, KernelPolicy()),
                           attention.FusedPlan)
 
 
@@ -118,13 +117,17 @@ def test_what_flas_kernel_does_not_take_falls_back_with_one_warning(name, why, o
     if "head_dim" in why:
         monkeypatch.setattr(encoding, "head_dim", 48)
     on_cuda()
-    monkeypatch.setattr(fla_attention, "DTYPES", (torch.float16, torch.bfloat16, torch.float32))
+    monkeypatch.setattr(fla_kernels, "DTYPES", (torch.float16, torch.bfloat16, torch.float32))
+    policy = KernelPolicy()  # one run's plans
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        plans = [attention.plan(encoding, context(256, None, window, dtype), 0, dropout) for _ in range(2)]
+        plans = [attention.plan(encoding, context(256, None, window, dtype), 0, dropout, policy) for _ in range(2)]
     assert not any(isinstance(p, attention.FusedPlan) for p in plans)
     [message] = [str(w.message) for w in said if why in str(w.message)]  # said once, naming the encoding
     assert f"encoding '{name}'" in message
+    if "dropout" not in why:  # what the kernel does not take is the run's fallback from it, recorded
+        [fallback] = policy.fallbacks
+        assert fallback.left.startswith("fused:parallel_") and fallback.took == "hooks" and why in fallback.reason
 
 
 HOPPER = "Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results"
@@ -144,12 +147,13 @@ def test_without_fla_or_when_it_refuses_at_import_the_plan_is_posencs_own_with_o
                                                                                          monkeypatch):
     def import_fla(module):
         raise failure
-    monkeypatch.setattr(fla_attention, "import_fla", import_fla)
-    encoding = encoding_of(name, torch.float32)
+    monkeypatch.setattr(fla_kernels, "import_fla", import_fla)
+    encoding, policy = encoding_of(name, torch.float32), KernelPolicy()
     on_cuda(naive=False)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
-        plans = [attention.plan(encoding, context(256, None, Window(), torch.bfloat16), layer, 0.0) for layer in (0, 1)]
+        plans = [attention.plan(encoding, context(256, None, Window(), torch.bfloat16), layer, 0.0, policy)
+                 for layer in (0, 1)]
     assert not any(isinstance(p, attention.FusedPlan) for p in plans)
     [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
     assert f"{type(failure).__name__}: {failure}" in fla
@@ -162,21 +166,23 @@ def test_a_kernel_that_refuses_when_it_runs_leaves_the_layer_to_posencs_path(nam
     refusing = in_fla(f"def refusing(*args, **kwargs):\n    raise RuntimeError({HOPPER!r})\n")["refusing"]
     fla = types.SimpleNamespace(parallel_forgetting_attn=refusing, parallel_path_attn=refusing,
                                 parallel_stickbreaking_attn=refusing)
-    monkeypatch.setattr(fla_attention, "import_fla", lambda module: fla)
+    monkeypatch.setattr(fla_kernels, "import_fla", lambda module: fla)
     encoding = encoding_of(name)
     encoding.prepare(128)
     q, k, v, x = inputs(128, seed=3)
     cpu = context(128, None, Window(), torch.float64)
-    expected = attention.attend_layer(q, k, v, encoding, cpu.with_input(x), 0, attention.plan(encoding, cpu, 0, 0.0))
+    expected = attention.attend_layer(q, k, v, encoding, cpu.with_input(x), 0,
+                                      attention.plan(encoding, cpu, 0, 0.0, KernelPolicy()))
     on_cuda(naive=False)
-    monkeypatch.setattr(fla_attention, "DTYPES", (torch.float64,))
+    monkeypatch.setattr(fla_kernels, "DTYPES", (torch.float64,))
     ctx = context(128, None, Window(), torch.float64)
-    chosen = attention.plan(encoding, ctx, 0, 0.0)
+    policy = KernelPolicy()
+    chosen = attention.plan(encoding, ctx, 0, 0.0, policy)
     assert isinstance(chosen, attention.FusedPlan)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         out = attention.attend_layer(q, k, v, encoding, ctx.with_input(x), 0, chosen)
-        later = attention.plan(encoding, ctx, 0, 0.0)
+        later = attention.plan(encoding, ctx, 0, 0.0, policy)
     [fla] = [str(w.message) for w in said if "flash-linear-attention" in str(w.message)]
     assert f"RuntimeError: {HOPPER}" in fla and not isinstance(later, attention.FusedPlan)
     torch.testing.assert_close(out, expected)
@@ -245,13 +251,13 @@ def test_a_kernel_that_refuses_in_its_backward_costs_the_step_one_retry_not_the_
               "    def backward(ctx, grad):\n"
               f"        raise RuntimeError({HOPPER!r})\n")
     namespace = in_fla(source)
-    [naive] = naive_ops()[fla_attention.FORGETTING[0]]
+    [naive] = naive_ops()[fla_kernels.FORGETTING[0]]
 
     def refusing_in_backward(q, k, v, g, scale, window_size=None, cu_seqlens=None):
         return namespace["Refusing"].apply(naive(q, k, v, g, scale, window_size, cu_seqlens=cu_seqlens))
 
     on_cuda(naive=False)
-    fla_attention._loaded[fla_attention.FORGETTING] = (refusing_in_backward,)
+    monkeypatch.setattr(fla_kernels, "load", lambda module, names: (refusing_in_backward,))
     cfg = compose(["encoding=fox", *TINY])
     torch.manual_seed(0)
     model = build_model(cfg, vocab_size=64)
@@ -269,7 +275,7 @@ def test_a_kernel_that_refuses_in_its_backward_costs_the_step_one_retry_not_the_
     assert "parallel_forgetting_attn" in fla and "Hopper" in fla
     assert state.step == 1 and torch.isfinite(result.loss)
     # not tried again in this run, and the run says so: the layer kind, its paths, the step
-    assert "global" in state.kernels.fused_refused
+    assert state.kernels.fused_is_refused("global")
     [fallback] = state.kernels.record()["fallbacks"]
     assert (fallback["layer_kind"], fallback["left"], fallback["took"], fallback["step"]) == \
         ("global", "fused:parallel_forgetting_attn", "hooks", 1)
@@ -289,15 +295,14 @@ def test_a_bug_in_the_adapters_reshape_is_raised_not_blamed_on_fla(name, on_cuda
         B, T = tensors[0].shape[0], tensors[0].shape[2]
         return [t.transpose(1, 2).reshape(1, B * T + 1, *t.shape[1:2], -1) for t in tensors], None
 
-    monkeypatch.setattr(fla_attention, "to_fla", broken)
+    monkeypatch.setattr(fla_kernels, "to_fla", broken)
     ctx = context(128, segments_of(128, 5), Window(), torch.float32)
-    chosen = attention.plan(encoding, ctx, 0, 0.0)
+    policy = KernelPolicy()
+    chosen = attention.plan(encoding, ctx, 0, 0.0, policy)
     assert isinstance(chosen, attention.FusedPlan)
     with warnings.catch_warnings(record=True) as said:
         warnings.simplefilter("always")
         with pytest.raises(RuntimeError, match="shape"):
             attention.attend_layer(q, k, v, encoding, ctx.with_input(x), 0, chosen)
     assert not chosen.failed and not any("flash-linear-attention" in str(w.message) for w in said)
-    from posenc.nn import kernels
-
-    assert kernels.OUTSIDE.fused_refused == {} and kernels.OUTSIDE.fallbacks == []
+    assert not policy.fused_is_refused(chosen.kind) and policy.fallbacks == []

@@ -4,7 +4,7 @@ What a user on a GPU relies on: fla missing, failing at import, or refusing in i
 (fla-core 0.6 on Hopper with Triton 3.4-3.7: ``RuntimeError: ... gated chunk_bwd_dqkwg (see #640)``)
 gives one warning that names the error, then the chunked PyTorch recurrence, whose run is the run
 without fla. fla is tried on a CPU where Triton's interpreter is asked for (TRITON_INTERPRET=1,
-posenc/nn/fla_runtime.py), so these tests ask for it and put the fla they need where Python imports
+posenc/nn/fla_kernels.py), so these tests ask for it and put the fla they need where Python imports
 it from (fla's real chunked kernels do not run in the interpreter: tests/test_fla_interpreter.py).
 """
 
@@ -22,7 +22,7 @@ from conftest import TINY, run_cli, run_dirs
 from fla_reference import fla_naive, varlen
 
 from posenc.nn import fla_kernels
-from posenc.nn.kernels import KernelPolicy
+from posenc.nn.kernels import KernelPolicy, SaidOnce
 from posenc.nn.kda import chunked_kda
 from posenc.nn.recurrence import chunked_gated_delta_rule
 
@@ -36,21 +36,20 @@ RUN = [*TINY, "model.n_layer=2", "layout=qwen3_next"]
 
 @pytest.fixture
 def fla_on_cpu(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """fla tried on the CPU (the interpreter asked for), no kernel tried yet in this process, no fla
-    module imported, and the warnings the module gives recorded (returned)."""
+    """fla tried on the CPU (the interpreter asked for), no fla module imported, and the warnings the
+    runs give about fla recorded (returned)."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    monkeypatch.setattr(fla_kernels, "_imported", {})
     for name in [m for m in sys.modules if m == "fla" or m.startswith("fla.")]:
         monkeypatch.delitem(sys.modules, name)
     warned: list[str] = []
-    say = KernelPolicy.warn
+    say = SaidOnce.__call__
 
-    def heard(policy: KernelPolicy, message: str) -> None:  # what each run says about fla, as it says it
-        if message not in policy._said and "flash-linear-attention" in message:
+    def heard(said: SaidOnce, message: str) -> None:  # what each run says about fla, as it says it
+        if message not in said.said and "flash-linear-attention" in message:
             warned.append(message)
-        say(policy, message)
+        say(said, message)
 
-    monkeypatch.setattr(KernelPolicy, "warn", heard)
+    monkeypatch.setattr(SaidOnce, "__call__", heard)
     return warned
 
 
@@ -163,9 +162,9 @@ def test_a_working_fla_computes_the_layer_and_is_tried_once(rule, fla_on_cpu, mo
     seg = torch.tensor([[0] * 30 + [1] * 70, [0] * T])
     policy = KernelPolicy()
     with torch.inference_mode():  # first used in an evaluation: the trial still runs a backward
-        assert fla_kernels.usable(rule, q, v, policy)
-    assert fla_kernels.usable(rule, q, v, policy)
-    assert len(calls) == 1 and fla_on_cpu == []
+        assert fla_kernels.usable(rule, q, v, policy) is not None
+    found = fla_kernels.usable(rule, q, v, policy)
+    assert found is not None and len(calls) == 1 and fla_on_cpu == []
     chunked = chunked_kda if rule == "kda" else chunked_gated_delta_rule
-    torch.testing.assert_close(fla_kernels.mix(rule, q, k, v, g, beta, seg), chunked(q, k, v, g, beta, seg),
+    torch.testing.assert_close(fla_kernels.mix(found, rule, q, k, v, g, beta, seg), chunked(q, k, v, g, beta, seg),
                                rtol=1e-4, atol=1e-4)

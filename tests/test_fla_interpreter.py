@@ -1,6 +1,6 @@
 """fla's Triton kernels, run: FoX, FoX-RoPE, PaTH, PaTH-FoX and stick-breaking through their real
-kernels on a CPU, under Triton's interpreter (posenc/nn/fla_runtime.py), through the adapters and the
-plan a GPU run takes (posenc/nn/encodings/fla_attention.py): nothing is stubbed.
+kernels on a CPU, under Triton's interpreter, through the adapters and the plan a GPU run takes
+(posenc/nn/fla_kernels.py): nothing is stubbed.
 
 - the layer through fla's kernel (float32, what fla takes) equals posenc's float64 path from the
   encoding's hooks, values and gradients of q, k, v and every parameter of the encoding, under the
@@ -39,8 +39,8 @@ from fla_cases import FUSED, assert_close, context, encoding_of, inputs, layer_a
 
 from posenc.errors import PosencWarning
 from posenc.nn import attention, kernels
-from posenc.nn.encodings import fla_attention
-from posenc.nn.fla_runtime import interpreting
+from posenc.nn import fla_kernels
+from posenc.nn.fla_kernels import interpreting
 from posenc.nn.mask import Window
 
 INSTALLED = all(importlib.util.find_spec(m) is not None for m in ("triton", "fla"))
@@ -77,17 +77,10 @@ def test_under_the_interpreter():
     assert re.match(r"\d+ passed, 1 skipped", summary), result.stdout[-3000:]  # skipped: this test alone
 
 
-@pytest.fixture
-def fresh(monkeypatch):
-    """fla's ops imported in this process, none yet for a run."""
-    monkeypatch.setattr(fla_attention, "_loaded", {})
-    monkeypatch.setattr(fla_attention, "_import_error", {})
-
-
 @interpreted
 @pytest.mark.parametrize("mask", ["causal", "documents"])
 @pytest.mark.parametrize("name", FUSED)
-def test_flas_kernel_computes_posencs_definition(name, mask, fresh):
+def test_flas_kernel_computes_posencs_definition(name, mask):
     """The layer through fla's Triton kernel (the plan attention takes, fed what posenc feeds it) equals
     posenc's own path from the encoding's hooks in float64: output, and gradients of q, k, v and every
     parameter of the encoding (FoX's gates, PaTH's projections, convolution and β); the run's record
@@ -152,7 +145,7 @@ def float_offsets(seg):
     return CU_SEQLENS(seg).float()
 
 
-TO_FLA, CU_SEQLENS = fla_attention.to_fla, fla_attention.cu_seqlens
+TO_FLA, CU_SEQLENS = fla_kernels.to_fla, fla_kernels.cu_seqlens
 
 
 @interpreted
@@ -160,11 +153,11 @@ TO_FLA, CU_SEQLENS = fla_attention.to_fla, fla_attention.cu_seqlens
     ("path", ("to_fla", untransposed_beta), "AssertionError: beta should have the same number of heads as k"),
     ("fox", ("cu_seqlens", float_offsets), "not implemented for 'Float'"),
 ], ids=["layout: fla asserts", "dtype: torch raises inside fla"])
-def test_an_adapter_bug_reaches_the_caller_not_a_fallback(name, bug, error, fresh, monkeypatch):
+def test_an_adapter_bug_reaches_the_caller_not_a_fallback(name, bug, error, monkeypatch):
     """What fla asserts, or torch raises inside fla, about the arguments posenc's adapter passed is the
     adapter's bug: raised as it is, never a recorded fallback to the hooks with a warning blaming fla
     (``failures.refuses``: fla's refusals are its own RuntimeErrors and Triton's build errors)."""
-    monkeypatch.setattr(fla_attention, *bug)
+    monkeypatch.setattr(fla_kernels, *bug)
     encoding = encoding_of(name, torch.float32)
     encoding.prepare(64)
     q, k, v, x = inputs(64, seed=3, dtype=torch.float32, batch=1)
@@ -177,7 +170,7 @@ def test_an_adapter_bug_reaches_the_caller_not_a_fallback(name, bug, error, fres
         with pytest.raises(Exception) as raised:
             attention.attend_layer(q, k, v, encoding, ctx.with_input(x), 0, chosen)
     assert error in f"{type(raised.value).__name__}: {raised.value}"
-    assert not chosen.failed and policy.fallbacks == [] and policy.fused_refused == {}
+    assert not chosen.failed and policy.fallbacks == [] and not policy.fused_is_refused(chosen.kind)
     assert not any("flash-linear-attention" in str(w.message) for w in said)
 
 

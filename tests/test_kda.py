@@ -169,12 +169,14 @@ def test_flas_chunk_kda_is_the_chunked_form_on_cuda():
     q, g = q / 8, g * 0.1
     seg = torch.repeat_interleave(torch.arange(3), torch.tensor([300, 500, 224]))[None].expand(2, -1).cuda()
     policy = KernelPolicy()
-    if not fla_kernels.usable("kda", q.bfloat16(), v.bfloat16(), policy):
-        pytest.skip(f"fla's chunk_kda is not usable here: {policy.fla_refused.get('kda', 'fla not installed')}")
+    kernel = fla_kernels.usable("kda", q.bfloat16(), v.bfloat16(), policy)
+    if kernel is None:
+        pytest.skip(f"fla's chunk_kda is not usable here: "
+                    f"{policy.fallbacks[-1].reason if policy.fallbacks else 'fla not installed'}")
     leaves = [t.bfloat16().requires_grad_() for t in (q, k, v)] + [g.requires_grad_(), beta.requires_grad_()]
     up = torch.randn(2, 4, 1024, 64, device="cuda")
     ours = chunked_kda(*leaves, seg)
-    theirs = fla_kernels.mix("kda", *leaves, seg)
+    theirs = fla_kernels.mix(kernel, "kda", *leaves, seg)
     torch.testing.assert_close(theirs.float(), ours.float(), rtol=2e-2, atol=2e-2)
     for a, b in zip(torch.autograd.grad(theirs, leaves, up.to(theirs.dtype)), torch.autograd.grad(ours, leaves, up.to(ours.dtype)),
                     strict=True):

@@ -1,4 +1,4 @@
-"""A kernel that fails to compile never kills a run, and the run says how it ran (issues 43, 50).
+"""A kernel that fails to compile never kills a run, and the run says how it ran.
 
 FlexAttention steps down a ladder of kernel configurations derived from the device's shared memory
 and the head dim, then to the dense path; a compiled model whose compilation fails outside attention
@@ -23,9 +23,8 @@ from conftest import TINY
 import posenc.cli.app  # noqa: F401 - installs the CLI's warning format before a test records warnings
 from posenc import errors
 from posenc.errors import PosencWarning
-from posenc.nn import failures, flex_kernels, kernels
-from posenc.nn.flex_kernels import CONFIGS, DENSE, KernelKey
-from posenc.nn.kernels import KernelPolicy
+from posenc.nn import failures, kernels, torch_private
+from posenc.nn.kernels import CONFIGS, DENSE, Action, Decision, KernelKey, KernelPolicy
 
 H100_SHARED_MEMORY = 232448  # bytes per block (sm_90's opt-in maximum)
 #: a device whose shared memory holds only the smallest configuration at head_dim 16 in float32: a
@@ -36,10 +35,9 @@ LIMIT = "recompile_limit" if hasattr(torch._dynamo.config, "recompile_limit") el
 
 @pytest.fixture(autouse=True)
 def fresh(monkeypatch: pytest.MonkeyPatch):
-    """No warning said and a fresh policy for plans outside a model; dynamo's recompile limit and
-    the graphs the test backends saw restored after the test."""
+    """No warning said; dynamo's recompile limit and the graphs the test backends saw restored after
+    the test."""
     monkeypatch.setattr(errors, "_WARNED", set())
-    monkeypatch.setattr(kernels, "OUTSIDE", KernelPolicy())
     SEEN.clear()
     config = torch._dynamo.config
     with config.patch({LIMIT: getattr(config, LIMIT),
@@ -52,7 +50,7 @@ def failing(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     on a device with room for one smaller configuration."""
     flex_on_the_cpu(monkeypatch)
     monkeypatch.setenv(failures.BACKEND_VARIABLE, f"compile_failures:{backend}")
-    monkeypatch.setattr(flex_kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
+    monkeypatch.setattr(kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
 
 
 def posenc_warnings(record: list[warnings.WarningMessage]) -> list[str]:
@@ -63,12 +61,12 @@ def posenc_warnings(record: list[warnings.WarningMessage]) -> list[str]:
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("itemsize", [2, 4])
 def test_the_ladder_starts_with_torchs_choice_and_keeps_what_fits_the_shared_memory(head_dim, itemsize):
-    steps = flex_kernels.ladder(head_dim, itemsize, H100_SHARED_MEMORY)
+    steps = kernels.ladder(head_dim, itemsize, H100_SHARED_MEMORY)
     assert steps[0] is None  # torch's own configuration first: the fastest where it compiles
     for options in steps[1:]:
         assert options["num_stages"] <= 2 and 128 % options["BLOCK_M"] == 0 and 128 % options["BLOCK_N"] == 0
         config = (options["BLOCK_M"], options["BLOCK_N"], options["num_stages"], options["num_warps"])
-        assert flex_kernels.fits(config, head_dim, itemsize, H100_SHARED_MEMORY)
+        assert kernels.fits(config, head_dim, itemsize, H100_SHARED_MEMORY)
     # what T5 needed on sm_90 (num_stages=2) is the first step down at the shapes users train
     assert steps[1]["num_stages"] == 2
     need = [head_dim * itemsize * (o["BLOCK_M"] + 2 * o["num_stages"] * o["BLOCK_N"]) for o in steps[1:]]
@@ -77,22 +75,27 @@ def test_the_ladder_starts_with_torchs_choice_and_keeps_what_fits_the_shared_mem
 
 def test_a_small_shared_memory_skips_the_configurations_that_cannot_fit():
     budget = 64 * 2 * (32 + 2 * 32)  # exactly the smallest configuration at head_dim 64 in bf16
-    assert flex_kernels.ladder(64, 2, budget)[1:] == flex_kernels.ladder(64, 2, budget)[-1:]
-    assert len(flex_kernels.ladder(64, 2, budget)) == 2
-    assert len(flex_kernels.ladder(64, 2, 10**9)) == len(CONFIGS) + 1
+    assert kernels.ladder(64, 2, budget)[1:] == kernels.ladder(64, 2, budget)[-1:]
+    assert len(kernels.ladder(64, 2, budget)) == 2
+    assert len(kernels.ladder(64, 2, 10**9)) == len(CONFIGS) + 1
+
+
+def step_down(key: KernelKey, reason: str) -> Decision:
+    """What the policy decides when key's kernel failed to compile in an eager FlexAttention call."""
+    return Decision(Action.RETAKE, reason, flex=(key,))
 
 
 def test_a_layer_kind_steps_down_to_the_dense_path_records_it_and_says_so_once():
     policy = KernelPolicy()
-    policy.step = 3
     key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 64, "bfloat16")
-    cpu = torch.device("cpu")
-    seen = [policy.flex_options(key, cpu)]
+    seen = [policy.flex_options(key)]
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         while seen[-1] != DENSE:
-            seen.append(policy.flex_failed(key, f"InductorError: {SHARED_MEMORY_ERROR}", cpu))
-    assert seen[0] is None and seen[1:-1] == flex_kernels.ladder(64, 2, flex_kernels.DEFAULT_SHARED_MEMORY)[1:]
+            policy.apply(step_down(key, f"InductorError: {SHARED_MEMORY_ERROR}"))
+            seen.append(policy.flex_options(key))
+    policy.stamp(0, 3)  # the training step they happened in
+    assert seen[0] is None and seen[1:-1] == kernels.ladder(64, 2, kernels.DEFAULT_SHARED_MEMORY)[1:]
     [said] = posenc_warnings(record)
     assert "t5_bias" in said and "head_dim 64" in said and "out of resource" in said and "SDPA" in said
     [fallback] = policy.record()["fallbacks"]
@@ -103,12 +106,11 @@ def test_a_layer_kind_steps_down_to_the_dense_path_records_it_and_says_so_once()
 def test_a_configuration_that_compiles_after_a_failure_is_recorded_and_named_in_one_warning():
     policy = KernelPolicy()
     key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 64, "bfloat16")
-    cpu = torch.device("cpu")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
-        policy.flex_failed(key, SHARED_MEMORY_ERROR, cpu)
-        policy.flex_settled({key}, cpu)
-        policy.flex_settled({key}, cpu)  # said once
+        policy.apply(step_down(key, SHARED_MEMORY_ERROR))
+        policy.settled({key})
+        policy.settled({key})  # said once
     [said] = posenc_warnings(record)
     assert "did not compile with torch's default configuration" in said and "'num_stages': 2" in said
     [fallback] = policy.fallbacks
@@ -121,8 +123,8 @@ def test_each_run_says_its_warning_again():
         warnings.simplefilter("default")  # Python's own filter: once per location, unless told otherwise
         for _ in range(2):
             run = KernelPolicy()
-            run.warn("FlexAttention for x did not compile")
-            run.warn("FlexAttention for x did not compile")
+            run.say("FlexAttention for x did not compile")
+            run.say("FlexAttention for x did not compile")
     assert posenc_warnings(record) == ["FlexAttention for x did not compile"] * 2
 
 
@@ -287,24 +289,28 @@ def test_an_error_that_is_no_failed_compilation_is_not_swallowed(monkeypatch):
 
 
 def test_reaching_dynamos_recompile_limit_raises_it_and_says_so(monkeypatch):
-    """Many models or shapes in one process: reaching the limit is an error posenc catches and answers
-    by raising the limit (never a silent fall to uncompiled code)."""
+    """Many models or shapes in one process: reaching the run's recompile limit is an error posenc
+    catches and answers by raising the run's limit (never a silent fall to uncompiled code); dynamo's
+    config is the process's again outside the run's compilations."""
     from posenc.data.batches import Batch
     from posenc.train.state import micro_batches, train_step
 
     monkeypatch.setenv(failures.BACKEND_VARIABLE, "eager")
+    process = (torch_private.recompile_limit(), getattr(torch._dynamo.config, "fail_on_recompile_limit_hit", None))
     state = compiled_state("rope")
-    assert getattr(torch._dynamo.config, LIMIT) >= failures.RECOMPILE_LIMIT_VALUE  # raised where posenc compiles
+    assert state.kernels.recompile_limit >= kernels.RECOMPILE_LIMIT  # where posenc compiles
     train_step(state, micro_batches(state))
-    setattr(torch._dynamo.config, LIMIT, 1)  # the fixture restores what was set
+    state.kernels.recompile_limit = 1  # this run has compiled its one graph: the next shape is past its limit
     idx = torch.randint(64, (4, 17), generator=torch.Generator().manual_seed(1))
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
         train_step(state, [Batch(idx[:, :-1], idx[:, 1:])])  # another length: dynamo compiles again
-    assert getattr(torch._dynamo.config, LIMIT) >= 2 and state.step == 2
-    said = posenc_warnings(record)  # once per doubling (the process's earlier models count too)
+    assert state.kernels.recompile_limit >= 2 and state.step == 2 and state.kernels.compiled
+    said = posenc_warnings(record)  # once per doubling
     assert said and all(f"{LIMIT} raised to" in line for line in said)
-    assert any("raised to" in note for note in state.kernels.record()["process"])
+    assert state.kernels.record()["recompile_limit"] == state.kernels.recompile_limit
+    assert (torch_private.recompile_limit(), getattr(torch._dynamo.config, "fail_on_recompile_limit_hit", None)) \
+        == process  # the process's config as it was
 
 
 def test_posencs_warnings_print_as_one_warning_line(capsys):
@@ -320,13 +326,13 @@ def test_posencs_warnings_print_as_one_warning_line(capsys):
     assert "warning: something of Python's" not in err  # Python's own go where Python sends them
 
 
-@pytest.mark.parametrize("change", ["flex step down", "fused refused", "fla refused"])
+@pytest.mark.parametrize("change", ["flex step down", "fused refused", "fla refused", "fla passed"])
 def test_a_compiled_forward_sees_every_change_of_the_policy_it_read(change):
-    """What plan() asks the policy inside a compiled trace (with a KernelKey the trace itself built) is
-    guarded: after a step down or a refusal the next call is traced again and takes the new answer, on
-    every torch of the range (torch 2.7 did not guard a dict looked up with such a key, and reran the
-    graph that had failed)."""
-    policy, cpu, graphs = KernelPolicy(), torch.device("cpu"), []
+    """What plan() and a recurrent layer ask the policy inside a compiled trace (with a key the trace
+    itself built) is guarded: after a step down, a refusal or fla's first use the next call is traced
+    again and takes the new answer, on every torch of the range (torch 2.7 did not guard a dict looked
+    up with such a key, and reran the graph that had failed)."""
+    policy, graphs = KernelPolicy(), []
 
     def counting(gm, example_inputs):
         graphs.append(gm)
@@ -336,9 +342,11 @@ def test_a_compiled_forward_sees_every_change_of_the_policy_it_read(change):
     def forward(x: torch.Tensor) -> torch.Tensor:
         key = KernelKey("global", "encoding 't5_bias' (T5Bias)", 16, "float32")  # built in the trace, as plan() does
         if change == "flex step down":
-            return x + 1 if policy.flex_options(key, cpu) is None else x - 1
+            return x + 1 if policy.flex_options(key) is None else x - 1
         if change == "fused refused":
             return x - 1 if policy.fused_is_refused("global") else x + 1
+        if change == "fla passed":
+            return x - 1 if policy.fla_kernel("gated_delta", "cpu", torch.float32, 16, 16) is not None else x + 1
         return x - 1 if policy.fla_is_refused("gated_delta") else x + 1
 
     x = torch.zeros(3)
@@ -346,9 +354,11 @@ def test_a_compiled_forward_sees_every_change_of_the_policy_it_read(change):
     with warnings.catch_warnings():  # each change says itself once: not what is tested here
         warnings.simplefilter("ignore", PosencWarning)
         if change == "flex step down":
-            policy.flex_failed(KernelKey("global", "encoding 't5_bias' (T5Bias)", 16, "float32"), "no configs", cpu)
+            policy.apply(step_down(KernelKey("global", "encoding 't5_bias' (T5Bias)", 16, "float32"), "no configs"))
         elif change == "fused refused":
-            policy.refuse_fused("global", "parallel_forgetting_attn", "refused", "fla refused")
+            policy.apply(Decision(Action.RETAKE, "refused", fused=(("global", "parallel_forgetting_attn"),)))
+        elif change == "fla passed":
+            policy.fla_passed("gated_delta", "cpu", torch.float32, 16, 16, torch.add)
         else:
-            policy.refuse_recurrent("gated_delta", "chunk_gated_delta_rule", "refused", "fla refused")
+            policy.apply(Decision(Action.RETAKE, "refused", recurrent=(("gated_delta", "chunk_gated_delta_rule"),)))
     assert torch.equal(forward(x), x - 1) and len(graphs) == 2

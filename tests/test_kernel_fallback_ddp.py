@@ -1,4 +1,4 @@
-"""Under DDP every rank takes the same recovery decision (issue 50): a kernel that fails to compile on
+"""Under DDP every rank takes the same recovery decision: a kernel that fails to compile on
 one rank alone makes every rank retake the step with the same choice, so the ranks keep training the
 same kernels and the same parameters (posenc/train/recovery.py)."""
 

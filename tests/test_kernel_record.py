@@ -1,4 +1,4 @@
-"""Every run says how it ran (issue 50): each layer kind's kernel path, whether the model ran
+"""Every run says how it ran: each layer kind's kernel path, whether the model ran
 compiled, and every fallback with its reason and step, in summary.json, W&B (config and summary),
 metrics.jsonl (an event at the step), a bench row (JSON and table) and `posenc compare`'s cost table;
 each run of a process (a sweep's jobs, a bench's models) from the same kernel state.
@@ -20,7 +20,7 @@ from conftest import TINY, run_cli, run_dirs
 import posenc.cli.app  # noqa: F401 - installs the CLI's warning format before a test records warnings
 from posenc import errors
 from posenc.errors import PosencWarning
-from posenc.nn import failures, flex_kernels
+from posenc.nn import failures, kernels
 from posenc.record.tracking import Tracker
 
 ONE_RUNG = 16 * 4 * (32 + 2 * 32)  # a device with room for one smaller configuration (test_kernel_fallback.py)
@@ -34,7 +34,7 @@ def failing(monkeypatch: pytest.MonkeyPatch):
 
     def use(name: str) -> None:
         flex_on_the_cpu(monkeypatch)
-        monkeypatch.setattr(flex_kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
+        monkeypatch.setattr(kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
         monkeypatch.setenv(failures.BACKEND_VARIABLE, f"compile_failures:{name}")
         env = conftest.cli_env  # an in-process command's environment is cli_env's alone
         monkeypatch.setattr(conftest, "cli_env", lambda: {**env(), failures.BACKEND_VARIABLE: f"compile_failures:{name}"})

@@ -25,6 +25,7 @@ from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.stick_breaking import stick_breaking_weights
 from posenc.check.reference import causal, reference
 from posenc.nn.mask import AttentionMask, Window, document_positions
+from posenc.nn.kernels import KernelPolicy
 
 V, T, B, H, HD = 64, 24, 2, 4, 8
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.d_model=32", "trainer.seq_len=64"]
@@ -207,8 +208,8 @@ def ssmax_attention(s: float, doc=None) -> tuple[torch.Tensor, torch.Tensor]:
     ctx = Context.arange(T, dtype=torch.float64, doc=doc, masks=(mask,))
     q, k, v = qkv()
     sq, sk, terms = attention.encode(encoding, q, k, ctx, 0)
-    out = attention.attend(sq, sk, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms)
-    return out, attention.attend(q, k, v, attention.plan(encoding.inner, ctx, 0, 0.0))
+    out = attention.attend(sq, sk, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms)
+    return out, attention.attend(q, k, v, attention.plan(encoding.inner, ctx, 0, 0.0, KernelPolicy()))
 
 
 def test_ssmax_is_softmax_where_s_log_n_is_one():
@@ -246,10 +247,12 @@ def test_a_sink_at_minus_infinity_is_plain_attention(monkeypatch):
     q, k, v = qkv()
     q, k, terms = attention.encode(encoding, q, k, ctx, 0)
     plain = reference(q, k, v, causal(T))
-    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms), plain)
+    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms),
+                               plain)
     monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
     monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
-    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms), plain)
+    torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms),
+                               plain)
 
 
 def test_a_sink_takes_its_share_of_the_denominator():
@@ -314,7 +317,7 @@ def test_stick_breaking_falls_back_from_flex_attention_with_one_warning(monkeypa
     monkeypatch.setattr(Context, "device", property(lambda self: torch.device("cuda")))
     encoding = build_encoding(config("encoding=stick_breaking", "model.d_model=64"))  # head_dim 16: flex could run
     with pytest.warns(RuntimeWarning, match="stick_breaking.*replaces softmax"):
-        chosen = attention.plan(encoding, Context.arange(T), 0, 0.0)
+        chosen = attention.plan(encoding, Context.arange(T), 0, 0.0, KernelPolicy())
     assert isinstance(chosen, attention.DensePlan)
 
 

@@ -24,6 +24,7 @@ from posenc.nn.encodings import householder
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.householder import PathScores
 from posenc.nn.encodings.path import short_convolution
+from posenc.nn.kernels import KernelPolicy
 
 V, T, B, H, HD = 64, 24, 2, 4, 8
 SHAPE = ["model.n_layer=2", "model.n_head=4", "model.d_model=32", "trainer.seq_len=64"]
@@ -229,7 +230,7 @@ def test_attention_equals_flash_linear_attentions_reference(name):
     x = torch.randn(B, n, 32, generator=g, dtype=torch.float64)
     ctx = Context.arange(n, dtype=torch.float64).with_input(x)
     q, k, terms = attention.encode(encoding, q, k, ctx, 0)
-    ours = attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0), terms=terms)
+    ours = attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms)
     w, beta = path.householder_vectors(x, None, 0)
     log_f = encoding.log_forget_gates(x, 0) if name == "path_fox" else torch.zeros(B, H, n, dtype=torch.float64)
     bthd = [t.transpose(1, 2) for t in (q, k, v, w)]  # fla's (B, T, H, d)

@@ -268,13 +268,14 @@ def test_flas_chunk_gated_delta_rule_is_the_chunked_form_on_cuda():
     q, k, v, g, beta = (x.cuda() for x in (q, k, v, g, beta))
     seg = torch.repeat_interleave(torch.arange(3), torch.tensor([300, 500, 224]))[None].expand(2, -1).cuda()
     policy = KernelPolicy()
-    if not fla_kernels.usable("gated_delta", q.bfloat16(), v.bfloat16(), policy):
+    kernel = fla_kernels.usable("gated_delta", q.bfloat16(), v.bfloat16(), policy)
+    if kernel is None:
         pytest.skip("fla's chunk_gated_delta_rule is not usable here: "
-                    f"{policy.fla_refused.get('gated_delta', 'fla not installed')}")
+                    f"{policy.fallbacks[-1].reason if policy.fallbacks else 'fla not installed'}")
     leaves = [x.bfloat16().requires_grad_() for x in (q, k, v)] + [g.requires_grad_(), beta.requires_grad_()]
     up = torch.randn(2, 4, 1024, 64, device="cuda")
     ours = chunked_gated_delta_rule(*leaves, seg)
-    theirs = fla_kernels.mix("gated_delta", *leaves, seg)
+    theirs = fla_kernels.mix(kernel, "gated_delta", *leaves, seg)
     torch.testing.assert_close(theirs.float(), ours.float(), rtol=2e-2, atol=2e-2)
     for a, e in zip(torch.autograd.grad(theirs, leaves, up.to(theirs.dtype)),
                     torch.autograd.grad(ours, leaves, up.to(ours.dtype)), strict=True):

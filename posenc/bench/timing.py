@@ -33,6 +33,7 @@ from posenc.bench.memory import sync
 from posenc.bench.reference import REFERENCE, PlainGPT, recipe_of
 from posenc.build import build_model, seed_everything
 from posenc.data.batches import Batch
+from posenc.nn import torch_private
 from posenc.train.state import (
     BatchSource,
     TrainState,
@@ -112,14 +113,8 @@ MAX_RETIMES = 3
 
 
 def compilations() -> int:
-    """How many compilation steps dynamo and AOTAutograd have run in this process: the count moves
-    for a new or re-compiled forward graph and for a backward graph compiled on its first use, and
-    never while compiled code runs."""
-    try:
-        from torch._dynamo.utils import compilation_time_metrics, counters
-    except ImportError:  # a torch without dynamo compiles nothing
-        return 0
-    return counters["frames"]["total"] + sum(len(times) for times in compilation_time_metrics.values())
+    """How many compilation steps dynamo and AOTAutograd have run in this process (posenc/nn/torch_private.py)."""
+    return torch_private.compilations()
 
 
 def clean_round(subject: Subject, steps: int) -> tuple[float, int]:

@@ -34,9 +34,8 @@ from posenc.check.results import CheckResult, holds, not_offered, raised
 from posenc.check.subject import Subject, seeded
 from posenc.data.batches import Batch
 from posenc.hardware import autocast_context
-from posenc.nn.attention import plans
+from posenc.nn.attention import FusedPlan, plans
 from posenc.nn.flex import FlexPlan
-from posenc.nn.kernel_plan import FusedPlan
 from posenc.train.state import new_train_state, train_step
 
 #: the head dimensions users train (GPT-2 small: 64; Llama and most 2024-25 models: 128)
@@ -160,7 +159,7 @@ def kernel_names(model: torch.nn.Module, x: torch.Tensor, doc: torch.Tensor | No
     listens for a fallback)."""
     ctx = model.context(x, None, doc, x.shape[1])
     kinds = []
-    for layer, plan in enumerate(plans(model.encoding, ctx, model.n_layer, 0.0)):
+    for layer, plan in enumerate(plans(model.encoding, ctx, model.n_layer, 0.0, model.kernels)):
         mixer = model.layout.mixer(layer)
         linear = model.blocks[layer].attn.attention == "linear"
         kinds.append(mixer if mixer != "softmax" else "linear attention" if linear else

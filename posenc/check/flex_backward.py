@@ -23,7 +23,6 @@ computed at window indices under documents packing, as attention.plan does).
 
 from __future__ import annotations
 
-import importlib
 import warnings
 from collections.abc import Callable
 
@@ -34,13 +33,13 @@ from posenc.check.hooks import layer_encodings
 from posenc.check.paths import flex_offered
 from posenc.check.results import CheckResult, holds, not_offered
 from posenc.check.subject import Subject
-from posenc.nn import flex
+from posenc.nn import flex, torch_private
 from posenc.nn.encodings.base import Context, ScoreMod
 from posenc.nn.mask import document_positions
 
 NAME = "score_mod: each grad tensor indexed once"
-#: where torch keeps the rule: recent torch in a flex/ package, earlier in one module (or not at all)
-RULE_MODULES = ("torch._inductor.kernel.flex.flex_attention", "torch._inductor.kernel.flex_attention")
+#: where torch keeps the rule (posenc/nn/torch_private.py)
+RULE_MODULES = torch_private.FLEX_RULE_MODULES
 #: the batch the score_mods are traced with (heads and T are the subject's)
 B = 2
 
@@ -48,21 +47,14 @@ B = 2
 def joint_graph_rule() -> Callable[[torch.fx.Graph], None] | None:
     """Inductor's ``validate_joint_graph`` (raises NotImplementedError on a graph it will not lower),
     or None where this torch has none."""
-    for module in RULE_MODULES:
-        try:
-            return importlib.import_module(module).validate_joint_graph
-        except (ImportError, AttributeError):
-            continue
-    return None
+    return torch_private.flex_joint_graph_rule(RULE_MODULES)
 
 
 def why_not_traced() -> str | None:
     """Why this torch cannot run the check here, or None where it can."""
-    from torch._dynamo import is_dynamo_supported
-
     if not flex.AVAILABLE:
         return "this torch has no FlexAttention"
-    if not is_dynamo_supported():
+    if not torch_private.dynamo_supported():
         return "torch.compile does not run on this Python"
     if joint_graph_rule() is None or not hasattr(torch.ops.higher_order, "flex_attention_backward"):
         return "this torch's inductor has no validate_joint_graph for FlexAttention's backward"
@@ -92,10 +84,9 @@ def backward_problem(score_mod: ScoreMod, q: Tensor, k: Tensor, v: Tensor) -> st
 
     def backend(gm: torch.fx.GraphModule, example_inputs: list) -> Callable:
         from functorch.compile import make_boxed_func
-        from torch._dynamo.backends.common import aot_autograd
 
         captured.extend(captured_tensors(gm))
-        return aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=backward_compiler)(
+        return torch_private.aot_autograd(fw_compiler=lambda g, _: make_boxed_func(g), bw_compiler=backward_compiler)(
             gm, example_inputs)
 
     torch.compiler.reset()  # a trace of its own (and no recompile limit over many subjects)

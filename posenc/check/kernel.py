@@ -1,7 +1,7 @@
 """An encoding's own kernel (``fused_attention``) computes the attention its hooks define.
 
 Attention takes an encoding's kernel wherever the encoding offers one for a layer's context
-(posenc/nn/kernel_plan.py), and every other path is checked against the hooks; so the kernel is
+(posenc/nn/attention.py), and every other path is checked against the hooks; so the kernel is
 held to the hooks' plan itself, the explicit-mask path (``attention.dense_plan``): under each of
 paths.MASKS (causal, documents, windows, chunks), with the encodings in evaluation and in training,
 its output and the gradients of a random projection of it with respect to q, k, v, the block's
@@ -11,7 +11,7 @@ block's input, the layer, no log gates.
 
 The kernel is asked for in float64 first, compared to TOLERANCES[float64]; a kernel that takes no
 float64 (a GPU kernel run on the CPU by Triton's interpreter: flash-linear-attention's, under
-``TRITON_INTERPRET=1``, posenc/nn/fla_runtime.py) is asked for in float32, on a copy of the encoding
+``TRITON_INTERPRET=1``, posenc/nn/fla_kernels.py) is asked for in float32, on a copy of the encoding
 in float32, and compared to the float64 hooks relative to each tensor's largest value
 (TOLERANCES[float32]). A GPU kernel's smallest tile is 16 wide (``tl.dot``'s least dimension), so
 the row is measured with at least MIN_HEAD_DIM dimensions per head (``kernel_subject``: the
@@ -42,10 +42,9 @@ from posenc.check.hooks import layer_encodings
 from posenc.check.paths import MASKS
 from posenc.check.results import CheckResult, Measured, in_modes, max_abs, not_offered
 from posenc.check.subject import MODE_NAMES, MODES, Subject, seeded
-from posenc.nn import attention, planning
+from posenc.nn import attention
 from posenc.nn.encodings.base import Context, FusedAttention, KernelUnavailable, PositionalEncoding
-from posenc.nn.fla_runtime import interpreting
-from posenc.nn.kernels import KernelPolicy
+from posenc.nn.fla_kernels import interpreting
 from posenc.nn.mask import AttentionMask, document_positions
 
 NAME = "fused_attention = the hooks (explicit mask)"
@@ -101,14 +100,17 @@ def contexts(s: Subject, layer: int, dtype: torch.dtype = torch.float64) -> Iter
 
 def offer(encoding: PositionalEncoding, s: Subject, label: str, layer: int) -> Offered | None:
     """The encoding's kernel for block ``layer`` under the mask ``label``, in the first precision of
-    TOLERANCES it is offered in, or None. What an encoding's hook says of a precision or mask its kernel
-    does not take (a warning) is no warning of the check's: the row says what it compared."""
+    TOLERANCES it is offered in, or None. A precision or mask its kernel does not take (the hook raises
+    ``KernelUnavailable``) is no fallback of the check's: the row says what it compared."""
     for dtype in TOLERANCES:
         asked = encoding if dtype == torch.float64 else copy.deepcopy(encoding).to(dtype)
         ctx = dict(contexts(s, layer, dtype))[label]
-        with planning.planning(KernelPolicy()), warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            kernel = asked.fused_attention(ctx, layer)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # what importing the kernel's library says is not the check's
+                kernel = asked.fused_attention(ctx, layer)
+        except KernelUnavailable:
+            continue
         if kernel is not None:
             return Offered(asked, kernel, ctx)
     return None

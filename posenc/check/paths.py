@@ -27,6 +27,7 @@ from posenc.check.results import CheckResult, Measured, holds, in_modes, max_abs
 from posenc.check.subject import MODE_NAMES, MODES, Subject
 from posenc.nn import attention, flex
 from posenc.nn.encodings.base import Context, PositionalEncoding
+from posenc.nn.kernels import KernelPolicy
 from posenc.nn.mask import AttentionMask, Window, document_positions
 
 #: float64 attention outputs of two paths agree to this
@@ -104,13 +105,13 @@ def attention_paths(s: Subject) -> list[CheckResult]:
     """SDPA is_causal, the dense mask, the chunked path and FlexAttention's forward, each equal to
     the reference, under every mask the encoding meets, in each mode."""
     found: dict[str, dict[str, Measured]] = {key: {} for key in PATHS}
-    why_not_flex = None
+    why_not_flex, policy = None, KernelPolicy()  # the check's own: what it plans is no run's
     for mode in MODES:
         errors: dict[str, list[tuple[float, str]]] = {key: [] for key in PATHS}
         for label, c in cases(s, mode):
             where = f"under the mask {label}" + (f", layer {c.layer}" if c.layer else "")
             with torch.no_grad():
-                plan = attention.plan(c.encoding, c.ctx, c.layer, 0.0)
+                plan = attention.plan(c.encoding, c.ctx, c.layer, 0.0, policy)
                 errors["sdpa" if plan is None else "dense"].append(
                     (max_abs(attention.attend(c.q, c.k, c.v, plan, terms=c.terms), c.expected), where))
                 dense = attention.dense_plan(c.encoding, c.ctx, c.layer)

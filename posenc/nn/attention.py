@@ -1,69 +1,62 @@
-"""Attention under a mask, with what the encoding adds. Kernels see an encoding only through what
+"""Which kernel computes a layer's attention, and the call. Kernels see an encoding only through what
 it offers (a position bias, optionally as a FlexAttention ``score_mod``; per layer a content bias,
-cumulative decays, a logit scale, a sink, a replaced normaliser) and the layer only through its
-mask (posenc/nn/mask.py: causal, documents, a window).
+cumulative decays, a logit scale, a sink, a replaced normaliser, a kernel of its own) and the layer only
+through its mask (posenc/nn/mask.py: causal, documents, a window).
 
-Which kernel runs is chosen from those offers and from what the device can do (``plan``),
-never from the encoding's name (docs/mechanisms.md):
+Which kernel runs is chosen from those offers and from what the device can do (``plan``), never from
+the encoding's name (docs/mechanisms.md):
 
-- a kernel of the encoding's own, where it offers one for this context (``fused_attention``:
-  fla's FoX, PaTH and stick-breaking kernels, posenc/nn/kernel_plan.py): given q and k
-  transformed and scaled, it computes the whole layer (``attend_layer``); otherwise, from the hooks:
+- a kernel of the encoding's own, where it offers one for this context (``fused_attention``: fla's
+  FoX, PaTH and stick-breaking kernels, posenc/nn/fla_kernels.py): given q and k transformed and
+  scaled, it computes the whole layer (``FusedPlan``, ``attend_layer``). Where it cannot run, at its
+  plan or when it runs (it raises ``KernelUnavailable``), the run's policy refuses it and the layer
+  is computed from the hooks, as below (the plan those give is built when first needed). It computes no
+  attention dropout (training with ``model.dropout > 0`` takes the hooks' path, said once) and runs
+  outside a compiled graph (a graph break per layer: fla's PaTH op refuses compilation itself, and its
+  Triton kernels are launched as they are); otherwise, from the hooks:
 - nothing but causality: ``F.scaled_dot_product_attention(is_causal=True)`` (flash / cuDNN /
   memory-efficient), the fast common case; a logit scale multiplies q and keeps it;
 - on CUDA, a bias offered as a score_mod, decays, a sink and/or a mask beyond causality:
   FlexAttention with the mask's ``BlockMask``, built once per forward and shared by every layer
-  with that mask, so masked blocks are skipped (posenc.nn.flex): the decays c_i - c_j join the
-  score_mod over the captured (B, H, T) c, a sink rescales the output by σ(lse - s): no
-  H x T x T tensor, forward or backward;
-- otherwise (CPU, or a CUDA fallback, said once per run in a warning): SDPA with an explicit mask —
-  boolean where there is no bias, the float bias with -inf on hidden keys where there is one.
-  Short sequences build it once per forward and share it across layers; long ones (evaluation
-  far beyond the training length) compute it for a chunk of queries at a time, and a window
-  limits each chunk's keys, so memory grows as H · chunk · keys, never H · T²;
-- per layer, a content bias (CoPE) or decays (FoX) join those rows, a sink is one more key
-  with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) or scores
-  that replace q·k (PaTH) get the rows' logits written out (``explicit_weights``) instead of SDPA.
+  with that mask, so masked blocks are skipped (posenc/nn/flex.py);
+- otherwise (CPU, or a CUDA fallback, said once per run in a warning): SDPA with an explicit mask,
+  query-chunked at long T, with the weights written out where the encoding replaces softmax or q·k
+  (posenc/nn/dense.py).
 
 What the run may still take is the run's own ``KernelPolicy`` (posenc/nn/kernels.py), passed to
 ``plan``: which FlexAttention configuration a layer kind compiles with after failures, whether an
 encoding's own kernel was refused. ``plans`` records in it, outside a compiled trace, which path
 each layer kind took (``describe``).
-
-Under document masking a bias that depends on positions only through i - j is computed at window
-indices (``Context.at_indices``): inside a document i - j is the difference of the indices and
-pairs across documents are masked, so it is the same bias with no per-sequence gather.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn import flex, flex_kernels, kernels
-from posenc.nn.encodings.base import Context, PositionalEncoding
-from posenc.nn.flex import FlexPlan, FlexUnavailable
-from posenc.nn.kernel_plan import FusedPlan, fused_plan
-from posenc.nn.kernels import KernelPolicy
-from posenc.nn.logits import (  # noqa: F401
+from posenc.nn import dense, failures, flex, kernels, torch_private
+from posenc.nn.context import Context, FusedAttention
+from posenc.nn.dense import (  # noqa: F401 - the explicit-mask path's names, as attention's callers use them
+    DENSE_MAX_LEN,
     NO_TERMS,
+    QUERY_CHUNK,
+    DensePlan,
     LayerTerms,
+    bias_context,
+    dense_plan,
     explicit_weights,
-    float_mask,
-    with_content,
     with_terms,
 )
-from posenc.nn.dense import DensePlan
-from posenc.nn.mask import AttentionMask
+from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.failures import KernelUnavailable
+from posenc.nn.flex import FlexPlan, FlexUnavailable
+from posenc.nn.kernels import KernelPolicy, Running
 
-#: above this many positions an explicit mask is computed in query chunks
-DENSE_MAX_LEN = 2048
-#: query rows per chunk in the chunked path
-QUERY_CHUNK = 512
 #: FlexAttention's kernels need a head dimension of at least this
 FLEX_MIN_HEAD_DIM = 16
 #: the hooks whose terms are computed in each layer (a position bias is computed once per forward)
@@ -94,10 +87,6 @@ def select_kernel(device_type: str, head_dim: int, dropout_p: float, offers_scor
     return "flex", None
 
 
-#: how one layer's attention is computed in one forward: None is SDPA's is_causal fast path
-Plan = DensePlan | FlexPlan | FusedPlan | None
-
-
 def encode(encoding: PositionalEncoding, q: Tensor, k: Tensor, ctx: Context, layer: int
            ) -> tuple[Tensor, Tensor, LayerTerms]:
     """What an encoding does to one layer's attention, in the contract's order: rotate q and k;
@@ -123,21 +112,84 @@ def with_logit_scale(encoding: PositionalEncoding, q: Tensor, ctx: Context, laye
     return q if scale is None else q * scale.to(q.dtype)  # x (B|1, H|1, T, 1): query i's logits x τ_i
 
 
-def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
-         policy: KernelPolicy | None = None) -> Plan:
+@dataclass
+class FusedPlan:
+    """One layer kind's attention in one forward by its encoding's own kernel (``op``: its name, for the
+    run's record); ``fallback`` builds the plan from the encoding's hooks, for a kernel that cannot run
+    after all, which ``policy`` then refuses for layer kind ``kind``."""
+
+    kernel: FusedAttention
+    name: str
+    fallback: Callable[[], Plan]
+    policy: KernelPolicy
+    kind: str = kernels.DEFAULT_KIND
+    op: str = "fused_attention"
+    failed: bool = False
+    _hooks: Plan = None
+
+    @torch_private.disable_dynamo  # the kernel runs eagerly inside a compiled model (one graph break)
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, ctx: Context, layer: int) -> Tensor | None:
+        """q, k (B, H, T, d) transformed and scaled, v (B, H, T, dv), ctx with the block's input ->
+        (B, H, T, dv); None where the kernel cannot run (then, for this forward's other layers too)."""
+        if self.failed:
+            return None
+        try:
+            return self.kernel(q, k, v, ctx, layer, None)
+        except KernelUnavailable as refusal:
+            if not self.policy.recover(failures.classify(refusal), Running(fused=((self.kind, self.op),))):
+                raise
+            self.failed = True
+            self.policy.ran.saw(self.kind, kernels.HOOKS)  # this forward; the next one plans (and records) the hooks
+            return None
+
+    def hooks_plan(self) -> Plan:
+        """The plan from the encoding's hooks, built once."""
+        if self._hooks is None:
+            self._hooks = self.fallback()
+        return self._hooks
+
+
+#: how one layer's attention is computed in one forward: None is SDPA's is_causal fast path
+Plan = DensePlan | FlexPlan | FusedPlan | None
+
+
+def plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float, policy: KernelPolicy) -> Plan:
     """How block ``layer`` attends in this forward: by the encoding's own kernel where it offers one
-    here (posenc/nn/kernel_plan.py), else as its hooks say (``hooks_plan``). policy: the run's (a
-    model's forward passes its own; None: the process's, for a plan asked outside a model)."""
-    policy = policy or kernels.OUTSIDE
+    here, else as its hooks say (``hooks_plan``). policy: the run's (a model's forward passes its own)."""
     hooks = functools.partial(hooks_plan, encoding, ctx, layer, dropout_p, policy)
-    return fused_plan(encoding, ctx, layer, dropout_p, hooks, policy) or hooks()
+    own = fused_plan(encoding, ctx, layer, dropout_p, hooks, policy) if encoding.offers("fused_attention") else None
+    return own or hooks()  # whether it offers one is decided while tracing: no graph break for the others
+
+
+@torch_private.disable_dynamo  # imports, signatures and warnings: asked outside a compiled graph
+def fused_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
+               fallback: Callable[[], Plan], policy: KernelPolicy) -> FusedPlan | None:
+    """The encoding's own kernel for block ``layer`` in this forward, or None: it offers none here, the run
+    refused it (it could not run), or attention dropout is asked (one warning). A kernel the encoding's hook
+    says cannot run here (``KernelUnavailable``: its library missing, a dtype, head dim or window it does
+    not take) is refused for the run, recorded and said once."""
+    kind = policy.kind_of(layer, encoding.name)
+    if policy.fused_is_refused(kind):
+        return None
+    try:
+        kernel = encoding.fused_attention(ctx, layer)
+    except KernelUnavailable as refusal:
+        if not policy.recover(failures.classify(refusal), Running(fused=((kind, refusal.op),))):
+            raise
+        return None
+    if kernel is None:
+        return None
+    if dropout_p > 0:
+        policy.say(f"encoding '{encoding.name}': its fused kernel has no attention dropout (model.dropout > 0): "
+                   f"attention computes it from the encoding's hooks")
+        return None
+    return FusedPlan(kernel, encoding.name, fallback, policy, kind, getattr(kernel, "op", "fused_attention"))
 
 
 def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p: float,
-               policy: KernelPolicy | None = None) -> Plan:
+               policy: KernelPolicy) -> Plan:
     """How block ``layer`` attends from what its encoding's hooks offer, its mask and the device (one
     warning per run when a CUDA run falls back from FlexAttention)."""
-    policy = policy or kernels.OUTSIDE
     mask = ctx.mask(layer)
     per_layer = any(encoding.offers(hook) for hook in PER_LAYER)
     biased = encoding.offers("position_bias")
@@ -147,8 +199,8 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         return dense_plan(encoding, ctx, layer)
     if encoding.offers("qk_scores"):  # no fused kernel computes another q·k: the logits are written out
         if ctx.device.type == "cuda":
-            policy.warn(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
-                      f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel runs here")
+            policy.say(f"encoding '{encoding.name}' replaces q·k: attention writes its logits out "
+                       f"(O(H·T²) memory per layer, query-chunked at long T); no fused kernel runs here")
         return dense_plan(encoding, ctx, layer)
     replaces_softmax = encoding.offers("normalise")
     kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, True, replaces_softmax)
@@ -157,39 +209,25 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         if biased and score_mod is None:
             kernel, why_not = select_kernel(ctx.device.type, encoding.head_dim, dropout_p, False, replaces_softmax)
     if kernel == "flex":
-        key = flex_kernels.kernel_key(policy.kind_of(layer, encoding.name), encoding, encoding.head_dim, ctx.dtype)
-        options = policy.flex_options(key, ctx.device)  # read in a compiled trace: dynamo guards on it
-        if options == flex_kernels.DENSE:  # no configuration compiled here: recorded and said when it failed
+        key = kernels.kernel_key(policy.kind_of(layer, encoding.name), encoding, encoding.head_dim, ctx.dtype)
+        options = policy.flex_options(key)  # read in a compiled trace: dynamo guards on it
+        if options == kernels.DENSE:  # no configuration compiled here: recorded and said when it failed
             return dense_plan(encoding, ctx, layer)
         return FlexPlan(score_mod, mask.block_mask(ctx.device), key=key, options=options,
                         dense=functools.partial(dense_plan, encoding, ctx, layer), policy=policy)
     if why_not is not None:  # a CUDA run that cannot take FlexAttention (on a CPU SDPA is the design)
         what = f"encoding '{encoding.name}'" if biased or per_layer else f"the {mask.window.describe()} mask"
-        policy.warn(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
-                  f"(slower, O(H·T²) memory per layer) because {why_not}")
+        policy.say(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
+                   f"(slower, O(H·T²) memory per layer) because {why_not}")
     return dense_plan(encoding, ctx, layer)
 
 
-def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
-    """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
-    bias = encoding.position_bias if encoding.offers("position_bias") else None
-    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype, DENSE_MAX_LEN)
-
-
-def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
-    """The context a layer's position bias is computed in: window indices under documents packing for a
-    relative bias (it offers ``distance_bias``: i - j inside a document is the difference of the indices,
-    and pairs across documents are masked), else the positions themselves."""
-    return ctx.at_indices() if ctx.doc is not None and encoding.offers("distance_bias") else ctx
-
-
-def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float,
-          policy: KernelPolicy | None = None, layers: Iterable[int] | None = None) -> list[Plan]:
+def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float, policy: KernelPolicy,
+          layers: Iterable[int] | None = None) -> list[Plan]:
     """Every block's plan for one forward (None for the blocks not in ``layers``, when given: a
     recurrent or linear layer has no mask or scores); layers with the same encoding and mask share
     one (a position bias is computed once per forward and shared, as T5 does). Outside a compiled
     trace, each layer kind's path is recorded in the run's policy."""
-    policy = policy or kernels.OUTSIDE
     attending = set(range(n_layer) if layers is None else layers)
     shared: dict[tuple[int, int], Plan] = {}
     out: list[Plan] = []
@@ -204,11 +242,11 @@ def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: f
         out.append(shared[key])
     if not torch.compiler.is_compiling():  # in a trace the write would be lost with a failure: see GPT.planned
         for layer in sorted(attending):
-            policy.saw(policy.kind_of(layer, encoding.for_layer(layer).name), *describe(out[layer]))
+            policy.ran.saw(policy.kind_of(layer, encoding.for_layer(layer).name), *describe(out[layer]))
     return out
 
 
-def describe(plan: Plan) -> tuple[str, flex_kernels.KernelOptions]:
+def describe(plan: Plan) -> tuple[str, kernels.KernelOptions]:
     """A plan's path as the run's record names it (posenc/nn/kernels.py), and its FlexAttention options."""
     if isinstance(plan, FusedPlan):
         return describe(plan.hooks_plan()) if plan.failed else (f"fused:{plan.op}", None)
@@ -219,14 +257,24 @@ def describe(plan: Plan) -> tuple[str, flex_kernels.KernelOptions]:
     return kernels.SDPA_CAUSAL, None
 
 
+def running(plans: Iterable[Plan], policy: KernelPolicy) -> Running:
+    """What a forward with these plans runs that a failure may change (``KernelPolicy.decide``): its
+    FlexAttention kernels still on their ladder, its own kernels not refused, and the recurrent kinds on
+    fla's kernels (as the run's record has them)."""
+    flex_keys = {p.key for p in plans if isinstance(p, FlexPlan) and p.key is not None and p.options != kernels.DENSE}
+    fused = {(p.kind, p.op) for p in plans if isinstance(p, FusedPlan) and not p.failed}
+    recurrent = {(k.mixer, path.split(":", 1)[1]) for k in policy.kinds.values()
+                 if (path := policy.ran.paths.get(k.name, "")).startswith("fla:")}
+    return Running(tuple(sorted(flex_keys)), tuple(sorted(fused)), tuple(sorted(recurrent)), policy.compiled)
+
+
 def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float = 0.0,
            terms: LayerTerms = NO_TERMS, query_chunk: int | None = None) -> Tensor:
     """Attention of one layer. q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev).
 
-    plan: the layer's plan for this forward; terms: what its encoding adds in this layer;
-    query_chunk: rows per chunk of a plan without a dense mask (default QUERY_CHUNK; `posenc
-    check` takes chunks that do not divide a short T, to test the long-sequence path). A fused plan
-    is computed here from the hooks' terms, as the plan they give (``attend_layer`` runs its kernel)."""
+    plan: the layer's plan for this forward; terms: what its encoding adds in this layer; query_chunk:
+    rows per chunk of the explicit-mask path (posenc/nn/dense.py). A fused plan is computed here from the
+    hooks' terms, as the plan they give (``attend_layer`` runs its kernel)."""
     if isinstance(plan, FusedPlan):
         plan = plan.hooks_plan()
     if plan is None and terms.empty:
@@ -236,23 +284,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, plan: Plan = None, dropout_p: float 
             try:
                 return plan.attend(q, k, v, terms.decay, terms.sink)
             except FlexUnavailable:  # no kernel configuration compiled (said in a warning): the dense path
-                pass
+                plan.policy.ran.saw(plan.key.kind, kernels.DENSE_PATH)  # this forward's layers
         plan = plan.dense_plan()
-    if plan is None:  # terms without a plan: causal over the window
-        T = q.shape[-2]
-        plan = DensePlan.build(AttentionMask(T), None, torch.arange(T, device=q.device), q.dtype, DENSE_MAX_LEN)
-    T = q.shape[-2]
-    chunk = T if plan.dense is not None else (query_chunk or QUERY_CHUNK)
-    out = v.new_empty(*v.shape[:-2], T, v.shape[-1]) if chunk < T else None
-    for start in range(0, T, chunk):
-        end = min(start + chunk, T)
-        lo = plan.mask.key_range(start, end)[0] if chunk < T else 0
-        y = attend_rows(q[..., start:end, :], k[..., lo:end, :], v[..., lo:end, :], plan.rows(start, end, lo),
-                        terms, start, lo, dropout_p)
-        if out is None:
-            return y
-        out[..., start:end, :] = y
-    return out
+    return dense.attend(q, k, v, plan, terms, dropout_p, query_chunk)
 
 
 def attend_layer(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding, ctx: Context, layer: int,
@@ -267,24 +301,3 @@ def attend_layer(q: Tensor, k: Tensor, v: Tensor, encoding: PositionalEncoding, 
             return out
     q, k, terms = encode(encoding, q, k, ctx, layer)
     return attend(q, k, v, plan, dropout_p, terms)
-
-
-def attend_rows(q: Tensor, k: Tensor, v: Tensor, mask: Tensor, terms: LayerTerms, start: int, lo: int,
-                dropout_p: float) -> Tensor:
-    """Queries start.. against keys lo..: q (B, H, rows, E), k (B, H, keys, E), v (B, H, keys, Ev),
-    mask (B|1, 1|H, rows, keys) boolean or float -> (B, H, rows, Ev). SDPA, unless the encoding
-    replaces softmax; a sink joins as one more key with a zero value and the sink's logit."""
-    mask = with_terms(mask, terms, start, lo)
-    if terms.explicit:
-        w = explicit_weights(q, k, mask, terms, start, lo)
-        return F.dropout(w, dropout_p).to(v.dtype) @ v
-    if terms.sink is not None:
-        B, H = q.shape[:2]
-        mask = float_mask(mask, q.dtype).expand(B, H, -1, -1)
-        sink = terms.sink.to(mask.dtype)[None, :, None, None].expand(B, H, mask.shape[-2], 1)
-        mask = torch.cat((mask, sink), dim=-1)  # (B, H, rows, keys + 1)
-        k = torch.cat((k, k.new_zeros(*k.shape[:-2], 1, k.shape[-1])), dim=-2)  # q·0 = 0: the logit is s_h
-        v = torch.cat((v, v.new_zeros(*v.shape[:-2], 1, v.shape[-1])), dim=-2)  # and its value is zero
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype) if mask.is_floating_point() else mask,
-                                          dropout_p=dropout_p)
-

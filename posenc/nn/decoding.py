@@ -20,21 +20,17 @@ it costs and its caveats: docs/decoding.md.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import torch
 from torch import Tensor
 
-from posenc.nn.attention import attend_rows, encode
-from posenc.nn.dense import DensePlan
+from posenc.nn.attention import encode
+from posenc.nn.context import Context
+from posenc.nn.dense import DensePlan, LayerTerms, attend_rows, float_mask, with_terms
 from posenc.nn.encodings.base import PositionalEncoding
 from posenc.nn.encodings.cache import LayerCache, Rows, cat
-from posenc.nn.encodings.context import Context
-from posenc.nn.logits import LayerTerms, float_mask, with_terms
 from posenc.nn.mask import AttentionMask, Window
-
-if TYPE_CHECKING:
-    from posenc.nn.model import GPT
 
 
 class LayerState(Protocol):
@@ -184,8 +180,16 @@ def sample(logits: Tensor, temperature: float = 1.0, top_k: int | None = None,
     return torch.multinomial(logits.softmax(-1), 1, generator=generator)
 
 
+class Decoder(Protocol):
+    """What ``generate`` asks of a model (posenc/nn/model.py's GPT): an empty cache, and a forward with one."""
+
+    def new_cache(self) -> KVCache: ...
+
+    def __call__(self, idx: Tensor, *, cache: KVCache) -> tuple[Tensor, Tensor | None]: ...
+
+
 @torch.no_grad()
-def generate(model: GPT, prompt: Tensor, max_new_tokens: int,
+def generate(model: Decoder, prompt: Tensor, max_new_tokens: int,
              pick: Callable[[Tensor], Tensor] = lambda logits: logits.argmax(-1, keepdim=True),
              ) -> Iterator[tuple[Tensor, Tensor]]:
     """Decode with a cache: prompt (B, T) prefilled, then max_new_tokens tokens chosen by pick(logits)

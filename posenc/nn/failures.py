@@ -1,4 +1,4 @@
-"""What a failed kernel, compilation or step was, and the one loop that tries again.
+"""What a failed kernel or compilation was.
 
 Kernels are compiled or first run inside a forward or a step, so their failures arrive there, as
 exceptions wrapped by whoever caught them first: dynamo wraps a backend's failure in
@@ -7,11 +7,12 @@ exceptions wrapped by whoever caught them first: dynamo wraps a backend's failur
 ``inner_exception`` where there is one and ``__cause__`` otherwise, and says what the error is:
 
 - ``RECOMPILE_LIMIT``: dynamo refusing to compile a function once more (``FailOnRecompileLimitHit``,
-  raised as an error under ``loud_recompile_limit``);
-- ``FLA_REFUSAL``: flash-linear-attention refusing inside one of its kernels (a frame of the
-  traceback in fla's package, and what fla raises to refuse, ``refuses``: a ``RuntimeError`` of a
-  ``raise`` statement of fla's own, or Triton failing to build a kernel for the GPU); what fla asserts
-  or raises about the arguments it was given is posenc's bug, raised;
+  raised as an error within the run's ``KernelPolicy.compiling``);
+- ``REFUSAL``: a kernel refusing this device or these versions: an encoding's own kernel raising
+  ``KernelUnavailable`` (its message is what the run says), or flash-linear-attention refusing inside
+  one of its kernels (a frame of the traceback in fla's package, and what fla raises to refuse,
+  ``refuses``: a ``RuntimeError`` of a ``raise`` statement of fla's own, or Triton failing to build a
+  kernel for the GPU); what fla asserts or raises about the arguments it was given is posenc's bug;
 - ``COMPILE``: the compiler failing to build what it was given. Either an error of the compiler's
   own (``InductorError``, ``LoweringException``, ``NoTritonConfigsError``, a C++/CUDA compile error,
   Triton's ``OutOfResources`` or ``CompilationError``), or a ``BackendCompilerFailed`` whose innermost
@@ -22,11 +23,8 @@ exceptions wrapped by whoever caught them first: dynamo wraps a backend's failur
   compilation to step around: training it uncompiled would hide it.
 
 Where the failure came from in the model (a FlexAttention kernel: its name, ``flex_attention``,
-is in the error's text; fla's package in the traceback) is read in the same walk.
-
-``retry`` is the one loop that takes something again after a failure (a FlexAttention call in an
-eager forward, posenc/nn/kernels.py; a training step, posenc/train/state.py): the caller's
-``recover`` turns a classified failure into a change of what runs (True: try again) or refuses it.
+is in the error's text) is read in the same walk. What runs instead is the run's policy's to decide
+(``KernelPolicy.recover``, posenc/nn/kernels.py): this module only says what happened.
 
 The backend a compiled model is built with is ``compile_backend()``: torch's inductor, unless
 ``POSENC_COMPILE_BACKEND`` names another (``aot_eager``, or ``module:attribute`` of a callable):
@@ -37,19 +35,19 @@ a CPU.
 from __future__ import annotations
 
 import dis
-import functools
 import importlib
 import os
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 
+from posenc.nn import torch_private
+
 #: what a failure is (``Failure.kind``)
 RECOMPILE_LIMIT = "recompile_limit"
-FLA_REFUSAL = "fla_refusal"
+REFUSAL = "refusal"
 COMPILE = "compile"
 BUG = "bug"
 
@@ -62,44 +60,17 @@ COMPILER_CODE = ("/torch/_inductor/", "/triton/")
 #: the environment variable naming another compile backend (module doc)
 BACKEND_VARIABLE = "POSENC_COMPILE_BACKEND"
 
-T = TypeVar("T")
 
+class KernelUnavailable(RuntimeError):
+    """What an encoding's own kernel raises when it cannot run here: from ``fused_attention`` (its library
+    missing, a dtype, head dim or window it does not take) or when it runs (its library refusing). Its
+    message is the run's one warning; the layer kind computes from the encoding's other hooks for the rest
+    of the run, recorded as a fallback from ``fused:<op>`` with ``reason`` (by default the first line of
+    the error it was raised from, else its message)."""
 
-def _classes(spec: tuple[tuple[str, tuple[str, ...]], ...]) -> tuple[type[BaseException], ...]:
-    found: list[type[BaseException]] = []
-    for module, names in spec:
-        try:
-            imported = importlib.import_module(module)
-        except ImportError:  # Triton is absent from a CPU-only torch
-            continue
-        found += [getattr(imported, n) for n in names if isinstance(getattr(imported, n, None), type)]
-    return tuple(found)
-
-
-@functools.cache
-def compiler_errors() -> tuple[type[BaseException], ...]:
-    """The errors a compiler raises for what it could not build, in this torch (and Triton, where installed)."""
-    return _classes((("torch._inductor.exc", ("InductorError", "LoweringException", "CppCompileError",
-                                               "CUDACompileError")),
-                     ("torch._inductor.runtime.triton_heuristics", ("NoTritonConfigsError",)),
-                     ("triton.runtime.errors", ("OutOfResources",)),
-                     ("triton.compiler.errors", ("CompilationError",))))
-
-
-@functools.cache
-def backend_failed() -> tuple[type[BaseException], ...]:
-    return _classes((("torch._dynamo.exc", ("BackendCompilerFailed",)),))
-
-
-@functools.cache
-def recompile_limit_hit() -> tuple[type[BaseException], ...]:
-    return _classes((("torch._dynamo.exc", ("FailOnRecompileLimitHit",)),))
-
-
-@functools.cache
-def triton_errors() -> tuple[type[BaseException], ...]:
-    return _classes((("triton.runtime.errors", ("OutOfResources", "PTXASError")),
-                     ("triton.compiler.errors", ("CompilationError",))))
+    def __init__(self, message: str, op: str = "fused_attention", reason: str | None = None) -> None:
+        super().__init__(message)
+        self.op, self.reason = op, reason
 
 
 def chain(error: BaseException) -> list[BaseException]:
@@ -142,12 +113,12 @@ def refuses(error: BaseException) -> bool:
       compilation error).
 
     Not a refusal, a bug to see: what fla asserts or raises as a ValueError about its inputs (shapes,
-    layouts, float32 gates, head dims: posenc's adapters pass what it takes, posenc/nn/encodings/
-    fla_attention.py), an error torch raises inside fla's code (a shape, a device, a dtype), an error of
-    Triton's interpreter running the kernel, running out of memory."""
+    layouts, float32 gates, head dims: posenc's adapters pass what it takes, posenc/nn/fla_kernels.py), an
+    error torch raises inside fla's code (a shape, a device, a dtype), an error of Triton's interpreter
+    running the kernel, running out of memory."""
     if isinstance(error, torch.OutOfMemoryError):
         return False
-    if isinstance(error, triton_errors()):
+    if isinstance(error, torch_private.triton_errors()):
         return True
     return isinstance(error, RuntimeError) and raised_by(error, "/fla/")
 
@@ -168,17 +139,15 @@ def raised_by(error: BaseException, place: str) -> bool:
 
 @dataclass(frozen=True)
 class Failure:
-    """A classified failure (module doc): what it is, the innermost error's first line (what a
-    warning and the run's record name), whether a FlexAttention kernel's name is in its text."""
+    """A classified failure (module doc): what it is, the innermost error's first line (what the run's
+    record names), whether a FlexAttention kernel's name is in its text, and the words a refusal came
+    with (a ``KernelUnavailable``'s message), which the run then says as they are."""
 
     error: BaseException
     kind: str
     reason: str
     flex: bool = False
-
-    @property
-    def recoverable(self) -> bool:
-        return self.kind != BUG
+    said: str | None = None
 
 
 def classify(error: BaseException) -> Failure:
@@ -187,61 +156,25 @@ def classify(error: BaseException) -> Failure:
     inner = links[-1]
     reason = first_line(inner)
     flex = any("flex_attention" in str(e) for e in links)
-    if any(isinstance(e, recompile_limit_hit()) for e in links):
+    if any(isinstance(e, torch_private.recompile_limit_hit()) for e in links):
         return Failure(error, RECOMPILE_LIMIT, reason)
+    refusal = next((e for e in links if isinstance(e, KernelUnavailable)), None)
+    if refusal is not None:  # its reason: its own, else what it wraps (fla's error), else its message
+        why = refusal.reason or (reason if inner is not refusal else str(refusal))
+        return Failure(error, REFUSAL, why, said=str(refusal))
     if any(through(e, "/fla/") for e in links) and refuses(inner):
-        return Failure(error, FLA_REFUSAL, reason)
-    if any(isinstance(e, compiler_errors()) for e in links):
+        return Failure(error, REFUSAL, reason)
+    if any(isinstance(e, torch_private.compiler_errors()) for e in links):
         return Failure(error, COMPILE, reason, flex)
-    if isinstance(error, backend_failed()) and raised_in(inner, COMPILER_CODE):
+    if isinstance(error, torch_private.backend_failed()) and raised_in(inner, COMPILER_CODE):
         return Failure(error, COMPILE, reason, flex)
     return Failure(error, BUG, reason, flex)
 
 
-def retry(attempt: Callable[[], T], recover: Callable[[Failure], bool], attempts: int = MAX_ATTEMPTS) -> T:
-    """attempt() until it returns; after each failure ``recover(classify(error))`` changes what runs
-    and says whether to try again (False: the error is raised, as it is after the last attempt)."""
-    for n in range(attempts):
-        try:
-            return attempt()
-        except Exception as error:  # noqa: BLE001 - recover() chooses; whatever it refuses is raised
-            if n == attempts - 1 or not recover(classify(error)):
-                raise
-    raise AssertionError("unreachable")  # the last attempt returns or raises
-
-
-# --- dynamo's recompile limit: a process setting ---------------------------------------------------
-#: dynamo's recompile limit posenc runs with: a bench, `posenc check` or a sweep's jobs compile many
-#: models (and score_mods) in one process, and past torch's default of 8 dynamo would run the rest
-#: uncompiled without a word (FlexAttention then materialises every score)
-RECOMPILE_LIMIT_VALUE = 64
-
-
-def _limit_name() -> str:
-    config = torch._dynamo.config
-    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
-
-
-def recompile_limit() -> int:
-    return int(getattr(torch._dynamo.config, _limit_name()))
-
-
-def loud_recompile_limit() -> None:
-    """Raise dynamo's recompile limit to RECOMPILE_LIMIT_VALUE and make reaching it an error posenc
-    catches (``raise_recompile_limit``), never a silent fall to uncompiled code."""
-    config = torch._dynamo.config
-    name = _limit_name()
-    setattr(config, name, max(getattr(config, name), RECOMPILE_LIMIT_VALUE))
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        config.fail_on_recompile_limit_hit = True
-
-
-def raise_recompile_limit() -> str:
-    """Double dynamo's recompile limit after it was reached; what was done, in words."""
-    name = _limit_name()
-    limit = getattr(torch._dynamo.config, name) * 2
-    setattr(torch._dynamo.config, name, limit)
-    return f"torch._dynamo.config.{name} raised to {limit}"
+def refusal(error: BaseException, said: str) -> Failure:
+    """``error`` as a refusal whatever it is, said in the caller's words: a kernel tried alone on a small
+    input, where any error is its library refusing (posenc/nn/fla_kernels.py's first use)."""
+    return Failure(error, REFUSAL, first_line(error), said=said)
 
 
 # --- the compile backend -------------------------------------------------------------------------

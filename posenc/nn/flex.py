@@ -12,10 +12,10 @@ above the diagonal, across documents or outside a window; without documents it d
 FlexAttention has no backward on CPU (torch 2.13) and needs compilation to be fast, so
 posenc.nn.attention takes this path on CUDA only. Its kernels are compiled on first use; a
 configuration that fails to compile is replaced by a smaller one, and in the end by the dense
-path, with one warning each (posenc/nn/flex_kernels.py: the ladder; posenc/nn/kernels.py: where the
-run's kernels stand on it): a failed kernel never ends a run. Inside a compiled model the failure
-is the train step's to handle (posenc/train/recovery.py); in an eager forward (evaluation) the
-call itself is taken again (``FlexPlan.attend``, through the one retry loop of posenc/nn/failures.py).
+path, with one warning each: a failed kernel never ends a run. Which configuration a layer kind's
+kernels take (the ladder) and what a failure changes are the run's policy's (posenc/nn/kernels.py):
+inside a compiled model the failure reaches the train step (posenc/train/state.py), in an eager
+forward (evaluation) the call itself is taken again through the policy's ``retry``.
 """
 
 from __future__ import annotations
@@ -24,17 +24,13 @@ import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
 from posenc.nn import failures
-from posenc.nn.encodings.base import ScoreMod
-from posenc.nn.flex_kernels import DENSE, KernelKey, KernelOptions
-
-if TYPE_CHECKING:
-    from posenc.nn.kernels import KernelPolicy
+from posenc.nn.context import ScoreMod
+from posenc.nn.kernels import DENSE, KernelKey, KernelOptions, KernelPolicy, Running
 
 try:
     from torch.nn.attention.flex_attention import flex_attention
@@ -50,25 +46,21 @@ AVAILABLE = flex_attention is not None
 
 
 def compiled_flex_attention():
-    """flex_attention compiled once (per compile backend, posenc/nn/failures.py). Uncompiled it
-    materialises the scores (slow, O(T²) memory), so the whole call must compile (fullgraph) and
-    dynamo's recompile limit, reached when one process builds many score_mods, raises instead of
-    running it uncompiled (failures.loud_recompile_limit)."""
+    """flex_attention compiled (per compile backend, posenc/nn/failures.py). Uncompiled it materialises
+    the scores (slow, O(T²) memory), so the whole call must compile (fullgraph), and it is called within
+    the run's ``KernelPolicy.compiling``, where reaching dynamo's recompile limit (one process building
+    many score_mods) raises instead of running it uncompiled."""
     return _compiled_flex_attention(os.environ.get(failures.BACKEND_VARIABLE, ""))
 
 
-@functools.cache
+@functools.cache  # one torch.compile wrapper per backend: what it compiles is dynamo's, per process anyway
 def _compiled_flex_attention(backend: str):
-    failures.loud_recompile_limit()
     return torch.compile(flex_attention, dynamic=False, fullgraph=True, backend=failures.compile_backend())
 
 
-#: compile attempts of one FlexAttention call before its layer kind takes the dense path
-ATTEMPTS = 16
-
-
 class FlexUnavailable(RuntimeError):
-    """Every kernel configuration of a layer kind failed to compile: attend through the dense path."""
+    """Every kernel configuration of a layer kind failed to compile: attend through the dense path (no
+    failure to recover from: the policy raises it)."""
 
 
 @dataclass
@@ -76,9 +68,9 @@ class FlexPlan:
     """One layer kind's attention for one forward: the bias as a score_mod (None: no bias), the
     mask (causal, documents, window) as a BlockMask whose empty blocks the kernel skips, the
     kernel configuration to compile with (``key`` names the layer kind's kernels, ``options`` its
-    step of the ladder, posenc/nn/flex_kernels.py), the run's ``policy`` that answers a failed
-    compilation (posenc/nn/kernels.py), and ``dense``, which builds the explicit-mask plan the layer
-    kind falls back to when no configuration compiles."""
+    rung of the ladder), the run's ``policy`` that answers a failed compilation (posenc/nn/kernels.py),
+    and ``dense``, which builds the explicit-mask plan the layer kind falls back to when no
+    configuration compiles."""
 
     score_mod: ScoreMod | None
     block_mask: object  # torch.nn.attention.flex_attention.BlockMask
@@ -93,31 +85,24 @@ class FlexPlan:
                sink: Tensor | None = None) -> Tensor:
         """q, k: (B, H, T, E), v: (B, H, T, Ev) -> (B, H, T, Ev); decay: (B, H, T) cumulative
         log-decays of this layer; sink: (H,) its sink logits. Raises FlexUnavailable once no
-        kernel configuration compiles (the caller then attends through ``self.dense()``)."""
+        kernel configuration compiles (the caller then attends through ``self.dense_plan()``)."""
         if self.eager or torch.compiler.is_compiling():
             # inside a compiled model the outer compile fuses flex_attention (and a failure there
             # is the train step's to handle); `posenc check`'s CPU forward runs it eagerly
             return self.call(flex_attention, q, k, v, decay, sink)
         if self.key is None or self.policy is None:  # nothing to step down: a failure is raised
             return self.call(compiled_flex_attention(), q, k, v, decay, sink)
+        policy, running = self.policy, Running(flex=(self.key,))
 
-        def recover(failure: failures.Failure) -> bool:  # each failure moves down a finite ladder or doubles a limit
-            if failure.kind == failures.RECOMPILE_LIMIT:
-                self.policy.recompile_limit_raised(failures.raise_recompile_limit())
-                return True
-            if failure.kind != failures.COMPILE:
-                return False
-            self.options = self.policy.flex_failed(self.key, failure.reason, q.device)
-            return self.options != DENSE
-
-        try:
-            out = failures.retry(lambda: self.call(compiled_flex_attention(), q, k, v, decay, sink), recover, ATTEMPTS)
-        except Exception as e:
+        def attempt() -> Tensor:
+            self.options = policy.flex_options(self.key)  # the rung the last failure left it on
             if self.options == DENSE:
-                self.policy.saw(self.key.kind, DENSE)  # this forward's layers take the dense path
-                raise FlexUnavailable(self.policy.flex_failure(self.key) or "FlexAttention did not compile") from e
-            raise
-        self.policy.flex_settled([self.key], q.device)
+                raise FlexUnavailable(policy.flex_failure(self.key) or "FlexAttention did not compile")
+            with policy.compiling():
+                return self.call(compiled_flex_attention(), q, k, v, decay, sink)
+
+        out = policy.retry(attempt, lambda failure: policy.decide(failure, running))
+        policy.settled([self.key])
         return out
 
     def call(self, attend: Callable, q: Tensor, k: Tensor, v: Tensor, decay: Tensor | None,

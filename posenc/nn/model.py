@@ -112,7 +112,7 @@ class GPT(nn.Module):
         self.__dict__["_kernels"] = policy  # a plain attribute, not a submodule
         for kind in policy.kinds.values():
             if kind.mixer == LINEAR:  # one path, whatever the device
-                policy.saw(kind.name, LINEAR)
+                policy.ran.saw(kind.name, LINEAR)
         for layer, block in enumerate(self.blocks):  # a recurrent mixer asks it whether fla may run
             if not isinstance(block.attn, CausalSelfAttention):
                 block.attn.kernels, block.attn.kind = policy, self.layout.kinds[layer]
@@ -251,7 +251,7 @@ class GPT(nn.Module):
                 length: int | None = None) -> list[Plan]:
         """Each layer's plan for a forward on idx (as ``forward`` takes it, under the caller's autocast),
         made outside any compiled trace: what a compiled forward plans, known to the train step that
-        recovers from its failure (posenc/train/recovery.py). Each layer kind's path is recorded in
+        recovers from its failure (posenc/train/state.py). Each layer kind's path is recorded in
         ``kernels`` (a recurrent kind's as its first use in this run found it)."""
         ctx = self.context(idx, pos, doc, length)
         self.encoding.prepare(ctx.n_positions)
@@ -259,7 +259,7 @@ class GPT(nn.Module):
                     self.attending)
         for kind in self.kernels.kinds.values():
             if kind.mixer not in ("softmax", LINEAR):
-                self.kernels.saw(kind.name, fla_kernels.path(kind.mixer, idx.device.type, self.kernels))
+                self.kernels.ran.saw(kind.name, fla_kernels.path(kind.mixer, idx.device.type, self.kernels))
         return out
 
     def compute_dtype(self, device: torch.device) -> torch.dtype:

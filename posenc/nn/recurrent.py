@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn import fla_kernels, fused, kernels
+from posenc.nn import fla_kernels, fused
 from posenc.nn.encodings.base import Context, PositionalEncoding
 from posenc.nn.decoding import InputRecompute
 from posenc.nn.kda import chunked_kda, kda_step
@@ -76,13 +76,13 @@ def wide(x: Tensor) -> Tensor:
 class RecurrentMixer(nn.Module):
     """The token mixer of a recurrent layer kind; same call as ``CausalSelfAttention``. ``kernels``:
     the run's policy (posenc/nn/kernels.py: whether fla's kernel may run; the path taken, recorded
-    for layer kind ``kind``), set by the model that holds it."""
+    for layer kind ``kind``): its own until the model that holds it gives it the model's."""
 
-    kernels: KernelPolicy | None = None
     kind: str | None = None
 
     def __init__(self, d_model: int, n_head: int, rule: str, bias: bool = False) -> None:
         super().__init__()
+        self.kernels = KernelPolicy()
         if rule not in RULES:
             raise ValueError(f"a recurrent layer's mixer must be one of {', '.join(RULES)}, got '{rule}'")
         self.attention = rule  # what probes and checks read: not softmax attention
@@ -155,12 +155,12 @@ class RecurrentMixer(nn.Module):
 
     def mix(self, q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor | None, seg: Tensor | None) -> Tensor:
         """The recurrence: fla's kernels where they run and are usable, the chunked PyTorch form otherwise."""
-        policy = self.kernels or kernels.OUTSIDE
-        usable = fla_kernels.usable(self.attention, q, v, policy)
+        policy = self.kernels
+        kernel = fla_kernels.usable(self.attention, q, v, policy)
         if not torch.compiler.is_compiling():  # in a compiled model: GPT.planned records it
-            policy.saw(self.kind or self.attention, fla_kernels.path(self.attention, q.device.type, policy))
-        if usable:
-            return fla_kernels.mix(self.attention, q, k, v, g, beta, seg)
+            policy.ran.saw(self.kind or self.attention, fla_kernels.path(self.attention, q.device.type, policy))
+        if kernel is not None:
+            return fla_kernels.mix(kernel, self.attention, q, k, v, g, beta, seg)
         return CHUNKED[self.attention](q, k, v, g, beta, seg)
 
 

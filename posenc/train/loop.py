@@ -82,14 +82,14 @@ def train(cfg: DictConfig, run_dir: Path, checked: bool = False, verdict: dict |
         if cfg.logger.name == "wandb":
             start_wandb(tracker, cfg, model.encoding.name, run_dir, resumed.wandb_id)
         checkpoints = Checkpoints(run_dir, t.checkpoint, resumed.best_val_loss, resumed.reshapes, resumed.proofs)
+        events = FallbackEvents(state, tracker)
         val, train_seconds = run_loop(state, cfg, run_dir, tracker, evaluate, resumed.val,
                                       rate=Throughput(model.flops_per_token(t.seq_len), peak_flops(device, t.get("peak_flops"))),
-                                      checkpoints=checkpoints)
+                                      checkpoints=checkpoints, events=events)
         # perplexity at eval.lengths × seq_len (Press et al.) or task accuracy, and per-position loss
         evaluated = final.evaluate_run(model, data, cfg, run_dir, tracker, state.step, state.tokens, device, autocast) \
             if cfg.eval.at_end else {}
-        for fallback in state.kernels.unlogged():  # one in the last evaluations: at the last step
-            tracker.event("kernels/fallback", fallback.as_dict(), step=state.step, tokens=state.tokens)
+        events.log()  # one in the last evaluations: at the last step
         summary = {
             "status": "completed",
             **val,
@@ -214,9 +214,24 @@ class Throughput:
         self.start, self.tokens = time.time(), 0
 
 
+class FallbackEvents:
+    """The run's kernel fallbacks as metrics.jsonl events, each once, at the step it happened in (one in an
+    evaluation: the step it followed)."""
+
+    def __init__(self, state: TrainState, tracker: Tracker) -> None:
+        self.state, self.tracker, self.logged = state, tracker, 0
+
+    def log(self) -> None:
+        policy = self.state.kernels
+        policy.stamp(self.logged, self.state.step)
+        for fallback in policy.fallbacks[self.logged:]:
+            self.tracker.event("kernels/fallback", fallback.as_dict(), step=fallback.step, tokens=self.state.tokens)
+        self.logged = len(policy.fallbacks)
+
+
 def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker,
              evaluate: Callable[[], dict[str, float]], val: dict[str, float], rate: Throughput,
-             checkpoints: Checkpoints) -> tuple[dict, float]:
+             checkpoints: Checkpoints, events: FallbackEvents) -> tuple[dict, float]:
     """train_step until trainer.max_steps: log, evaluate, checkpoint, stop on a signal.
     Returns the last validation metrics and the seconds of training (a resumed run included)."""
     t = cfg.trainer
@@ -233,8 +248,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
             tokens_before = state.tokens
             result = train_step(state, micro_batches(state))
             step = state.step
-            for fallback in state.kernels.unlogged():  # a kernel that fell back in this step: an event at it
-                tracker.event("kernels/fallback", fallback.as_dict(), step=step, tokens=state.tokens)
+            events.log()  # a kernel that fell back in this step: an event at it
             rate.tokens += state.tokens - tokens_before
             progress.advance(step)
             at_log_step = step % t.log_interval == 0 or step == t.max_steps
@@ -247,6 +261,7 @@ def run_loop(state: TrainState, cfg: DictConfig, run_dir: Path, tracker: Tracker
                        M.TRAIN_GRAD_NORM.name: float(result.grad_norm), **rate.metrics()}  # before eval: tokens/s excludes it
             if at_eval_step:
                 val = evaluate()
+                events.log()  # one in the evaluation (an eager FlexAttention call): at the step it followed
                 if distributed.is_main():
                     checkpoints.evaluated(state, cfg, tracker.wandb_id, val)
             if at_log_step:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Iterator
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,9 +22,10 @@ from torch import Tensor, nn
 
 from posenc.data.batches import Batch
 from posenc.hardware import use_compile
-from posenc.nn import failures
+from posenc.nn import attention, failures
 from posenc.nn.encodings.base import GROUP_DEFAULTS
-from posenc.nn.kernels import KernelPolicy
+from posenc.nn.failures import Failure
+from posenc.nn.kernels import Action, Decision, KernelPolicy, Running
 from posenc.train import distributed, recovery
 
 
@@ -92,7 +94,7 @@ class TrainState:
     """Everything one optimizer step reads and changes."""
 
     model: nn.Module                 # the parameters: checkpoints and evaluation use this one
-    step_model: nn.Module            # what the step runs: the model, DDP-wrapped and/or compiled
+    eager_model: nn.Module           # what the step runs uncompiled: the model, DDP-wrapped under torchrun
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
     batches: BatchSource             # saved in checkpoints (its RNG), so a resume draws the same batches
@@ -103,6 +105,21 @@ class TrainState:
     step: int = 0                    # optimizer steps taken
     tokens: int = 0                  # training tokens seen, over all ranks
     kernels: KernelPolicy = field(default_factory=KernelPolicy)  # the run's kernels (the model's own)
+    compiled_model: nn.Module | None = None  # torch.compile's wrapper around eager_model, where asked
+    may_fail: bool = False           # whether a kernel can fail in a step: compiled, or on CUDA (fla's kernels)
+    settled: int = -1                # the policy's changes when a step last settled (-1: none has)
+
+    @property
+    def step_model(self) -> nn.Module:
+        """What the step runs: the compiled model while the run's policy runs it compiled."""
+        return self.compiled_model if self.kernels.compiled and self.compiled_model is not None else self.eager_model
+
+    @property
+    def settling(self) -> bool:
+        """Whether this step's kernels may compile or fail anew: the first step, and each after a change of
+        what runs, where a kernel can fail at all. Such a step is taken in step with the other ranks under
+        DDP (posenc/train/recovery.py), and the paths it took are recorded once it ran."""
+        return self.may_fail and self.settled != self.kernels.changes
 
 
 @dataclass
@@ -122,23 +139,22 @@ def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, de
     optimizer = configure_optimizer(model, tcfg, device)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lr_lambda(tcfg.warmup_steps, tcfg.max_steps, tcfg.min_lr_ratio))
-    step_model = distributed.wrap(model, device)
+    eager_model = distributed.wrap(model, device)
     kernels = getattr(model, "kernels", None) or KernelPolicy()  # the bench's plain reference has none
-    kernels.compile_asked = use_compile(tcfg.compile, device)
-    # the first step settles (posenc/train/recovery.py) where a kernel can fail in it: compiled, or on CUDA
-    # (fla's kernels); an eager CPU step runs nothing that falls back, and keeps DDP's overlapped all-reduce
-    kernels.settling = kernels.compile_asked or device.type == "cuda"
-    if kernels.compile_asked:
-        # a sweep's jobs (basic launcher) and a bench build many models in one process: past
-        # dynamo's recompile limit later models would silently run eager, so posenc raises the
-        # limit and makes reaching it an error train_step handles. No reset here (nor after a
-        # fallback, posenc/train/recovery.py): it would make the models still in use (the bench's
-        # baselines) compile again inside their timed rounds
-        failures.loud_recompile_limit()
-        step_model = torch.compile(step_model, backend=failures.compile_backend())
+    kernels.ran.compile_asked = use_compile(tcfg.compile, device)
+    compiled_model = None
+    if kernels.ran.compile_asked:
+        # each step runs within the run's KernelPolicy.compiling (dynamo's recompile limit raised for it, and
+        # reaching it an error the policy answers: a sweep's jobs and a bench build many models in one
+        # process). No torch._dynamo.reset() here or after a fallback: it would make the models still in use
+        # (the bench's baselines) compile again inside their timed rounds
+        compiled_model = torch.compile(eager_model, backend=failures.compile_backend())
         kernels.compiled = True
-    return TrainState(model, step_model, optimizer, scheduler, batches, device, autocast,
-                      int(tcfg.grad_accum), float(tcfg.grad_clip), kernels=kernels)
+    # a step settles where a kernel can fail in it: compiled, or on CUDA (fla's kernels); an eager CPU step
+    # runs nothing that falls back, and keeps DDP's overlapped all-reduce
+    return TrainState(model, eager_model, optimizer, scheduler, batches, device, autocast, int(tcfg.grad_accum),
+                      float(tcfg.grad_clip), kernels=kernels, compiled_model=compiled_model,
+                      may_fail=kernels.ran.compile_asked or device.type == "cuda")
 
 
 def micro_batches(state: TrainState) -> Iterator[Batch]:
@@ -152,16 +168,79 @@ def train_step(state: TrainState, batches: Iterable[Batch]) -> StepResult:
     the last micro-batch only), clip, AdamW, LR schedule, zero the gradients. No host
     synchronisation inside.
 
-    Kernels are compiled on a step's first run, so a kernel that fails to compile fails a step:
-    the step is taken again, from the same micro-batches and no gradient, after the run's policy
-    chose what runs instead, recorded and said once (posenc/train/recovery.py); any other error
-    ends the step as it would."""
+    Kernels are compiled (or first run) inside a step, so a kernel that cannot be built here fails a
+    step, in its forward or its backward: the step is taken again, from the same micro-batches and no
+    gradient, after the run's policy decided what runs instead (posenc/nn/kernels.py: a FlexAttention
+    kernel one rung down, an own or fla kernel refused, the model uncompiled, dynamo's recompile limit
+    raised), recorded and said once; any other error ends the step as it would. What the failing
+    forward ran is asked of the model outside any trace (``planned``: the same ``plans`` the compiled
+    forward ran, on the same shapes), since a compiled forward's own record of what it planned is lost
+    when it fails. Every fallback recorded while taking it is stamped with this step."""
     batches = list(batches)  # kept: a step whose kernels failed to compile is taken again
-    return recovery.take(state, batches, lambda in_step: take_step(state, batches, in_step))
+    policy, step, first = state.kernels, state.step + 1, len(state.kernels.fallbacks)
+    try:
+        result = policy.retry(lambda: attempt(state, batches), lambda failure: decided(state, failure, batches))
+        if state.settling:
+            settle(state, batches)
+        return result
+    finally:
+        policy.stamp(first, step)
+
+
+def attempt(state: TrainState, batches: list[Batch]) -> StepResult:
+    """One attempt at the step; in step with the other ranks where it settles under DDP, where a failure
+    is agreed on before it leaves (posenc/train/recovery.py)."""
+    in_step = distributed.active() and state.settling
+    tokens = state.tokens
+    try:
+        with state.kernels.compiling() if state.kernels.compiled else nullcontext():
+            return take_step(state, batches, in_step)  # in step, it ends in ``agreed`` once its backward is done
+    except Exception as error:
+        state.optimizer.zero_grad(set_to_none=True)
+        state.tokens = tokens
+        if not in_step or isinstance(error, (recovery.Retake, recovery.PeerFailed)):
+            raise
+        merged = recovery.agree(state.kernels.decide(failures.classify(error), running(state, batches)))
+        if merged.action is Action.RAISE:
+            raise  # this rank's own error
+        raise recovery.Retake(merged) from error
+
+
+def decided(state: TrainState, failure: Failure, batches: list[Batch]) -> Decision:
+    """What a failed attempt decided: what every rank agreed on (``Retake``), else the policy's decision,
+    which outside a step taken in step no rank may take alone under DDP."""
+    if isinstance(failure.error, recovery.Retake):
+        return failure.error.decision
+    if distributed.active():
+        return Decision(Action.RAISE, failure.reason)
+    return state.kernels.decide(failure, running(state, batches))
+
+
+def planned(state: TrainState, batches: list[Batch]) -> list[attention.Plan]:
+    """The plans of the step's forward on its first micro-batch, made outside any trace (GPT.planned, which
+    records each layer kind's path); none for a model that plans nothing (the bench's plain reference)."""
+    if not hasattr(state.model, "planned") or not batches:
+        return []
+    batch = batches[0].to(state.device)
+    with state.autocast():
+        return state.model.planned(batch.x, **batch.model_inputs())
+
+
+def running(state: TrainState, batches: list[Batch]) -> Running:
+    """What the step's forward ran that a failure may change (``attention.running``)."""
+    return attention.running(planned(state, batches), state.kernels)
+
+
+def settle(state: TrainState, batches: list[Batch]) -> None:
+    """After the first step and every step retaken: the kernels that stepped down and compiled say where
+    they ended, and each layer kind's path as the compiled forward took it is recorded."""
+    state.kernels.settled(state.kernels.pending())
+    planned(state, batches)
+    state.settled = state.kernels.changes
 
 
 def take_step(state: TrainState, batches: list[Batch], in_step: bool = False) -> StepResult:
-    """The optimizer step of ``train_step``, once. in_step (DDP, a step that compiles): every
+    """The optimizer step of ``train_step``, once. in_step (DDP, a step that settles): every
     micro-batch's backward stays local, the ranks agree after each, and the gradients are averaged
     over ranks once every rank succeeded (posenc/train/recovery.py)."""
     loss_sum = torch.zeros((), device=state.device)

@@ -34,7 +34,7 @@ optional hook, computed in each layer:
   value (attention sinks: GPT-OSS);
 - ``normalise(scores, q_idx, k_idx)``: replaces softmax itself (stick-breaking attention);
 - ``fused_attention(ctx, layer)``: a kernel of the encoding's own for a layer's whole attention, equal
-  to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels: posenc/nn/fla_runtime.py).
+  to what the hooks above define (flash-linear-attention's FoX, PaTH, stick-breaking kernels: posenc/nn/fla_kernels.py).
 
 Decoding asks one more, ``kv_cache(layer, window)``: what a layer keeps of every token to decode the
 next (keys at their positions by default; ``Decodes``, posenc/nn/encodings/cache.py).
@@ -53,7 +53,7 @@ still infer from the mask (Haviv et al., 2022; Kazemnejad et al., 2023). What an
 *derived* from which hooks it overrides, asked with one query, ``offers(hook)`` (a position bias is
 offered by overriding ``position_bias`` or ``distance_bias``): no flag to remember, and attention
 never asks which encoding it has. Its options are the arguments its constructor was called with
-(``options``). The vocabulary and ``Context``: posenc/nn/encodings/context.py.
+(``options``). The vocabulary and ``Context``: posenc/nn/context.py.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ import torch
 from torch import Tensor, nn
 
 from posenc.nn.encodings.cache import Decodes
-from posenc.nn.encodings.context import (  # noqa: F401 - re-exported
+from posenc.nn.context import (  # noqa: F401 - re-exported
     Context,
     FusedAttention,
     KernelUnavailable,

@@ -37,16 +37,28 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar, Protocol
 
 import torch
 from torch import Tensor
 
-from posenc.nn.encodings.context import Context, Normaliser
+from posenc.nn.context import Context, Normaliser
 from posenc.nn.mask import AttentionMask, Window
 
-if TYPE_CHECKING:
-    from posenc.nn.encodings.base import PositionalEncoding
+
+class Hooks(Protocol):
+    """What a cache asks of the encoding it serves (``PositionalEncoding``, posenc/nn/encodings/base.py,
+    which mixes ``Decodes`` in: this module knows it by its hooks alone)."""
+
+    def offers(self, hook: str) -> bool: ...
+
+    def transform_qk(self, q: Tensor, k: Tensor, ctx: Context, layer: int) -> tuple[Tensor, Tensor]: ...
+
+    def position_bias(self, q_pos: Tensor, k_pos: Tensor) -> Tensor: ...
+
+    def logit_scale(self, ctx: Context, layer: int) -> Tensor | None: ...
+
+    def kv_cache(self, layer: int, window: Window) -> LayerCache | None: ...
 
 #: the hooks a cache computes for the new tokens alone: a class that writes one of them below the
 #: class that wrote ``kv_cache`` decodes by recomputation (``holds``)
@@ -58,7 +70,7 @@ def writer(cls: type, name: str) -> int:
     return next(i for i, c in enumerate(cls.__mro__) if name in c.__dict__)
 
 
-def holds(encoding: PositionalEncoding) -> bool:
+def holds(encoding: Hooks) -> bool:
     """Whether the cache ``encoding.kv_cache`` returns was written for every hook of INCREMENTAL the
     encoding has: none is written by a class below the one that wrote ``kv_cache`` (``Decodes``'s
     default stands for the base class that mixes it in, which writes the hooks' defaults)."""
@@ -126,7 +138,7 @@ class LayerCache:
     #: what it keeps per token, in words (the check row and the bench show it)
     keeps: ClassVar[str] = ""
 
-    def __init__(self, encoding: PositionalEncoding, layer: int, window: Window) -> None:
+    def __init__(self, encoding: Hooks, layer: int, window: Window) -> None:
         self.encoding = encoding
         self.layer = layer
         self.window = window
@@ -150,7 +162,7 @@ class LayerCache:
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
-    def retarget(self, encoding: PositionalEncoding) -> LayerCache:
+    def retarget(self, encoding: Hooks) -> LayerCache:
         """Ask ``encoding`` (a mechanism around this cache's encoding) for the common terms from now on."""
         self.encoding = encoding
         return self
@@ -170,7 +182,7 @@ class KeysAtPositions(LayerCache):
 
     keeps = "keys at their positions, values"
 
-    def __init__(self, encoding: PositionalEncoding, layer: int, window: Window) -> None:
+    def __init__(self, encoding: Hooks, layer: int, window: Window) -> None:
         super().__init__(encoding, layer, window)
         self.keys: Tensor | None = None  # (B, H, S, E)
         self.values: Tensor | None = None  # (B, H, S, Ev)

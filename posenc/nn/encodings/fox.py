@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posenc.nn.cumsum import cumsum
-from posenc.nn.encodings import fla_attention
+from posenc.nn import fla_kernels
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.cache import LayerCache, Rows, cat, plus
 from posenc.nn.encodings.mechanism import Mechanism
@@ -89,10 +89,10 @@ class FoX(Mechanism):
             return self.log_forget_gates(ctx.x, layer)
 
         if self.inner.offers("fused_attention"):
-            return fla_attention.with_gates(self.inner.fused_attention(ctx, layer, log_gates=True), gates)
+            return fla_kernels.with_gates(self.inner.fused_attention(ctx, layer, log_gates=True), gates)
         if not self.inner_acts_on_qk():
             return None
-        return fla_attention.forgetting_kernel(ctx, layer, self.head_dim, self.name, gates)
+        return fla_kernels.forgetting_kernel(ctx, layer, self.head_dim, self.name, gates)
 
     def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
         """The inner encoding's cache, and the cumulative log gates c_j of the kept tokens (``Decayed``)."""

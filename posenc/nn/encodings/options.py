@@ -21,12 +21,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING
-
 from torch import nn
-
-if TYPE_CHECKING:
-    from posenc.nn.encodings.base import PositionalEncoding
 
 #: constructor arguments the builder passes (posenc/build.py) or that name the encoding: not options
 BUILDER_ARGUMENTS = ("self", "d_model", "n_head", "name", "n_layer", "train_len")
@@ -85,10 +80,10 @@ def with_subclass_arguments(options: Callable[..., dict[str, object]], owner: ty
     return with_arguments
 
 
-def outermost_encodings(encoding: PositionalEncoding, kind: type[nn.Module]) -> list[PositionalEncoding]:
+def outermost_encodings(encoding: nn.Module, kind: type[nn.Module]) -> list[nn.Module]:
     """The modules of class ``kind`` (the encoding base class) inside encoding that no other such
     module inside it contains (what its ``param_groups`` hands over to their own)."""
-    found: list[tuple[str, PositionalEncoding]] = []
+    found: list[tuple[str, nn.Module]] = []
     for name, module in encoding.named_modules():
         if module is encoding or not isinstance(module, kind):
             continue

@@ -21,7 +21,7 @@ s_ij cannot be written as a map of q and k alone, so PaTH is the contract's ``qk
 attention writes the logits out, computed by the paper's chunked UT algorithm
 (posenc/nn/encodings/householder.py) a block of queries at a time, O(T·(C + d)) beside the
 scores; where fla's kernels run (CUDA; a CPU under Triton's interpreter), its fused PaTH kernel computes the whole
-layer instead (``fused_attention``, posenc/nn/encodings/fla_attention.py). Under documents packing a visible
+layer instead (``fused_attention``, posenc/nn/encodings/fla_kernels.py). Under documents packing a visible
 pair never spans a boundary, so its product holds only its own document's transforms; the short
 convolution does not reach across one either (fla resets it at each ``cu_seqlens`` boundary). It
 wraps an encoding (``encoding.inner``, NoPE by default as in the paper) whose ``transform_qk`` runs
@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posenc.nn.encodings import fla_attention
+from posenc.nn import fla_kernels
 from posenc.nn.encodings.base import (
     Context,
     FusedAttention,
@@ -152,7 +152,7 @@ class PaTH(Mechanism):
 
         if not self.inner_acts_on_qk():
             return None
-        return fla_attention.path_kernel(ctx, layer, self.head_dim, self.name, transforms)
+        return fla_kernels.path_kernel(ctx, layer, self.head_dim, self.name, transforms)
 
     def kv_cache(self, layer: int, window: Window) -> LayerCache | None:
         """The keys carried through every later token's transform (``Carried``), where the inner encoding's

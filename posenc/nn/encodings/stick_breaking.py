@@ -21,7 +21,7 @@ takes nothing and leaves the stick whole, so every mask is respected by construc
 This is the contract's ``normalise`` hook: attention writes the logits out (dense on CPU, in
 query chunks for long sequences). Where fla's kernels run (CUDA; a CPU under Triton's interpreter),
 flash-linear-attention's stick-breaking kernel computes
-the whole layer (``fused_attention``, posenc/nn/encodings/fla_attention.py: its output plus its remainder on
+the whole layer (``fused_attention``, posenc/nn/encodings/fla_kernels.py: its output plus its remainder on
 the query's value); without fla, or under a sliding window it does not take, attention falls back to
 the explicit path with one warning (FlexAttention computes a softmax). No parameters of its own.
 """
@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posenc.nn.cumsum import cumsum
-from posenc.nn.encodings import fla_attention
+from posenc.nn import fla_kernels
 from posenc.nn.encodings.base import Context, FusedAttention, PositionalEncoding
 from posenc.nn.encodings.mechanism import Mechanism
 
@@ -74,4 +74,4 @@ class StickBreaking(Mechanism):
         that acts on q and k alone; none under a wrapping FoX (fla's kernel takes no gates)."""
         if log_gates or not self.inner_acts_on_qk():
             return None
-        return fla_attention.stick_breaking_kernel(ctx, layer, self.head_dim, self.name)
+        return fla_kernels.stick_breaking_kernel(ctx, layer, self.head_dim, self.name)

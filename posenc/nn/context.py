@@ -4,7 +4,8 @@
 shapes (``ScoreMod``, ``Normaliser``, ``ScoreRows``) are what attention asks of a hook; the forms
 derived from a relative bias's ``distance_bias``: ``distance_position_bias`` (the dense bias) and
 ``distance_score_mod`` (with ``positions_at``, FlexAttention's). The contract itself is
-posenc/nn/encodings/base.py, which re-exports all of these.
+posenc/nn/encodings/base.py, which re-exports all of these (and ``KernelUnavailable``, what an encoding's
+own kernel raises when it cannot run: posenc/nn/failures.py).
 
 Vocabulary, one name per concept:
     position_bias  b_h(i, j), the (..., H, Tq, Tk) logit term computed from positions alone;
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from posenc.nn.failures import KernelUnavailable  # noqa: F401 - the contract's, re-exported
 from posenc.nn.mask import GLOBAL, AttentionMask
 
 #: FlexAttention's score_mod signature: (score, batch, head, q_idx, kv_idx) -> score
@@ -46,11 +48,6 @@ ScoreRows = Callable[[int, int, int], Tensor]
 #: and the layer's mask; log_gates: (B, H, T) per-token log forget gates g_t of a wrapping mechanism, whose sums
 #: Σ_{t=j+1..i} g_t join the logits unscaled (FoX's decays), or None
 FusedAttention = Callable[[Tensor, Tensor, Tensor, "Context", int, "Tensor | None"], Tensor]
-
-
-class KernelUnavailable(RuntimeError):
-    """What a ``FusedAttention`` raises when it cannot run after all (its library refused at call time,
-    said in a warning): attention computes that layer from the encoding's other hooks instead."""
 
 
 
