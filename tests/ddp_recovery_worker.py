@@ -22,7 +22,7 @@ from compile_failures import flex_on_the_cpu
 from posenc.build import build_model
 from posenc.config import compose
 from posenc.data.batches import Batch
-from posenc.nn import failures, kernels
+from posenc.nn import kernels
 from posenc.train import distributed
 from posenc.train.state import micro_batches, new_train_state, train_step
 
@@ -46,7 +46,7 @@ def main(out: Path) -> None:
     patch = pytest.MonkeyPatch()
     flex_on_the_cpu(patch)
     patch.setattr(kernels, "DEFAULT_SHARED_MEMORY", 16 * 4 * (32 + 2 * 32))  # a ladder of two rungs
-    os.environ[failures.BACKEND_VARIABLE] = "compile_failures:flex_at_compile_on_rank_1"
+    os.environ[kernels.BACKEND_VARIABLE] = "compile_failures:flex_at_compile_on_rank_1"
     cfg = compose(["encoding=t5_bias", "model.n_layer=1", "model.n_head=2", "model.d_model=32", f"trainer.seq_len={T}",
                    "trainer.grad_accum=2", "trainer.max_steps=2", "trainer.warmup_steps=1", "trainer.compile=true"],
                   bench=False)

@@ -49,7 +49,7 @@ def failing(monkeypatch: pytest.MonkeyPatch, backend: str) -> None:
     """FlexAttention on the CPU, compiled by the test backend ``backend`` (tests/compile_failures.py),
     on a device with room for one smaller configuration."""
     flex_on_the_cpu(monkeypatch)
-    monkeypatch.setenv(failures.BACKEND_VARIABLE, f"compile_failures:{backend}")
+    monkeypatch.setenv(kernels.BACKEND_VARIABLE, f"compile_failures:{backend}")
     monkeypatch.setattr(kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
 
 
@@ -259,7 +259,7 @@ def test_a_compiled_model_whose_compilation_fails_elsewhere_trains_uncompiled(mo
     uncompiled from that step on, recorded, with one warning naming the error."""
     from posenc.train.state import micro_batches, train_step
 
-    monkeypatch.setenv(failures.BACKEND_VARIABLE, "compile_failures:elsewhere")
+    monkeypatch.setenv(kernels.BACKEND_VARIABLE, "compile_failures:elsewhere")
     state = compiled_state("rope")
     with warnings.catch_warnings(record=True) as record:
         warnings.simplefilter("always")
@@ -281,7 +281,7 @@ def test_an_error_that_is_no_failed_compilation_is_not_swallowed(monkeypatch):
     import compile_failures
 
     monkeypatch.setattr(compile_failures, "a_bug", a_bug, raising=False)
-    monkeypatch.setenv(failures.BACKEND_VARIABLE, "compile_failures:a_bug")
+    monkeypatch.setenv(kernels.BACKEND_VARIABLE, "compile_failures:a_bug")
     state = compiled_state("rope")
     with pytest.raises(Exception, match="a bug in a hook"):
         train_step(state, micro_batches(state))
@@ -295,7 +295,7 @@ def test_reaching_dynamos_recompile_limit_raises_it_and_says_so(monkeypatch):
     from posenc.data.batches import Batch
     from posenc.train.state import micro_batches, train_step
 
-    monkeypatch.setenv(failures.BACKEND_VARIABLE, "eager")
+    monkeypatch.setenv(kernels.BACKEND_VARIABLE, "eager")
     process = (torch_private.recompile_limit(), getattr(torch._dynamo.config, "fail_on_recompile_limit_hit", None))
     state = compiled_state("rope")
     assert state.kernels.recompile_limit >= kernels.RECOMPILE_LIMIT  # where posenc compiles

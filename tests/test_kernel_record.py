@@ -20,7 +20,7 @@ from conftest import TINY, run_cli, run_dirs
 import posenc.cli.app  # noqa: F401 - installs the CLI's warning format before a test records warnings
 from posenc import errors
 from posenc.errors import PosencWarning
-from posenc.nn import failures, kernels
+from posenc.nn import kernels
 from posenc.record.tracking import Tracker
 
 ONE_RUNG = 16 * 4 * (32 + 2 * 32)  # a device with room for one smaller configuration (test_kernel_fallback.py)
@@ -35,9 +35,9 @@ def failing(monkeypatch: pytest.MonkeyPatch):
     def use(name: str) -> None:
         flex_on_the_cpu(monkeypatch)
         monkeypatch.setattr(kernels, "DEFAULT_SHARED_MEMORY", ONE_RUNG)
-        monkeypatch.setenv(failures.BACKEND_VARIABLE, f"compile_failures:{name}")
+        monkeypatch.setenv(kernels.BACKEND_VARIABLE, f"compile_failures:{name}")
         env = conftest.cli_env  # an in-process command's environment is cli_env's alone
-        monkeypatch.setattr(conftest, "cli_env", lambda: {**env(), failures.BACKEND_VARIABLE: f"compile_failures:{name}"})
+        monkeypatch.setattr(conftest, "cli_env", lambda: {**env(), kernels.BACKEND_VARIABLE: f"compile_failures:{name}"})
 
     return use
 

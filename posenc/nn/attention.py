@@ -27,6 +27,10 @@ What the run may still take is the run's own ``KernelPolicy`` (posenc/nn/kernels
 ``plan``: which FlexAttention configuration a layer kind compiles with after failures, whether an
 encoding's own kernel was refused. ``plans`` records in it, outside a compiled trace, which path
 each layer kind took (``describe``).
+
+Under document masking a bias that depends on positions only through i - j is computed at window
+indices (``bias_context``): inside a document i - j is the difference of the indices and pairs across
+documents are masked, so it is the same bias with no per-sequence gather.
 """
 
 from __future__ import annotations
@@ -47,8 +51,6 @@ from posenc.nn.dense import (  # noqa: F401 - the explicit-mask path's names, as
     QUERY_CHUNK,
     DensePlan,
     LayerTerms,
-    bias_context,
-    dense_plan,
     explicit_weights,
     with_terms,
 )
@@ -220,6 +222,19 @@ def hooks_plan(encoding: PositionalEncoding, ctx: Context, layer: int, dropout_p
         policy.say(f"{what}: attention falls back from FlexAttention to SDPA with an explicit mask "
                    f"(slower, O(H·T²) memory per layer) because {why_not}")
     return dense_plan(encoding, ctx, layer)
+
+
+def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
+    """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
+    bias = encoding.position_bias if encoding.offers("position_bias") else None
+    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype, dense.DENSE_MAX_LEN)
+
+
+def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
+    """The context a layer's position bias is computed in: window indices under documents packing for a
+    relative bias (it offers ``distance_bias``: i - j inside a document is the difference of the indices,
+    and pairs across documents are masked), else the positions themselves."""
+    return ctx.at_indices() if ctx.doc is not None and encoding.offers("distance_bias") else ctx
 
 
 def plans(encoding: PositionalEncoding, ctx: Context, n_layer: int, dropout_p: float, policy: KernelPolicy,

@@ -3,16 +3,12 @@ hidden keys, what an encoding adds to a layer's logits joined to it, and the wei
 no fused kernel computes them (posenc/nn/attention.py chooses this path and calls ``attend``).
 
 A plan (``DensePlan``) is one layer kind's mask and bias for one forward, shared by every layer with
-that encoding and mask. Short sequences build the whole mask once per forward (``dense_plan``); long
+that encoding and mask (attention's ``dense_plan`` builds it). Short sequences build the whole mask once per forward; long
 ones (evaluation far beyond the training length) compute it for a chunk of queries at a time, and a
 window limits each chunk's keys, so memory grows as H · chunk · keys, never H · T². Per layer a
 content bias (CoPE) or decays (FoX) join those rows (``LayerTerms``, ``with_terms``), a sink is one
 more key with a zero value and the sink's logit, and a replaced normaliser (stick-breaking) or scores
 that replace q·k (PaTH) get the rows' logits written out (``explicit_weights``) instead of SDPA.
-
-Under document masking a bias that depends on positions only through i - j is computed at window
-indices (``bias_context``): inside a document i - j is the difference of the indices and pairs across
-documents are masked, so it is the same bias with no per-sequence gather.
 """
 
 from __future__ import annotations
@@ -25,8 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from posenc.nn.context import Context, Normaliser, ScoreRows
-from posenc.nn.encodings.base import PositionalEncoding
+from posenc.nn.context import Normaliser, ScoreRows
 from posenc.nn.mask import AttentionMask
 
 #: above this many positions an explicit mask is computed in query chunks
@@ -144,19 +139,6 @@ def with_content(mask: Tensor, content: Tensor) -> Tensor:
     if mask.dtype == torch.bool:
         return content.masked_fill(~mask, float("-inf"))
     return content + mask.to(content.dtype)
-
-
-def dense_plan(encoding: PositionalEncoding, ctx: Context, layer: int) -> DensePlan:
-    """The explicit-mask plan of block ``layer``: its mask and its encoding's position bias."""
-    bias = encoding.position_bias if encoding.offers("position_bias") else None
-    return DensePlan.build(ctx.mask(layer), bias, bias_context(encoding, ctx).pos, ctx.dtype, DENSE_MAX_LEN)
-
-
-def bias_context(encoding: PositionalEncoding, ctx: Context) -> Context:
-    """The context a layer's position bias is computed in: window indices under documents packing for a
-    relative bias (it offers ``distance_bias``: i - j inside a document is the difference of the indices,
-    and pairs across documents are masked), else the positions themselves."""
-    return ctx.at_indices() if ctx.doc is not None and encoding.offers("distance_bias") else ctx
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, plan: DensePlan | None, terms: LayerTerms = NO_TERMS,

@@ -25,20 +25,12 @@ exceptions wrapped by whoever caught them first: dynamo wraps a backend's failur
 Where the failure came from in the model (a FlexAttention kernel: its name, ``flex_attention``,
 is in the error's text) is read in the same walk. What runs instead is the run's policy's to decide
 (``KernelPolicy.recover``, posenc/nn/kernels.py): this module only says what happened.
-
-The backend a compiled model is built with is ``compile_backend()``: torch's inductor, unless
-``POSENC_COMPILE_BACKEND`` names another (``aot_eager``, or ``module:attribute`` of a callable):
-a debugging aid, and how the tests inject a GPU's compile errors into a real ``torch.compile`` on
-a CPU.
 """
 
 from __future__ import annotations
 
 import dis
-import importlib
-import os
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,8 +49,6 @@ BUG = "bug"
 MAX_ATTEMPTS = 16
 #: where a compiler's own code lives: an error raised there is the compiler failing
 COMPILER_CODE = ("/torch/_inductor/", "/triton/")
-#: the environment variable naming another compile backend (module doc)
-BACKEND_VARIABLE = "POSENC_COMPILE_BACKEND"
 
 
 class KernelUnavailable(RuntimeError):
@@ -176,15 +166,3 @@ def refusal(error: BaseException, said: str) -> Failure:
     input, where any error is its library refusing (posenc/nn/fla_kernels.py's first use)."""
     return Failure(error, REFUSAL, first_line(error), said=said)
 
-
-# --- the compile backend -------------------------------------------------------------------------
-def compile_backend() -> str | Callable:
-    """What torch.compile builds a model with: 'inductor', or what POSENC_COMPILE_BACKEND names
-    (a registered backend, or ``module:attribute``)."""
-    named = os.environ.get(BACKEND_VARIABLE, "").strip()
-    if not named:
-        return "inductor"
-    if ":" not in named:
-        return named
-    module, _, attribute = named.partition(":")
-    return getattr(importlib.import_module(module), attribute)

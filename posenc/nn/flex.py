@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posenc.nn import failures
+from posenc.nn import kernels
 from posenc.nn.context import ScoreMod
 from posenc.nn.kernels import DENSE, KernelKey, KernelOptions, KernelPolicy, Running
 
@@ -46,16 +46,16 @@ AVAILABLE = flex_attention is not None
 
 
 def compiled_flex_attention():
-    """flex_attention compiled (per compile backend, posenc/nn/failures.py). Uncompiled it materialises
+    """flex_attention compiled (per compile backend, posenc/nn/kernels.py). Uncompiled it materialises
     the scores (slow, O(T²) memory), so the whole call must compile (fullgraph), and it is called within
     the run's ``KernelPolicy.compiling``, where reaching dynamo's recompile limit (one process building
     many score_mods) raises instead of running it uncompiled."""
-    return _compiled_flex_attention(os.environ.get(failures.BACKEND_VARIABLE, ""))
+    return _compiled_flex_attention(os.environ.get(kernels.BACKEND_VARIABLE, ""))
 
 
 @functools.cache  # one torch.compile wrapper per backend: what it compiles is dynamo's, per process anyway
 def _compiled_flex_attention(backend: str):
-    return torch.compile(flex_attention, dynamic=False, fullgraph=True, backend=failures.compile_backend())
+    return torch.compile(flex_attention, dynamic=False, fullgraph=True, backend=kernels.compile_backend())
 
 
 class FlexUnavailable(RuntimeError):

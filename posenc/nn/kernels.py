@@ -61,6 +61,11 @@ and ``record()`` is what the run writes (summary.json, W&B, a bench row, eval.js
 path as it last ran (``KernelRecord``), whether the model ran compiled, every fallback with its reason
 and step (read back by posenc/record/kernel_record.py), and the recompile limit the run ended with.
 The step of a fallback is the training loop's: it stamps the fallbacks of each step (``stamp``).
+
+The backend a compiled model and FlexAttention are built with is ``compile_backend()``: torch's
+inductor, unless ``POSENC_COMPILE_BACKEND`` names another (``aot_eager``, or ``module:attribute`` of a
+callable): a debugging aid, and how the tests inject a GPU's compile errors into a real
+``torch.compile`` on a CPU.
 """
 
 from __future__ import annotations
@@ -68,6 +73,8 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import importlib
+import os
 import sys
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -92,6 +99,8 @@ COMPILED = "compiled"
 UNCOMPILED = "uncompiled"
 #: the layer kind of a model built without a layout, and of a plan asked outside a model
 DEFAULT_KIND = "global"
+#: the environment variable naming another compile backend (module doc)
+BACKEND_VARIABLE = "POSENC_COMPILE_BACKEND"
 #: dynamo's recompile limit a run compiles under: a bench, `posenc check` or a sweep's jobs compile many
 #: models (and score_mods) in one process, and past torch's default of 8 dynamo would run the rest
 #: uncompiled without a word (FlexAttention then materialises every score)
@@ -525,3 +534,14 @@ class KernelPolicy:
         return {"compiled": self.compiled, "compile_asked": self.ran.compile_asked, "layer_kinds": kinds,
                 "fallbacks": [f.as_dict() for f in self.fallbacks], "recompile_limit": self.recompile_limit}
 
+
+def compile_backend() -> str | Callable:
+    """What torch.compile builds a model with: 'inductor', or what POSENC_COMPILE_BACKEND names
+    (a registered backend, or ``module:attribute``)."""
+    named = os.environ.get(BACKEND_VARIABLE, "").strip()
+    if not named:
+        return "inductor"
+    if ":" not in named:
+        return named
+    module, _, attribute = named.partition(":")
+    return getattr(importlib.import_module(module), attribute)
