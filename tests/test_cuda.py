@@ -1,8 +1,8 @@
-"""Every encoding is correct on a GPU (issue 12): the kernels CUDA picks (FlexAttention for a
+"""Every encoding is correct on a GPU: the kernels CUDA picks (FlexAttention for a
 position bias, SDPA's fused kernels otherwise) give the same loss and gradients as the float-mask
 reference, compiled bf16 training lowers the loss, and a GPU run matches a CPU run.
 
-And at the shapes users train (issue 43): head_dim 64 and 128 at T = 1024, where a kernel can fail
+And at the shapes users train: head_dim 64 and 128 at T = 1024, where a kernel can fail
 to compile that compiles at head_dim 16 (FlexAttention's tiles are bounded by shared memory, which
 grows with head_dim: T5's bias did not compile at head_dim 64 on an H200 while the head_dim-16
 tests passed). Compiled bf16 training for every encoding at head_dim 64, and at 128 for those

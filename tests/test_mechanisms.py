@@ -1,4 +1,4 @@
-"""Position through the attention itself (issue 25), each pinned to its paper: FoX's forget gates,
+"""Position through the attention itself, each pinned to its paper: FoX's forget gates,
 stick-breaking attention, SSMax, attention sinks, PoPE; and how they compose with the encodings.
 
 Every attention path with document and window masks, and "a packed document is computed as the

@@ -88,7 +88,7 @@ def test_a_task_runs_summary_leads_with_accuracy_and_a_target_passed_before_the_
 
 def test_a_task_run_leaves_out_the_language_modelling_targets_it_was_not_given(capsys):
     """The default targets (val/loss 2.5 … 1.75 nats) are losses of the byte corpus: on a task's
-    answer-only loss they cannot apply, and a task run's table leaves them out (issue 47)."""
+    answer-only loss they cannot apply, and a task run's table leaves them out."""
     from posenc.record.metrics import DEFAULT_TARGETS
 
     rows = [{"step": 13, "tokens": 6656, "val/loss": 2.6}, {"step": 26, "tokens": 13312, "val/loss": 0.4}]

@@ -1,5 +1,5 @@
 """T5's relative position buckets (Raffel et al., 2020; Mesh TensorFlow), causal case, and what
-makes the comparison fair (issue 15): a scaled table that learns in posenc's budgets, and no
+makes the comparison fair: a scaled table that learns in posenc's budgets, and no
 bucket read beyond the training length that training could not reach."""
 
 import math

@@ -5,7 +5,8 @@ The relative distance n = i - j between query i and key j is mapped to one of
 and the last bucket beyond. Each bucket has one learned scalar per head, added to the
 attention logits. The table is shared by all layers (T5 computes it once per stack).
 
-How its parameters are scaled, and which of them training can reach (issue 15):
+How its parameters are scaled, and which of them training can reach (so that T5 learns within the
+budgets the encodings are compared at):
 
 - b_h(n) = scale · W[bucket(n), h], W initialised at zero (the model starts as NoPE). Adam
   moves each entry of W by about lr per step whatever its gradient's size, so unscaled
