@@ -22,10 +22,10 @@ from torch import Tensor, nn
 
 from posenc.data.batches import Batch
 from posenc.hardware import use_compile
-from posenc.nn import attention, failures, kernels
+from posenc.nn import attention, failures
 from posenc.nn.encodings.base import GROUP_DEFAULTS
 from posenc.nn.failures import Failure
-from posenc.nn.kernels import Action, Decision, KernelPolicy, Running
+from posenc.nn.kernels import Action, Decision, KernelPolicy, Running, compile_backend
 from posenc.train import distributed, recovery
 
 
@@ -148,7 +148,7 @@ def new_train_state(model: nn.Module, tcfg: DictConfig, batches: BatchSource, de
         # reaching it an error the policy answers: a sweep's jobs and a bench build many models in one
         # process). No torch._dynamo.reset() here or after a fallback: it would make the models still in use
         # (the bench's baselines) compile again inside their timed rounds
-        compiled_model = torch.compile(eager_model, backend=kernels.compile_backend())
+        compiled_model = torch.compile(eager_model, backend=compile_backend())
         kernels.compiled = True
     # a step settles where a kernel can fail in it: compiled, or on CUDA (fla's kernels); an eager CPU step
     # runs nothing that falls back, and keeps DDP's overlapped all-reduce
