@@ -66,7 +66,7 @@ from types import ModuleType
 import torch
 from torch import Tensor
 
-from posenc.nn import failures
+from posenc.nn import failures, torch_private
 from posenc.nn.context import Context, FusedAttention
 from posenc.nn.failures import KernelUnavailable
 from posenc.nn.kernels import KernelPolicy, Running
@@ -158,7 +158,7 @@ def path(rule: str, device_type: str, policy: KernelPolicy) -> str:
     return "chunked"
 
 
-@torch.compiler.disable
+@torch_private.disable_dynamo  # eager inside a compiled forward; dynamo imported when first called
 def _first_use(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> Callable | None:
     """Import the kernel and run it on a small input (gradients on, whatever the caller's mode); what
     happened goes to the run's policy. Eager even inside a compiled forward."""
