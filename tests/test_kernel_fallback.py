@@ -358,7 +358,7 @@ def test_a_compiled_forward_sees_every_change_of_the_policy_it_read(change):
         elif change == "fused refused":
             policy.apply(Decision(Action.RETAKE, "refused", fused=(("global", "parallel_forgetting_attn"),)))
         elif change == "fla passed":
-            policy.fla_passed("gated_delta", "cpu", torch.float32, 16, 16, torch.add)
+            policy.fla_usable("gated_delta", "cpu", torch.float32, 16, 16, torch.add)
         else:
             policy.apply(Decision(Action.RETAKE, "refused", recurrent=(("gated_delta", "chunk_gated_delta_rule"),)))
     assert torch.equal(forward(x), x - 1) and len(graphs) == 2

@@ -178,7 +178,7 @@ def _first_use(rule: str, q: Tensor, v: Tensor, policy: KernelPolicy) -> Callabl
         if not policy.recover(failures.refusal(error, said), Running(recurrent=((rule, op),))):
             raise
         return None
-    policy.fla_passed(rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1], kernel)
+    policy.fla_usable(rule, q.device.type, q.dtype, q.shape[-1], v.shape[-1], kernel)
     return kernel
 
 

@@ -362,7 +362,7 @@ class KernelPolicy:
         choices = self.asked()
         return None if choices is None else choices.fla_passed.get((rule, device_type, dtype, dk, dv))
 
-    def fla_passed(self, rule: str, device_type: str, dtype: torch.dtype, dk: int, dv: int, kernel: Callable) -> None:
+    def fla_usable(self, rule: str, device_type: str, dtype: torch.dtype, dk: int, dv: int, kernel: Callable) -> None:
         """fla's kernel ran forwards and backwards here (its first use): the recurrence may take it."""
         self._change().fla_passed[(rule, device_type, dtype, dk, dv)] = kernel
 
@@ -421,7 +421,7 @@ class KernelPolicy:
         if decision.raise_limit:
             self.recompile_limit *= 2
             self.say(f"dynamo's recompile limit was reached (many models or score_mods compiled in one process): "
-                     f"{torch_private.recompile_limit_name()} raised to {self.recompile_limit} for this run's "
+                     f"{torch_private.RECOMPILE_LIMIT} raised to {self.recompile_limit} for this run's "
                      f"compilations, so that every kernel stays compiled")
         for kind, op in decision.fused:
             self._refuse_fused(kind, op, decision)

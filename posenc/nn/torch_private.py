@@ -9,7 +9,7 @@ run never load them): each is imported where it is first used.
 | private API | used for | torch versions | public replacement |
 |---|---|---|---|
 | ``torch._disable_dynamo`` | ``disable_dynamo``: a function run eagerly inside a compiled model | every torch of the range | ``torch.compiler.disable``, which imports dynamo (~3 s) when it decorates, at posenc's import |
-| ``torch._dynamo.config`` recompile limit, ``fail_on_recompile_limit_hit`` | ``recompile_limit_at``: the run's limit for the calls it compiles, restored after | every torch of the range: ``recompile_limit`` (``cache_size_limit``, its older name, where that is the one there), ``fail_on_recompile_limit_hit`` where it exists | none |
+| ``torch._dynamo.config.recompile_limit``, ``fail_on_recompile_limit_hit`` | ``recompile_limit_at``: the run's limit for the calls it compiles, restored after | 2.7 on, the floor (2.6 named the limit ``cache_size_limit`` and had no fail flag) | none |
 | ``torch._dynamo.exc``, ``torch._inductor.exc``, ``torch._inductor.runtime.triton_heuristics`` | ``compiler_errors`` and the others: what a failed compilation raises (posenc/nn/failures.py) | every torch with inductor | none (``torch.compile`` documents no exceptions) |
 | ``torch._dynamo.is_dynamo_supported`` | ``dynamo_supported``: whether torch.compile runs on this Python | every torch of the range | none |
 | ``torch._dynamo.backends.common.aot_autograd`` | ``aot_autograd``: a backend that hands the joint graphs to posenc's check | every torch of the range | none (``torch.compile`` takes a backend, not AOTAutograd's compilers) |
@@ -39,18 +39,15 @@ def disable_dynamo(fn: F) -> F:
 
 
 # --- dynamo's recompile limit --------------------------------------------------------------------------
-def recompile_limit_name() -> str:
-    """The name of dynamo's recompile limit in this torch ('recompile_limit', 'cache_size_limit' before 2.7)."""
-    import torch._dynamo.config as config
-
-    return "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+#: its name in dynamo's config
+RECOMPILE_LIMIT = "recompile_limit"
 
 
 def recompile_limit() -> int:
     """dynamo's recompile limit as the process has it now."""
     import torch._dynamo.config as config
 
-    return int(getattr(config, recompile_limit_name()))
+    return int(getattr(config, RECOMPILE_LIMIT))
 
 
 @contextmanager
@@ -60,10 +57,7 @@ def recompile_limit_at(limit: int) -> Iterator[None]:
     is the process's as it was."""
     import torch._dynamo.config as config
 
-    patch: dict[str, object] = {recompile_limit_name(): limit}
-    if hasattr(config, "fail_on_recompile_limit_hit"):
-        patch["fail_on_recompile_limit_hit"] = True
-    with config.patch(patch):
+    with config.patch({RECOMPILE_LIMIT: limit, "fail_on_recompile_limit_hit": True}):
         yield
 
 
