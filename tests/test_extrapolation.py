@@ -11,7 +11,7 @@ import torch
 from omegaconf.errors import ConfigAttributeError
 
 from posenc.cli.explain import explain
-from posenc.nn import attention
+from posenc.nn import dense as explicit_mask
 from posenc.nn.encodings.alibi import ALiBi
 from posenc.nn.encodings.learned import Learned
 from posenc.nn.encodings.t5_bias import T5Bias
@@ -51,8 +51,8 @@ def test_chunked_long_evaluation_equals_dense(make, monkeypatch):
         return score_windows(model, tokens, 256, 1024, batch_size=4, device=torch.device("cpu"))
 
     dense = score()
-    monkeypatch.setattr(attention, "DENSE_MAX_LEN", 64)
-    monkeypatch.setattr(attention, "QUERY_CHUNK", 48)
+    monkeypatch.setattr(explicit_mask, "DENSE_MAX_LEN", 64)
+    monkeypatch.setattr(explicit_mask, "QUERY_CHUNK", 48)
     chunked = score()
     assert (chunked.scored_tokens, chunked.windows) == (dense.scored_tokens, dense.windows)
     assert chunked.loss == pytest.approx(dense.loss, rel=1e-5)

@@ -21,6 +21,7 @@ from posenc.config import compose, encoding_catalogue
 from posenc.errors import UserError
 from posenc import errors
 from posenc.nn import attention, flex
+from posenc.nn import dense as explicit_mask
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.stick_breaking import stick_breaking_weights
 from posenc.check.reference import causal, reference
@@ -249,8 +250,8 @@ def test_a_sink_at_minus_infinity_is_plain_attention(monkeypatch):
     plain = reference(q, k, v, causal(T))
     torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms),
                                plain)
-    monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
-    monkeypatch.setattr(attention, "QUERY_CHUNK", 5)
+    monkeypatch.setattr(explicit_mask, "DENSE_MAX_LEN", 0)
+    monkeypatch.setattr(explicit_mask, "QUERY_CHUNK", 5)
     torch.testing.assert_close(attention.attend(q, k, v, attention.plan(encoding, ctx, 0, 0.0, KernelPolicy()), terms=terms),
                                plain)
 

@@ -20,6 +20,7 @@ from posenc.build import build_encoding, build_model
 from posenc.config import compose
 from posenc.errors import UserError
 from posenc.nn import attention
+from posenc.nn import dense as explicit_mask
 from posenc.nn.encodings import householder
 from posenc.nn.encodings.base import Context
 from posenc.nn.encodings.householder import PathScores
@@ -165,8 +166,8 @@ def test_long_evaluation_in_query_blocks_equals_the_dense_form(monkeypatch):
     model, x = model_of("encoding=path_fox"), tokens(1)
     with torch.no_grad():
         dense = model(x)[0], model(x, doc=DOC)[0]
-        monkeypatch.setattr(attention, "DENSE_MAX_LEN", 0)
-        monkeypatch.setattr(attention, "QUERY_CHUNK", 7)
+        monkeypatch.setattr(explicit_mask, "DENSE_MAX_LEN", 0)
+        monkeypatch.setattr(explicit_mask, "QUERY_CHUNK", 7)
         monkeypatch.setattr(householder, "CHUNK", 5)
         torch.testing.assert_close(model(x)[0], dense[0])
         torch.testing.assert_close(model(x, doc=DOC)[0], dense[1])

@@ -46,9 +46,7 @@ from torch import Tensor
 from posenc.nn import dense, failures, flex, kernels, torch_private
 from posenc.nn.context import Context, FusedAttention
 from posenc.nn.dense import (  # noqa: F401 - the explicit-mask path's names, as attention's callers use them
-    DENSE_MAX_LEN,
     NO_TERMS,
-    QUERY_CHUNK,
     DensePlan,
     LayerTerms,
     explicit_weights,
