@@ -50,7 +50,6 @@ ScoreRows = Callable[[int, int, int], Tensor]
 FusedAttention = Callable[[Tensor, Tensor, Tensor, "Context", int, "Tensor | None"], Tensor]
 
 
-
 @dataclass(frozen=True)
 class Context:
     """What every hook may know about one forward pass, built once by the model.

@@ -131,6 +131,7 @@ def cu_seqlens(seg: Tensor) -> Tensor:
     offsets = starts.flatten().nonzero().flatten()
     return torch.cat((offsets, offsets.new_tensor([B * T]))).to(torch.int32 if B * T < 2**31 else torch.int64)
 
+
 # --- the recurrent layer kinds' chunked kernels ------------------------------------------------------
 #: each recurrent mixer's kernel: (module, function)
 KERNELS: dict[str, tuple[str, str]] = {
@@ -220,6 +221,7 @@ def _call(kernel: Callable, rule: str, q: Tensor, k: Tensor, v: Tensor, g: Tenso
     else:
         o, _ = kernel(q, k, v, g, beta.transpose(1, 2).reshape(q.shape[:3]).to(q.dtype), scale=1.0, cu_seqlens=offsets)
     return o.reshape(B, T, H, -1).transpose(1, 2)
+
 
 # --- the attention kernels the mechanisms offer --------------------------------------------------------
 #: the ops each kernel needs: (module, op names), what ``load`` takes

@@ -6,15 +6,28 @@ public API that replaces it where one exists, so that a torch release that moves
 module. Nothing here imports dynamo or inductor at import time (``posenc --help`` and an eager CPU
 run never load them): each is imported where it is first used.
 
-| private API | used for | torch versions | public replacement |
-|---|---|---|---|
-| ``torch._disable_dynamo`` | ``disable_dynamo``: a function run eagerly inside a compiled model | every torch of the range | ``torch.compiler.disable``, which imports dynamo (~3 s) when it decorates, at posenc's import |
-| ``torch._dynamo.config.recompile_limit``, ``fail_on_recompile_limit_hit`` | ``recompile_limit_at``: the run's limit for the calls it compiles, restored after | 2.7 on, the floor (2.6 named the limit ``cache_size_limit`` and had no fail flag) | none |
-| ``torch._dynamo.exc``, ``torch._inductor.exc``, ``torch._inductor.runtime.triton_heuristics`` | ``compiler_errors`` and the others: what a failed compilation raises (posenc/nn/failures.py) | every torch with inductor | none (``torch.compile`` documents no exceptions) |
-| ``torch._dynamo.is_dynamo_supported`` | ``dynamo_supported``: whether torch.compile runs on this Python | every torch of the range | none |
-| ``torch._dynamo.backends.common.aot_autograd`` | ``aot_autograd``: a backend that hands the joint graphs to posenc's check | every torch of the range | none (``torch.compile`` takes a backend, not AOTAutograd's compilers) |
-| ``torch._inductor.kernel.flex[.flex_attention].validate_joint_graph`` | ``flex_joint_graph_rule``: inductor's rule for FlexAttention's backward (posenc check) | where this torch has it (a ``flex/`` package in recent torch, one module before) | none |
-| ``torch._dynamo.utils.counters``, ``compilation_time_metrics`` | ``compilations``: whether a timed bench round compiled | every torch of the range | none |
+Each, as: the private API; what posenc uses it for; the torch versions it serves; its public
+replacement.
+
+- ``torch._disable_dynamo``: ``disable_dynamo``, a function run eagerly inside a compiled model; every
+  torch of the range; ``torch.compiler.disable``, which imports dynamo (~3 s) when it decorates, that is
+  when posenc's modules are imported.
+- ``torch._dynamo.config.recompile_limit`` and ``fail_on_recompile_limit_hit``: ``recompile_limit_at``,
+  the run's limit for the calls it compiles, restored after; 2.7 on, the floor (2.6 named the limit
+  ``cache_size_limit`` and had no fail flag); none.
+- ``torch._dynamo.exc``, ``torch._inductor.exc``, ``torch._inductor.runtime.triton_heuristics``:
+  ``compiler_errors`` and the others, what a failed compilation raises (posenc/nn/failures.py); every
+  torch with inductor; none (``torch.compile`` documents no exceptions).
+- ``torch._dynamo.is_dynamo_supported``: ``dynamo_supported``, whether torch.compile runs on this Python;
+  every torch of the range; none.
+- ``torch._dynamo.backends.common.aot_autograd``: ``aot_autograd``, a backend that hands the joint graphs
+  to posenc check's FlexAttention row; every torch of the range; none (``torch.compile`` takes a
+  backend, not AOTAutograd's compilers).
+- inductor's ``validate_joint_graph`` for FlexAttention's backward (``FLEX_RULE_MODULES``):
+  ``flex_joint_graph_rule``; where this torch has it (a ``flex/`` package in recent torch, one module
+  before); none.
+- ``torch._dynamo.utils.counters`` and ``compilation_time_metrics``: ``compilations``, whether a timed
+  bench round compiled; every torch of the range; none.
 
 ``torch._utils._flatten_dense_tensors`` (DDP's gradient buffer) is not used: the gradients are joined
 with ``torch.cat`` (posenc/train/recovery.py).
