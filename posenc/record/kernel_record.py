@@ -6,7 +6,7 @@ alike.
      "layer_kinds": {"global": {"layers": [0, 1], "encoding": "t5_bias", "mixer": "softmax", "path": "dense"}},
      "fallbacks": [{"layer_kind": "global", "encoding": "t5_bias", "left": "flex", "took": "dense",
                     "reason": "InductorError: …", "step": 3}],
-     "inherited": []}
+     "recompile_limit": 64}
 """
 
 from __future__ import annotations
