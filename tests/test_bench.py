@@ -131,7 +131,7 @@ def test_json_on_stdout_and_rows_on_stderr(tmp_path: Path):
     assert out["recipe"] == "gpt2"
     for name in ("reference", "nope", "rope"):
         assert any(line.startswith(f"{name} ") and "tokens/s" in line for line in lines), name
-    # what it does, from its first line on (issue 53: a loaded machine showed only the header for 14 minutes)
+    # what it does, from its first line on (a loaded machine once showed only the header for 14 minutes)
     assert lines[0].startswith("posenc bench: loading torch")
     rounds = [line for line in lines if "timing rope (model 3 of 3): round" in line]
     assert rounds and rounds[0].startswith("[0:") and "round 1 of" in rounds[0], lines

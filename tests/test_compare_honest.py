@@ -1,7 +1,7 @@
-"""`posenc compare` says no more than it knows (issue 26): intervals of positive metrics that stay
+"""`posenc compare` says no more than it knows: intervals of positive metrics that stay
 positive and agree between tables and figures, emphasis only where a difference is detectable,
 per-seed values, a verdict by default, task runs led by accuracy, timings flagged as single runs
-on a loaded machine; and its rough edges (issue 27): what varied and was held fixed, a --by typo,
+on a loaded machine; and its rough edges: what varied and was held fixed, a --by typo,
 figures of an earlier compare."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from posenc.report.compare import compare
 from posenc.report.stats import aggregate, scale_of
 from posenc.report.tables import format_stat
 
-SKEWED = {"100": [9.79, 12.09], "10000": [8.5, 8.9]}  # RoPE bases, perplexity of seeds 0 and 1 (issue 26)
+SKEWED = {"100": [9.79, 12.09], "10000": [8.5, 8.9]}  # RoPE bases, perplexity of seeds 0 and 1
 
 
 @pytest.fixture
@@ -56,7 +56,7 @@ def test_perplexity_intervals_are_positive_and_the_figures_draw_the_tables_inter
     compare([bases])
     report = (bases / "report.md").read_text()
     quality = table(report, "quality — mean")
-    # base 100, seeds 9.79 and 12.09: the interval [2.85, 41.6] is wider than its mean, no number (issue 36)
+    # base 100, seeds 9.79 and 12.09: the interval [2.85, 41.6] is wider than its mean, no number
     assert cell(quality, "100", 3) == "n=2, too few to bound: 9.790 / 12.090"
     low, high = aggregate([9.79, 12.09], scale_of("val/ppl")).low, aggregate([9.79, 12.09], scale_of("val/ppl")).high
     assert 0 < low < 9.79 and high > 12.09
@@ -109,7 +109,7 @@ def test_the_ranking_and_its_rank_intervals_are_printed_and_reported(bases: Path
     result = posenc("compare", str(bases), "--by", "encoding.base", cwd=tmp_path)
     assert "ranking by val/ppl (1 = best)" in result.stdout and "rank interval (Welch 95%)" in result.stdout
     report = (bases / "report.md").read_text()
-    # 2 seeds each, tied (issue 36): both can be first or second, never a single rank
+    # 2 seeds each, tied: both can be first or second, never a single rank
     assert re.search(r"\| 1 \| 10000 \| 2 \(0,1\) \| [\d.]+ \[[\d.]+, [\d.]+\] \| \[1, 2\] \|", report)
     assert re.search(r"\| 2 \| 100 \| 2 \(0,1\) \| n=2, too few to bound: 9.790 / 12.090 \| \[1, 2\] \|", report)
     assert "verdict on val/ppl: no detectable best — 10000, 100 tied" in result.stdout
@@ -145,7 +145,7 @@ def test_a_task_run_leads_with_accuracy_and_drops_targets_its_loss_never_crossed
     tables = re.findall(r"^\*\*(.+?) — mean \[95% interval over seeds\]\*\*$", report, flags=re.M)
     assert tables[0].startswith("task accuracy")
     assert "→2.5" not in report and "val/ppl |" not in report  # the text targets and a task's "perplexity"
-    # the default targets are language-modelling losses: no task run takes them (issue 47)
+    # the default targets are language-modelling losses: no task run takes them
     assert "→2" not in report and "convergence targets left out" not in result.stdout
     assert "ranking by tasks/flip_flop/accuracy@32" in result.stdout  # the accuracy at the training length
 
@@ -234,7 +234,7 @@ def test_plot_extrapolation_leaves_compares_figure_alone_and_says_what_its_band_
     before = (bases / "extrapolation.png").read_bytes()
     result = posenc("plot", "extrapolation", str(bases), cwd=tmp_path)
     assert result.exit_code == 0, result.stderr
-    # the same figure twice in one folder is one too many (issue 47): compare's is named, not copied
+    # the same figure twice in one folder is one too many: compare's is named, not copied
     assert (bases / "extrapolation.png").read_bytes() == before and not (bases / "ppl_by_length.png").exists()
     assert f"not written: {bases / 'extrapolation.png'} is this figure" in " ".join(result.stdout.split())
     result = posenc("plot", "extrapolation", str(bases), "--out", str(tmp_path / "copy.png"), cwd=tmp_path)

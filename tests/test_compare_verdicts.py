@@ -150,7 +150,7 @@ def test_the_report_states_what_was_held_fixed_and_what_varied(sweep: Path, tmp_
     assert "encoding.name ∈ {alibi, learned, nope, rope}" in varied and "seed ∈ {0, 1, 2}" in varied
     assert "encoding.name" not in fixed
     assert "held fixed: " in result.stdout and "model.n_layer=2" in result.stdout
-    # what varied and the result first, the keys every run shared last (issue 36)
+    # what varied and the result first, the keys every run shared last
     assert result.stdout.index("varied: ") < result.stdout.index("verdict on") < result.stdout.index("held fixed: ")
     assert report.index("**Varied:**") < report.index("**verdict on") < report.index("**Held fixed:**")
     assert "Held fixed:" in (sweep / "report.html").read_text()
@@ -282,7 +282,7 @@ def test_fine_tunes_from_one_parent_per_seed_group_by_method_not_by_parent(tmp_p
 
 def test_compare_of_a_folder_holding_one_run_writes_nothing_there_and_says_how_to(tmp_path: Path):
     """One run (or one group) compares nothing: the terminal still shows its numbers, but no report
-    or figure lands in the user's folder unless --out asks for one (issue 47)."""
+    or figure lands in the user's folder unless --out asks for one."""
     parent = tmp_path / "outputs" / "2026-11-22"
     make_run(parent, "16-58-28-111496_rope", {"name": "rope"}, 0, [], [3.0, 2.6, 2.2],
              config={"model": {"flavor": "llama", "n_layer": 2, "n_head": 2, "d_model": 32}})

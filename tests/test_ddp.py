@@ -22,6 +22,8 @@ from conftest import TINY, cli_env, run_cli, run_dirs, warm_bin
 from posenc.record.directory import read_jsonl
 from posenc.record.rundir import RunDir
 
+pytestmark = pytest.mark.slow  # two ranks under torchrun
+
 
 def torchrun(*args: str, nproc: int = 2) -> list[str]:
     """torchrun's command for `posenc ARGS` on nproc CPU processes: `--no-python` runs the warm
@@ -204,3 +206,16 @@ def test_accumulation_all_reduces_once_per_optimizer_step_and_trains_as_one_proc
     assert theirs.keys() == ours.keys()
     for name, value in theirs.items():
         torch.testing.assert_close(ours[name], value, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_a_two_rank_run_of_an_unshipped_variant_measures_its_verdict_on_rank_0_alone(tmp_path: Path) -> None:
+    # no shipped verdict for this base: rank 0 measures it inside the process group, and its resume
+    # row's training steps must not wait in collectives rank 1 never joins (they did: 30 min, then failed)
+    result = subprocess.run(torchrun("train", *TINY, "device=cpu", "trainer.max_steps=2", "encoding=rope",
+                                     "encoding.base=1234"),
+                            cwd=tmp_path, capture_output=True, text=True, timeout=240, env=cli_env())
+    assert result.returncode == 0, result.stderr[-3000:]
+    [run_dir] = run_dirs(tmp_path)
+    check = json.loads((run_dir / "summary.json").read_text())["check"]
+    assert (check["from"], check["holds"]) == ("measured", True), check
+    assert "fails posenc check" not in result.stderr

@@ -22,6 +22,8 @@ from posenc.cli.app import app
 from posenc.config import compose, validate
 from posenc.config.searchpath import ENV_VAR
 
+pytestmark = pytest.mark.slow  # the docs' commands, each a process of its own
+
 ROOT = Path(__file__).resolve().parents[1]
 TUTORIAL = ROOT / "docs" / "extending.md"
 PAGES = [p for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))] if p != TUTORIAL]

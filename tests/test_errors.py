@@ -272,7 +272,7 @@ def test_eval_of_a_folder_that_is_not_a_run_says_so_and_names_a_run_under_it(wor
     before = set(run_dirs(workdir))
     assert_one_line_error(result.exit_code, result.stderr, result.stdout, "is not a run directory", workdir, before)
     assert "kept no checkpoint to " in result.stderr and "trainer.checkpoint=last" in result.stderr
-    # issue 53: the run it names is one that can be evaluated, not the first it finds
+    # the run it names is one that can be evaluated, not the first it finds
     (parent / "17-00-00-000000_alibi" / "checkpoints").mkdir(parents=True)
     (parent / "17-00-00-000000_alibi" / ".hydra").mkdir()
     (parent / "17-00-00-000000_alibi" / "checkpoints" / "last.safetensors").write_bytes(b"")

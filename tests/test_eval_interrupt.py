@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import TINY, cli_env, run_cli, run_dirs, warm_bin
 
+pytestmark = pytest.mark.slow  # a Ctrl-C sent to an eval running in a process of its own
+
 # 1× is quick; 8× with windows every 16 tokens is ~1,000 windows of 256 tokens, a second or more of
 # work in which the signal lands (and then a per-position pass over the same windows)
 EVAL = ["eval.lengths=[1,8]", "eval.stride=16"]
@@ -40,7 +42,6 @@ def interrupt_after_first_length(run: Path, record: Path, cwd: Path) -> tuple[in
     return code, out.read_text(), err.read_text()
 
 
-@pytest.mark.slow
 def test_ctrl_c_keeps_the_finished_lengths_and_the_same_command_finishes_the_rest(tmp_path: Path):
     result = run_cli("train", *TINY, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-2000:]

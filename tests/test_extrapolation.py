@@ -111,7 +111,7 @@ def test_posenc_eval_at_16x_and_plot(workdir, monkeypatch, capsys):
     r = run_cli("eval", str(rope_dir), "encoding.scaling=yarn", "encoding.scaling_factor=4", cwd=workdir)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "512" in r.stdout and "yarn" in r.stdout  # the table
-    # no terminal (a pipe): a line as each length starts and ends, not minutes of silence (issue 36)
+    # no terminal (a pipe): a line as each length starts and ends, not minutes of silence
     for what in ("per-position loss", "ppl"):
         assert f"{what} at length 512 (16×): started" in r.stdout
     assert re.search(r"ppl at length 512 \(16×\): ppl [\d.]+ over [\d,]+ windows  \(", r.stdout)

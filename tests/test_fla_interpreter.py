@@ -64,6 +64,7 @@ BATCH = {"causal": 1, "documents": 2}
 TOLERANCE = {"fox": 1e-5, "fox_rope": 1e-5, "stick_breaking": 1e-5, "path": 2e-4, "path_fox": 2e-4}
 
 
+@pytest.mark.slow  # a minute of one core
 def test_under_the_interpreter():
     """This module's tests, in a pytest of their own under TRITON_INTERPRET=1 (the module doc)."""
     if interpreting():

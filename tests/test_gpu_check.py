@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh, the one GPU check (issue 43), on a CPU: its --dry-run, from a directory
+"""scripts/gpu_check.sh, the one GPU check, on a CPU: its --dry-run, from a directory
 outside the repository, prints every command the check runs — the CUDA tests, `posenc check`'s CUDA
 rows for every encoding and hybrid layout, the bench and the 16x evaluation, the GPU and CPU
 training runs — and composes each posenc command's config, so an override that names no key fails
@@ -15,6 +15,8 @@ from conftest import cli_env
 
 from posenc.config import group_options
 from posenc.config.searchpath import ENV_VAR
+
+pytestmark = pytest.mark.slow  # scripts/gpu_check.sh's dry run, a shell and the commands it composes
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"

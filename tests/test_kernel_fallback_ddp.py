@@ -9,7 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from conftest import cli_env, warm_bin
+
+pytestmark = pytest.mark.slow  # two ranks under torchrun
 
 
 def test_one_ranks_failed_compilation_makes_every_rank_step_down_together(tmp_path: Path) -> None:

@@ -12,6 +12,8 @@ import pytest
 
 from conftest import TINY, run_cli, run_dirs
 
+pytestmark = pytest.mark.slow  # sweeps through submitit's local launcher, processes of their own
+
 pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="the slurm extra is not installed")
 
 

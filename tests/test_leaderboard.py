@@ -270,6 +270,7 @@ TINY_PROTOCOL = {
 }
 
 
+@pytest.mark.slow  # the leaderboard's protocol, trained and placed end to end
 def test_regenerate_place_and_reproduce_on_a_tiny_protocol(workdir: Path):
     from typer.testing import CliRunner
 

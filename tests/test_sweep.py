@@ -7,6 +7,7 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
 from conftest import TINY, run_cli, run_dirs
 from wandb_records import offline_run
 
@@ -19,6 +20,7 @@ def sweep_dirs(cwd: Path) -> list[Path]:
     return sorted(p.parent for p in (cwd / "outputs" / "sweeps").rglob("multirun.yaml"))
 
 
+@pytest.mark.slow  # a sweep of every encoding, then compare
 def test_smoke_experiment_runs_every_encoding_and_compare_reports_it(workdir: Path):
     """lightning-hydra-template's sweep test: every encoding on a tiny budget, then the report."""
     result = run_cli("train", "-m", "experiment=smoke", *TINY, cwd=workdir)

@@ -18,6 +18,8 @@ from posenc.display.commands import hydra_value, override
 from posenc.record.directory import read_jsonl
 from posenc.record.rundir import load_checkpoint
 
+pytestmark = pytest.mark.slow  # signals sent to sweeps running in processes of their own
+
 MAX_STEPS = 40
 SWEEP = ["train", "-m", "encoding=rope,nope,alibi", *TINY, f"trainer.max_steps={MAX_STEPS}",
          "trainer.checkpoint_interval=1000"]  # the only checkpoint before the end is the one Ctrl-C saves

@@ -5,7 +5,7 @@ pyproject.toml lists its packages by hand: the top-level conf/ ships as `posenc.
 package-dir mapping, and setuptools' `packages.find` names a package by its folder under `where`
 (conf/encoding would be `encoding`, never `posenc.conf.encoding`), while pyproject takes either a
 list or a find directive, not both. So the list is held against the tree here, and a wheel built
-from a copy of the tree is opened and installed (issue 43: `posenc.check` was missing from the
+from a copy of the tree is opened and installed (`posenc.check` was once missing from the
 list, and `posenc check` failed after `pip install .`).
 """
 
@@ -19,6 +19,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+pytestmark = pytest.mark.slow  # a wheel built and installed into a virtual environment of its own
 
 ROOT = Path(__file__).resolve().parents[1]
 #: what the build needs from the tree: metadata, the readme it names, the two package roots

@@ -182,8 +182,10 @@ def measure(cfg: DictConfig, key: str) -> tuple[Verdict, list[dict]]:
     from posenc.check.runner import CHECKS, run_checks  # start-up: the checks import torch
     from posenc.check.subject import forward
 
+    from posenc.train.distributed import alone
+
     started = time.perf_counter()
-    with isolated():
+    with isolated(), alone():  # on rank 0 of a run on several ranks: this process's model, no collective
         subject = Subject.of(subject_config(cfg))
         # a config the check cannot build a model from, or whose model cannot run the check's window
         # (learned's max_len below it, a run that will refuse its own first step too), is no verdict on

@@ -80,7 +80,7 @@ def extrapolation(
         return plot_extrapolation(groups, target)
 
     written = run_guarded(plot, debug=False)
-    if written is None:  # the same figure as the report's: one file, not two (issue 47)
+    if written is None:  # the same figure as the report's: one file, not two
         console.print(f"not written: {compare_figure(paths)} is this figure, drawn by `posenc compare` for its report "
                       f"(run compare again to redraw it with newer runs; --out FILE writes a copy elsewhere)",
                       highlight=False, soft_wrap=True)

@@ -138,7 +138,7 @@ def plot_convergence(groups: Sequence[Group], path: Path, title: str, targets: S
     titled(ax, title, setup, seeds_note([len(g.completed) for g in drawn_groups]))
     ax.grid(alpha=0.3)
     # the first evaluations are far above the rest (ln 256 = 5.5 nats at the start on bytes): every
-    # evaluation stays on the chart (issue 47: a zoom from the second one down hid the first), on a
+    # evaluation stays on the chart (a zoom from the second one down hid the first), on a
     # log axis so the late evaluations, where the groups differ, keep most of the height
     top = max((float(c[1].max()) for c in curves.values()), default=None)
     if top is not None and np.isfinite(lowest) and top > lowest > 0:

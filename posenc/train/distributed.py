@@ -17,6 +17,7 @@ import inspect
 import os
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextvars import ContextVar
 from datetime import timedelta
 
 import torch
@@ -97,8 +98,25 @@ def job_tasks_as_ranks() -> Iterator[bool]:
         shutdown(wait=finished)
 
 
+# set for a block that computes as one process although this process is a rank (alone())
+_ALONE: ContextVar[bool] = ContextVar("posenc_alone", default=False)
+
+
+@contextmanager
+def alone() -> Iterator[None]:
+    """For the block, this process as a run of its own although it is one rank of a process group:
+    every collective below is skipped, rank 0 and a world of 1. `posenc check`'s verdict is measured
+    on rank 0 alone (its resume row trains, saves and resumes a model), and the other ranks, which
+    never take those steps, must not be waited for in them (a gloo collective that never completes)."""
+    token = _ALONE.set(True)
+    try:
+        yield
+    finally:
+        _ALONE.reset(token)
+
+
 def active() -> bool:
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    return not _ALONE.get() and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def rank() -> int:
